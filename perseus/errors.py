@@ -1,0 +1,28 @@
+"""User-facing error types.
+
+Every error a user can cause (bad profile, bad config, missing privileges, no NVML) is a
+``PerseusError`` whose message names the problem and what to do about it. The CLI prints it as
+one line and exits with status 2; library callers can catch the specific subclass.
+"""
+
+from __future__ import annotations
+
+
+class PerseusError(Exception):
+    """Base class for errors caused by input, configuration or environment."""
+
+
+class ProfileError(PerseusError):
+    """A profile file or object is malformed or does not match the job."""
+
+
+class ScheduleError(PerseusError):
+    """A pipeline schedule cannot be built for the requested configuration."""
+
+
+class ConfigError(PerseusError):
+    """A Perseus configuration value is invalid."""
+
+
+class FrontierError(PerseusError):
+    """A frontier file is malformed or does not match the job."""
