@@ -1,0 +1,302 @@
+"""Measured per-instruction time and energy at each GPU SM frequency.
+
+A ``Profile`` maps (stage, chunk, kind) to the measured time (s) and energy (J) of one
+instruction at each frequency (MHz), plus P_blocking (W), the power a GPU draws while blocked on
+pipeline communication. It reads the CSV that the Perseus/Zeus tools write
+(``stage,instruction,frequency,time,energy`` and an optional ``chunk`` column) and the project's
+own versioned JSON. Validation errors name the file, the row and the problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from perseus.errors import ProfileError
+from perseus.schedule import KINDS, InstructionKind, Schedule
+
+PROFILE_FORMAT = "perseus-profile"
+PROFILE_VERSION = 1
+CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+
+ProfileKey = tuple[int, int, str]  # (stage, chunk, kind)
+
+
+@dataclass(frozen=True)
+class InstructionProfile:
+    """Time and energy of one (stage, chunk, kind) at each frequency, fastest clock first."""
+
+    freqs_mhz: tuple[int, ...]
+    times_s: tuple[float, ...]
+    energies_j: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        order = sorted(range(len(self.freqs_mhz)), key=lambda i: -self.freqs_mhz[i])
+        object.__setattr__(self, "freqs_mhz", tuple(int(self.freqs_mhz[i]) for i in order))
+        object.__setattr__(self, "times_s", tuple(float(self.times_s[i]) for i in order))
+        object.__setattr__(self, "energies_j", tuple(float(self.energies_j[i]) for i in order))
+
+    def at(self, freq_mhz: int) -> tuple[float, float]:
+        """(time, energy) at a measured frequency."""
+        try:
+            i = self.freqs_mhz.index(int(freq_mhz))
+        except ValueError:
+            raise ProfileError(f"frequency {freq_mhz} MHz was not measured") from None
+        return self.times_s[i], self.energies_j[i]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured instruction profiles of a pipeline, plus P_blocking and provenance."""
+
+    entries: Mapping[ProfileKey, InstructionProfile]
+    p_blocking_w: float | None = None
+    gpu_name: str = "unknown"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+
+    @property
+    def num_stages(self) -> int:
+        return 1 + max(stage for stage, _, _ in self.entries)
+
+    @property
+    def num_chunks(self) -> int:
+        return 1 + max(chunk for _, chunk, _ in self.entries)
+
+    def get(self, stage: int, kind: str, chunk: int = 0) -> InstructionProfile:
+        try:
+            return self.entries[(stage, chunk, kind)]
+        except KeyError:
+            raise ProfileError(
+                f"{self.source}: no {kind} measurements for stage {stage}, chunk {chunk}"
+            ) from None
+
+    def with_p_blocking(self, p_blocking_w: float | None) -> Profile:
+        """Copy with P_blocking replaced (when given); validates the value."""
+        if p_blocking_w is None:
+            return self
+        _check_positive(p_blocking_w, "P_blocking", self.source)
+        return Profile(dict(self.entries), float(p_blocking_w), self.gpu_name, dict(self.config), self.source)
+
+    def require_p_blocking(self) -> float:
+        if self.p_blocking_w is None:
+            raise ProfileError(
+                f"{self.source}: P_blocking is unknown; pass --p-blocking W "
+                "(the power a GPU draws while blocked on P2P, e.g. 83.64 for A100)"
+            )
+        return self.p_blocking_w
+
+    def check_matches(self, schedule: Schedule) -> None:
+        """Raise ``ProfileError`` unless every instruction of the schedule has measurements."""
+        if self.num_stages != schedule.num_stages:
+            raise ProfileError(
+                f"{self.source}: profile has {self.num_stages} stages but the pipeline has "
+                f"{schedule.num_stages} (--stages); profile the job you plan for"
+            )
+        missing = sorted(
+            {(s, inst.chunk, inst.kind) for s, stage in enumerate(schedule.stages) for inst in stage}
+            - set(self.entries)
+        )
+        if missing:
+            shown = ", ".join(f"stage {s} chunk {c} {k}" for s, c, k in missing[:4])
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            raise ProfileError(f"{self.source}: missing measurements for {shown}{more}")
+
+    # ---------------------------------------------------------------- serialization
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "format": PROFILE_FORMAT,
+            "version": PROFILE_VERSION,
+            "gpu_name": self.gpu_name,
+            "p_blocking_w": self.p_blocking_w,
+            "config": dict(self.config),
+            "measurements": [
+                {
+                    "stage": stage,
+                    "chunk": chunk,
+                    "kind": kind,
+                    "freq_mhz": list(p.freqs_mhz),
+                    "time_s": list(p.times_s),
+                    "energy_j": list(p.energies_j),
+                }
+                for (stage, chunk, kind), p in sorted(self.entries.items())
+            ],
+        }
+
+    def save_json(self, path: str | Path) -> None:
+        """Write atomically, so an interrupted save never leaves a truncated profile."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json_dict(), indent=1))
+        tmp.replace(path)
+
+    def to_csv_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for (stage, chunk, kind), p in sorted(self.entries.items()):
+            for f, t, e in zip(p.freqs_mhz, p.times_s, p.energies_j):
+                rows.append(dict(stage=stage, chunk=chunk, instruction=kind, frequency=f, time=t, energy=e))
+        return rows
+
+
+def _check_positive(value: float, what: str, where: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ProfileError(f"{where}: {what} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _parse_number(text: str, what: str, where: str, integer: bool = False) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except (TypeError, ValueError):
+        kind = "an integer" if integer else "a number"
+        raise ProfileError(f"{where}: {what} must be {kind}, got {text!r}") from None
+    return value
+
+
+def _assemble(
+    rows: Iterable[tuple[int, int, str, int, float, float, str]], source: str
+) -> dict[ProfileKey, InstructionProfile]:
+    """Group validated rows ``(stage, chunk, kind, freq, time, energy, where)`` into entries."""
+    grouped: dict[ProfileKey, dict[int, tuple[float, float]]] = {}
+    for stage, chunk, kind, freq, time_s, energy_j, where in rows:
+        if stage < 0 or chunk < 0:
+            raise ProfileError(f"{where}: stage and chunk must be >= 0")
+        if kind not in KINDS:
+            raise ProfileError(f"{where}: instruction must be 'forward' or 'backward', got {kind!r}")
+        _check_positive(freq, "frequency", where)
+        _check_positive(time_s, "time", where)
+        _check_positive(energy_j, "energy", where)
+        per_freq = grouped.setdefault((stage, chunk, kind), {})
+        if freq in per_freq:
+            raise ProfileError(f"{where}: duplicate row for stage {stage} chunk {chunk} {kind} at {freq} MHz")
+        per_freq[freq] = (time_s, energy_j)
+    if not grouped:
+        raise ProfileError(f"{source}: profile has no measurements")
+    stages = sorted({s for s, _, _ in grouped})
+    chunks = sorted({c for _, c, _ in grouped})
+    for stage in range(stages[-1] + 1):
+        for chunk in chunks:
+            for kind in KINDS:
+                if (stage, chunk, kind) not in grouped:
+                    raise ProfileError(f"{source}: no {kind} measurements for stage {stage} chunk {chunk}")
+    return {
+        key: InstructionProfile(
+            tuple(per_freq), tuple(t for t, _ in per_freq.values()), tuple(e for _, e in per_freq.values())
+        )
+        for key, per_freq in grouped.items()
+    }
+
+
+def load_csv(path: str | Path, p_blocking_w: float | None = None, gpu_name: str = "unknown") -> Profile:
+    """Read a Zeus/Perseus stage profile CSV (``stage,instruction,frequency,time,energy[,chunk]``)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile ({exc.strerror or exc})") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in CSV_COLUMNS if c not in header]
+    if missing:
+        raise ProfileError(
+            f"{path}: CSV header lacks column(s) {', '.join(missing)}; expected {','.join(CSV_COLUMNS)}"
+        )
+    has_chunk = "chunk" in header
+
+    def rows() -> Iterable[tuple[int, int, str, int, float, float, str]]:
+        for line, raw in enumerate(reader, start=2):
+            row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
+            where = f"{path}:{line}"
+            yield (
+                int(_parse_number(row["stage"], "stage", where, integer=True)),
+                int(_parse_number(row["chunk"], "chunk", where, integer=True)) if has_chunk else 0,
+                row["instruction"],
+                int(_parse_number(row["frequency"], "frequency", where, integer=True)),
+                _parse_number(row["time"], "time", where),
+                _parse_number(row["energy"], "energy", where),
+                where,
+            )
+
+    entries = _assemble(rows(), str(path))
+    profile = Profile(entries, None, gpu_name, {}, str(path))
+    return profile.with_p_blocking(p_blocking_w)
+
+
+def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{source}: not a perseus profile (missing \"format\": \"{PROFILE_FORMAT}\")")
+    if data.get("version") != PROFILE_VERSION:
+        raise ProfileError(
+            f"{source}: profile version {data.get('version')!r} is not supported (expected {PROFILE_VERSION})"
+        )
+    measurements = data.get("measurements")
+    if not isinstance(measurements, list):
+        raise ProfileError(f"{source}: \"measurements\" must be a list")
+
+    def rows() -> Iterable[tuple[int, int, str, int, float, float, str]]:
+        for n, item in enumerate(measurements):
+            where = f"{source}: measurements[{n}]"
+            if not isinstance(item, dict):
+                raise ProfileError(f"{where}: must be an object")
+            try:
+                stage, chunk, kind = int(item["stage"]), int(item.get("chunk", 0)), str(item["kind"])
+                freqs, times, energies = item["freq_mhz"], item["time_s"], item["energy_j"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProfileError(f"{where}: missing or invalid field ({exc})") from None
+            if not (isinstance(freqs, list) and isinstance(times, list) and isinstance(energies, list)):
+                raise ProfileError(f"{where}: freq_mhz, time_s, energy_j must be lists")
+            if not (len(freqs) == len(times) == len(energies)) or not freqs:
+                raise ProfileError(f"{where}: freq_mhz, time_s, energy_j must be non-empty and equally long")
+            for f, t, e in zip(freqs, times, energies):
+                yield stage, chunk, kind, f, t, e, f"{where} at {f} MHz"
+
+    entries = _assemble(rows(), source)
+    p_blocking = data.get("p_blocking_w")
+    if p_blocking is not None:
+        _check_positive(p_blocking, "p_blocking_w", source)
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise ProfileError(f"{source}: \"config\" must be an object")
+    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source)
+
+
+def load_json(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    return profile_from_json_dict(data, str(path))
+
+
+def load_profile(path: str | Path, p_blocking_w: float | None = None) -> Profile:
+    """Load a ``.csv`` (Zeus format) or ``.json`` (perseus format) profile, by suffix.
+
+    ``p_blocking_w``, when given, overrides the value stored in the file.
+    """
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        return load_csv(path, p_blocking_w)
+    if path.suffix.lower() == ".json":
+        return load_json(path).with_p_blocking(p_blocking_w)
+    raise ProfileError(f"{path}: unknown profile type; expected a .csv or .json file")
+
+
+def uniform_profile(
+    schedule_stages: int,
+    by_kind: Mapping[InstructionKind, InstructionProfile],
+    p_blocking_w: float,
+    num_chunks: int = 1,
+) -> Profile:
+    """Same measurements on every stage and chunk: handy for examples and tests."""
+    entries = {
+        (s, c, k): by_kind[k] for s in range(schedule_stages) for c in range(num_chunks) for k in KINDS
+    }
+    return Profile(entries, p_blocking_w, "synthetic")

@@ -1,0 +1,73 @@
+"""The event vocabulary between framework adapters and the runtime.
+
+Adapters translate framework callbacks into exactly these calls and nothing else, so the
+runtime never imports Megatron or DeepSpeed and adapters stay a few dozen lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from perseus.schedule import Instruction, InstructionKind, Schedule, build_schedule
+
+
+@dataclass(frozen=True)
+class PipelineJob:
+    """Where this process sits in the parallel job, and which schedule it runs."""
+
+    num_stages: int
+    num_microbatches: int
+    stage: int
+    schedule: str = "1f1b"
+    num_chunks: int = 1
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_rank: int = 0
+    tp_size: int = 1
+    rank: int = 0
+    world_size: int = 1
+
+    def build_schedule(self) -> Schedule:
+        return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks)
+
+
+@runtime_checkable
+class InstructionListener(Protocol):
+    """Receives one training iteration's events, in the order the framework executes them."""
+
+    def on_step_begin(self) -> None: ...
+
+    def on_step_end(self) -> None: ...
+
+    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None: ...
+
+    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None: ...
+
+
+@dataclass
+class RecordingListener:
+    """Records executed instruction orders per step; used to check adapters against schedules."""
+
+    steps: list[list[Instruction]] = field(default_factory=list)
+    _open: Instruction | None = None
+
+    def on_step_begin(self) -> None:
+        self.steps.append([])
+
+    def on_step_end(self) -> None:
+        pass
+
+    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+        if self._open is not None:
+            raise AssertionError(f"instruction {self._open} began before the previous one ended")
+        if not self.steps:
+            self.steps.append([])
+        self._open = Instruction(kind, microbatch, chunk)
+
+    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+        inst = Instruction(kind, microbatch, chunk)
+        if inst != self._open:
+            raise AssertionError(f"instruction {inst} ended but {self._open} was running")
+        self.steps[-1].append(inst)
+        self._open = None
