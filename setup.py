@@ -1,0 +1,32 @@
+"""Perseus: energy-bloat removal for pipeline-parallel training (Megatron-LM, DeepSpeed)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="perseus-energy",
+    version="0.1.0",
+    description="Per-instruction GPU frequency planning that removes energy bloat from pipeline-parallel training",
+    long_description=Path(__file__).with_name("README.md").read_text() if Path("README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["perseus", "perseus.*", "perseus_megatron", "perseus_megatron.*", "perseus_deepspeed", "perseus_deepspeed.*"]),
+    install_requires=[
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "networkx>=3.0",
+        "pydantic>=2.0",
+        "nvidia-ml-py>=12.0",
+        "matplotlib>=3.6",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.17"],
+        "deepspeed": ["torch>=2.1", "deepspeed>=0.19,<0.20"],
+        "bench": ["lowtime==0.3.0"],
+        "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.17", "deepspeed>=0.19,<0.20"],
+    },
+    entry_points={"console_scripts": ["perseus=perseus.cli:main"]},
+)
