@@ -13,6 +13,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["perseus", "perseus.*", "perseus_megatron", "perseus_megatron.*", "perseus_deepspeed", "perseus_deepspeed.*"]),
+    package_data={"perseus.examples": ["*.csv"]},
     install_requires=[
         "numpy>=1.24",
         "scipy>=1.10",

@@ -1,8 +1,431 @@
-"""Command-line interface (placeholder until the CLI lands)."""
+"""The ``perseus`` command: plan, show, plot, export, emulate, demo.
 
+Each subcommand is a thin shell over the library (planner, frontier, plot, export, emulator).
+Every user error — bad arguments, unreadable or malformed files, impossible configurations — is
+printed as one line ``perseus: error: ...`` on stderr with exit status 2, and nothing is written:
+outputs are checked before the work starts and written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
 import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterator, NoReturn, Sequence
+
+from perseus import __version__
+from perseus.emulator import DataParallelJob, cached_frontier, emulate, sweep
+from perseus.errors import ConfigError, PerseusError
+from perseus.examples import EXAMPLE_MICROBATCHES, example_profile_path, load_example_profile
+from perseus.frontier import Frontier, FrontierPoint, load_frontier
+from perseus.planner import plan_frontier
+from perseus.profile import Profile, load_profile
+from perseus.schedule import SCHEDULES, Schedule, build_schedule
+from perseus.tables import emulation_report, frontier_table, plan_summary, sweep_report
+
+SWEEP_MICROBATCHES = (12, 24, 48, 96)
+SWEEP_FACTORS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("perseus: CLI not implemented yet", file=sys.stderr)
-    return 2
+class UsageError(PerseusError):
+    """Command-line arguments are missing, malformed or contradictory."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors become one-line ``UsageError``s (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def _output_file(path: Path) -> Path:
+    """Fail before any work if ``path`` cannot be an output file."""
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory; give a file name for --out")
+    if not path.absolute().parent.is_dir():
+        raise UsageError(f"{path.absolute().parent}: directory does not exist; create it first")
+    return path
+
+
+def _load_profile_arg(args: argparse.Namespace) -> tuple[Profile, str]:
+    """The profile from --profile or --example, with --p-blocking / --gpu-name applied."""
+    if getattr(args, "example", False):
+        profile, source = load_example_profile(), f"{example_profile_path()} (shipped example)"
+    else:
+        profile, source = load_profile(args.profile), str(args.profile)
+    profile = profile.with_p_blocking(args.p_blocking)
+    if getattr(args, "gpu_name", None):
+        profile = replace(profile, gpu_name=args.gpu_name)
+    return profile, source
+
+
+def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int | None) -> Schedule:
+    """Build the schedule from --schedule/--stages/--chunks, checking it against the profile."""
+    stages = args.stages
+    if stages is None:
+        if not getattr(args, "example", False):
+            raise UsageError("--stages is required with --profile (the number of pipeline stages)")
+        stages = profile.num_stages
+    if microbatches is None:
+        if not getattr(args, "example", False):
+            raise UsageError("--microbatches is required with --profile (microbatches per iteration)")
+        microbatches = EXAMPLE_MICROBATCHES
+    schedule = build_schedule(args.schedule, stages, microbatches, args.chunks)
+    profile.check_matches(schedule)
+    profile.require_p_blocking()
+    return schedule
+
+
+@contextmanager
+def _progress_bar(enabled: bool | None, label: str) -> Iterator[Callable[[float], None]]:
+    """A tqdm bar on stderr driven by the planner's fraction-done callback.
+
+    ``enabled=None`` shows it only when stderr is a terminal (keeps logs clean).
+    """
+    from tqdm import tqdm
+
+    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
+    bar = tqdm(total=100, desc=label, file=sys.stderr, disable=disable, leave=False,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
+
+    def update(fraction: float) -> None:
+        bar.n = round(100 * min(max(float(fraction), 0.0), 1.0))
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
+    s = schedule
+    with _progress_bar(show_progress, f"planning {s.num_stages}x{s.num_microbatches}") as progress:
+        return plan_frontier(schedule, profile, progress)
+
+
+def _number_list(kind: type) -> Callable[[str], list]:
+    """argparse type: ``12,24,48`` → ``[12, 24, 48]``."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        if not all(math.isfinite(v) for v in values):
+            raise argparse.ArgumentTypeError(f"values must be finite, got {text!r}")
+        return values
+
+    parse.__name__ = f"{kind.__name__} list"
+    return parse
+
+
+def _positive(kind: type) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def select_point(frontier: Frontier, selector: str) -> tuple[FrontierPoint, str]:
+    """``default`` | ``fastest`` | ``slowest`` | an index (as ``perseus show`` numbers them)."""
+    named = {"default": frontier.default_point, "fastest": lambda: frontier.fastest, "slowest": lambda: frontier.slowest}
+    if selector in named:
+        point = named[selector]()
+        return point, f"the {selector} point [{frontier.points.index(point)}]"
+    try:
+        index = int(selector)
+    except ValueError:
+        raise UsageError(f"--point must be default, fastest, slowest or a point index, got {selector!r}") from None
+    if not 0 <= index < len(frontier.points):
+        raise UsageError(f"--point {index} is out of range; the frontier has points 0..{len(frontier.points) - 1}")
+    return frontier.points[index], f"point [{index}]"
+
+
+# ---------------------------------------------------------------- subcommands
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    out = _output_file(args.out)
+    profile, source = _load_profile_arg(args)
+    schedule = _schedule_for(args, profile, args.microbatches)
+    frontier = _plan(schedule, profile, args.progress)
+    frontier.metadata.update(
+        {"created_by": f"perseus {__version__} plan", "profile": "example" if args.example else str(args.profile)}
+    )
+    try:
+        frontier.save(out, args.max_points)
+    except OSError as exc:
+        raise PerseusError(f"{out}: cannot write frontier ({exc.strerror or exc})") from None
+    written = len(frontier.points) if args.max_points is None else min(args.max_points, len(frontier.points))
+    print(plan_summary(frontier, source, str(out), written))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    frontier = load_frontier(args.frontier)
+    print(frontier_table(frontier, None if args.all else args.rows))
+    return 0
+
+
+def _timeline_profile(args: argparse.Namespace, frontier: Frontier) -> Profile:
+    if args.profile is not None:
+        return load_profile(args.profile, frontier.p_blocking_w)
+    recorded = frontier.metadata.get("profile")
+    if recorded == "example":
+        return load_example_profile()
+    if recorded and Path(recorded).is_file():
+        return load_profile(recorded, frontier.p_blocking_w)
+    if recorded:
+        raise UsageError(f"the frontier was planned from {recorded}, which is not there; pass --profile P")
+    raise UsageError("--timeline needs --profile P (the profile the frontier was planned from)")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from perseus import plot  # matplotlib is imported only by commands that draw
+
+    out = _output_file(args.out)
+    plot.image_format(out)
+    frontier = load_frontier(args.frontier)
+    if args.timeline:
+        point, label = select_point(frontier, args.point)
+        profile = _timeline_profile(args, frontier)
+        plot.plot_timeline(frontier, point, label, profile, out)
+        print(f"wrote {out}: pipeline timelines of all max frequency and {label}")
+    else:
+        if args.profile is not None or args.point != "default":
+            raise UsageError("--point and --profile only apply with --timeline")
+        plot.plot_frontier(frontier, out)
+        print(f"wrote {out}: time-energy frontier of {len(frontier.points)} points")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from perseus.export import export_zeus
+
+    frontier = load_frontier(args.frontier)
+    files = export_zeus(frontier, args.out)
+    order = f" ({files[-1].name} = fastest point, {files[0].name} = slowest)" if len(files) > 1 else ""
+    print(f"wrote {len(files)} Zeus frequency file(s) to {args.out}/{order}; index: {args.out}/frontier_points.csv")
+    return 0
+
+
+def _job(args: argparse.Namespace, num_stages: int) -> DataParallelJob:
+    if args.dp is not None:
+        return DataParallelJob.from_gpus(args.dp * args.tp * num_stages, args.tp, num_stages)
+    return DataParallelJob.from_gpus(args.gpus, args.tp, num_stages)
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    if args.gpus is None and args.dp is None:
+        raise UsageError("give the job size: --gpus N (total GPUs) or --dp D (number of pipelines)")
+    if args.sweep:
+        return _emulate_sweep(args)
+    if args.microbatches is not None and len(args.microbatches) != 1:
+        raise UsageError("--microbatches takes one value (lists only with --sweep)")
+    if args.straggler_factor is None or len(args.straggler_factor) != 1:
+        raise UsageError("--straggler-factor F is required, one value (lists only with --sweep)")
+    microbatches = args.microbatches[0] if args.microbatches else None
+    if args.straggler_factor[0] < 1.0:  # checked before planning, which can take a while
+        raise ConfigError(f"straggler factor must be >= 1.0 (1.0 = no straggler), got {args.straggler_factor[0]}")
+    if args.frontier is not None:
+        given = [flag for flag, value in (("--stages", args.stages), ("--microbatches", microbatches),
+                 ("--p-blocking", args.p_blocking), ("--chunks", args.chunks if args.chunks != 1 else None),
+                 ("--schedule", args.schedule if args.schedule != "1f1b" else None)) if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: these come from the --frontier file; leave them out")
+        frontier = load_frontier(args.frontier)
+    else:
+        profile, _ = _load_profile_arg(args)
+        schedule = _schedule_for(args, profile, microbatches)
+        _job(args, schedule.num_stages)  # validate the job size before planning
+        frontier = _plan(schedule, profile, args.progress)
+    job = _job(args, frontier.schedule.num_stages)
+    result = emulate(frontier, job, args.straggler_factor[0])
+    print(emulation_report(result, frontier))
+    return 0
+
+
+def _emulate_sweep(args: argparse.Namespace) -> int:
+    if args.frontier is not None:
+        raise UsageError("--sweep plans one frontier per microbatch count; give --profile or --example, not --frontier")
+    microbatches = args.microbatches or list(SWEEP_MICROBATCHES)
+    factors = args.straggler_factor or list(SWEEP_FACTORS)
+    profile, _ = _load_profile_arg(args)
+    schedules = {m: _schedule_for(args, profile, m) for m in microbatches}  # validate all before planning
+    num_stages = next(iter(schedules.values())).num_stages
+    _job(args, num_stages)
+    if any(f < 1.0 for f in factors):
+        raise ConfigError(f"straggler factors must be >= 1.0, got {factors}")
+    cache_dir = args.cache_dir
+
+    def frontier_for(m: int) -> Frontier:
+        return cached_frontier(schedules[m], profile, lambda s, p: _plan(s, p, args.progress), cache_dir)
+
+    rows = sweep(frontier_for, microbatches, factors, args.gpus, args.tp, num_stages, args.dp)
+    print(sweep_report(rows))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    print("perseus demo: not available yet; try 'perseus plan --example --out frontier.json'")
+    return 1
+
+
+# ---------------------------------------------------------------- parser
+
+MAIN_EPILOG = """\
+typical workflow:
+  perseus plan --example --out frontier.json          # plan on the shipped example profile
+  perseus show frontier.json                          # the time-energy frontier as a table
+  perseus plot frontier.json --out frontier.png       # ... as a figure
+  perseus plot frontier.json --timeline --out timeline.png
+  perseus export frontier.json --format zeus --out zeus_freqs/
+  perseus emulate --example --gpus 1024 --tp 8 --straggler-factor 1.2
+
+your own profile (Zeus CSV: stage,instruction,frequency,time,energy):
+  perseus plan --profile prof.csv --p-blocking 83.64 --stages 8 --microbatches 12 --out frontier.json
+
+Run 'perseus COMMAND --help' for the options of each command.
+"""
+
+PLAN_EPILOG = """\
+examples:
+  perseus plan --example --out frontier.json
+  perseus plan --profile prof.csv --p-blocking 83.64 --stages 8 --microbatches 12 --out frontier.json
+  perseus plan --profile prof.json --stages 4 --microbatches 16 --schedule interleaved --chunks 2 --out f.json
+
+P_blocking is the power (W) a GPU draws while blocked on pipeline communication (A100: 83.64 W).
+A perseus JSON profile may carry it; a Zeus CSV does not, so --p-blocking is required then.
+"""
+
+EMULATE_EPILOG = """\
+examples:
+  perseus emulate --example --gpus 1024 --tp 8 --straggler-factor 1.2
+  perseus emulate --frontier frontier.json --dp 16 --tp 8 --straggler-factor 1.1
+  perseus emulate --profile gpt3.csv --p-blocking 83.64 --stages 8 --gpus 1024 --tp 8 --sweep --cache-dir cache/
+
+policies: (1) all max frequency everywhere; (2) intrinsic-only Perseus: every pipeline at the
+no-slowdown point, the others then wait for the straggler; (3) Perseus with the others slowed to
+the straggler's iteration time (frontier lookup). The straggler's extra time is spent blocked at
+P_blocking. Savings are against (1). See docs/cli.md.
+"""
+
+
+def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = False) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile", type=Path, metavar="P", help="profile file: Zeus CSV (.csv) or perseus JSON (.json)")
+    source.add_argument("--example", action="store_true", help="use the shipped example profile (4 stages, A100-like, synthetic)")
+    if allow_frontier:
+        source.add_argument("--frontier", type=Path, metavar="F", help="use an existing frontier.json instead of planning")
+    p.add_argument("--stages", type=_positive(int), metavar="S", help="pipeline stages (required with --profile)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default: 1f1b)")
+    p.add_argument("--chunks", type=_positive(int), default=1, metavar="C", help="virtual chunks per stage, for --schedule interleaved")
+    p.add_argument("--p-blocking", type=_positive(float), metavar="W", help="power while blocked on communication, watts (overrides the profile's)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="planner progress bar on stderr (default: only on a terminal)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="perseus",
+        description="Perseus: remove energy bloat from pipeline-parallel training by planning per-instruction GPU frequencies.",
+        epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"perseus {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser("plan", help="plan the time-energy frontier of a profiled pipeline", epilog=PLAN_EPILOG, formatter_class=fmt,
+                       description="Plan per-instruction frequencies: the iteration time-energy Pareto frontier.")
+    _add_profile_args(p)
+    p.add_argument("--microbatches", type=_positive(int), metavar="M", help=f"microbatches per iteration (required with --profile; --example: {EXAMPLE_MICROBATCHES})")
+    p.add_argument("--gpu-name", metavar="NAME", help="GPU name recorded in the frontier file")
+    p.add_argument("--out", type=Path, required=True, metavar="FRONTIER.json", help="where to write the frontier")
+    p.add_argument("--max-points", type=int, metavar="N", help="write at most N points (>= 2), spread evenly in time")
+    p.set_defaults(handler=cmd_plan)
+
+    p = sub.add_parser("show", help="print a frontier file as a table", formatter_class=fmt,
+                       description="Print a frontier: time, slowdown and energy saving against the all-max baseline.",
+                       epilog="examples:\n  perseus show frontier.json\n  perseus show frontier.json --all")
+    p.add_argument("frontier", type=Path, help="frontier.json written by 'perseus plan'")
+    p.add_argument("--all", action="store_true", help="every point instead of about 20")
+    p.add_argument("--rows", type=_positive(int), default=20, help=argparse.SUPPRESS)
+    p.set_defaults(handler=cmd_show)
+
+    p = sub.add_parser("plot", help="draw the frontier or a pipeline timeline", formatter_class=fmt,
+                       description="Draw the time-energy frontier, or (--timeline) the pipeline timeline of one point colored by frequency.",
+                       epilog="examples:\n  perseus plot frontier.json --out frontier.png\n"
+                              "  perseus plot frontier.json --timeline --point default --profile prof.csv --out timeline.png")
+    p.add_argument("frontier", type=Path, help="frontier.json written by 'perseus plan'")
+    p.add_argument("--out", type=Path, required=True, metavar="IMAGE", help="output image (.png, .pdf or .svg)")
+    p.add_argument("--timeline", action="store_true", help="draw the pipeline timeline of one point (above it: all max frequency)")
+    p.add_argument("--point", default="default", metavar="WHICH", help="default | fastest | slowest | INDEX as 'perseus show' numbers it (default: default)")
+    p.add_argument("--profile", type=Path, metavar="P", help="profile for instruction durations (default: the one recorded in the frontier)")
+    p.set_defaults(handler=cmd_plot)
+
+    p = sub.add_parser("export", help="write the frontier's plans for other tools (Zeus)", formatter_class=fmt,
+                       description="Export every frontier point as a frequency file of Zeus's pipeline frequency optimizer.",
+                       epilog="example:\n  perseus export frontier.json --format zeus --out zeus_freqs/")
+    p.add_argument("frontier", type=Path, help="frontier.json written by 'perseus plan'")
+    p.add_argument("--format", choices=("zeus",), default="zeus", help="output format (default: zeus)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="new or empty output directory")
+    p.set_defaults(handler=cmd_export)
+
+    p = sub.add_parser("emulate", help="emulate data parallelism with a straggler", epilog=EMULATE_EPILOG, formatter_class=fmt,
+                       description="Energy of a large data-parallel job with one straggler pipeline under three frequency policies.")
+    _add_profile_args(p, allow_frontier=True)
+    p.add_argument("--microbatches", type=_number_list(int), metavar="M", help="microbatches per iteration (--sweep: list, default 12,24,48,96)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--gpus", type=_positive(int), metavar="N", help="total GPUs (pipelines = N / (TP x stages))")
+    size.add_argument("--dp", type=_positive(int), metavar="D", help="number of data-parallel pipelines (instead of --gpus)")
+    p.add_argument("--tp", type=_positive(int), default=1, metavar="T", help="tensor-parallel GPUs per stage (default 1)")
+    p.add_argument("--straggler-factor", type=_number_list(float), metavar="F", help="straggler slowdown, >= 1.0 (--sweep: list, default 1.0,1.1,...,1.5)")
+    p.add_argument("--sweep", action="store_true", help="table over microbatch counts and straggler factors")
+    p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
+    p.set_defaults(handler=cmd_emulate, gpu_name=None)
+
+    p = sub.add_parser("demo", help="(not available yet) end-to-end demo on a simulated GPU")
+    p.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``perseus`` console script; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "max_points", None) is not None and args.max_points < 2:
+            raise UsageError("--max-points must be at least 2 (the fastest and the slowest point)")
+        return args.handler(args)
+    except PerseusError as exc:
+        message = " ".join(str(exc).split())  # always one line
+        print(f"perseus: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("perseus: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. 'perseus show f.json | head': stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
