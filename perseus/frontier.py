@@ -160,6 +160,8 @@ def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
         )
     except FrontierError:
         raise
+    except KeyError as exc:
+        raise FrontierError(f"{source}: malformed frontier file (missing field {exc.args[0]!r})") from None
     except Exception as exc:  # malformed structure: report where, not a deep traceback
         raise FrontierError(f"{source}: malformed frontier file ({type(exc).__name__}: {exc})") from None
 

@@ -59,7 +59,7 @@ def test_malformed_frontier_files_are_clear_errors(tmp_path):
     with pytest.raises(FrontierError, match="does not follow the 1f1b order"):
         load_frontier(path)
     path.write_text(json.dumps({"format": "perseus-frontier", "version": 1}))
-    with pytest.raises(FrontierError, match="malformed frontier"):
+    with pytest.raises(FrontierError, match="missing field 'schedule'"):
         load_frontier(path)
     path.write_text("[]")
     with pytest.raises(FrontierError, match="not a perseus frontier"):
