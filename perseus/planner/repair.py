@@ -1,0 +1,123 @@
+"""Discrete repair: turn continuous target durations into feasible option choices.
+
+All functions work on a batch of plans at once (one row per deadline) and sweep the DAG one
+topological level at a time.
+
+``round_with_carry`` walks forward: a node may take the slowest option that finishes by its
+latest finish under the *targets* of its descendants, given the actual finishes of its
+predecessors. Time a node gives up by rounding down is carried to its successors (they start
+earlier), so a chain of nodes whose target lies between two options ends up with the right mix of
+the two, like error diffusion. Every step keeps "chosen prefix + targets for the rest" within the
+deadline, so the result always meets it.
+
+``fill_slack`` then alternates backward and forward sweeps that slow each node into whatever
+float remains, until no node can be slowed alone. Slower options are always cheaper (options are
+filtered that way), so each sweep can only lower energy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perseus.planner.levels import LevelGraph
+from perseus.planner.options import NodeOptions
+
+# Relative slack allowed when comparing a budget with an option's time, so that a target equal to
+# an option's time (up to float rounding) selects that option. Deadlines are shrunk by
+# DEADLINE_MARGIN, far more than the tolerance can accumulate along any path.
+FIT_TOLERANCE = 1e-12
+DEADLINE_MARGIN = 1e-9
+
+
+def _choose(options: NodeOptions, budgets: np.ndarray, groups: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    """Slowest fitting option per (row, node) of one level; ``groups`` = (table, columns)."""
+    out = np.empty(budgets.shape, dtype=np.int64)
+    tol = budgets * (1 + FIT_TOLERANCE) + 1e-15
+    for table, cols in groups:
+        row = options.times[table, : options.num_options[table]]
+        out[:, cols] = np.maximum(np.searchsorted(row, tol[:, cols], side="right") - 1, 0)
+    return out
+
+
+class LevelChooser:
+    """Per-level grouping of nodes by option table, precomputed once per DAG."""
+
+    def __init__(self, graph: LevelGraph, options: NodeOptions) -> None:
+        self.graph = graph
+        self.options = options
+        self.groups: list[list[tuple[int, np.ndarray]]] = []
+        for level in graph.levels:
+            tables = options.node_table[level.nodes]
+            self.groups.append([(int(k), np.flatnonzero(tables == k)) for k in np.unique(tables)])
+
+    def round_with_carry(self, targets: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Option choices (batch, n) meeting ``deadlines`` that follow continuous ``targets``."""
+        g, opts = self.graph, self.options
+        deadlines = deadlines * (1 - DEADLINE_MARGIN)
+        latest = g.latest_finish(targets, deadlines)
+        batch = targets.shape[0]
+        finish = np.zeros((batch, g.num_nodes + 1))
+        choice = np.zeros((batch, g.num_nodes), dtype=np.int64)
+        for level, groups in zip(g.levels, self.groups):
+            start = finish[:, level.preds].max(axis=2)
+            picked = _choose(opts, latest[:, level.nodes] - start, groups)
+            choice[:, level.nodes] = picked
+            finish[:, level.nodes] = start + opts.times[opts.node_table[level.nodes], picked]
+        return choice
+
+    def round_with_carry_backward(self, targets: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Mirror of ``round_with_carry``: latest nodes choose first, carrying time to predecessors."""
+        g, opts = self.graph, self.options
+        deadlines = deadlines * (1 - DEADLINE_MARGIN)
+        earliest_finish = g.finish_times(targets)
+        batch = targets.shape[0]
+        latest_start = np.empty((batch, g.num_nodes + 1))
+        latest_start[:, g.num_nodes] = deadlines
+        choice = np.zeros((batch, g.num_nodes), dtype=np.int64)
+        for level, groups in zip(reversed(g.levels), reversed(self.groups)):
+            lf = latest_start[:, level.succs].min(axis=2)
+            earliest_start = earliest_finish[:, level.preds].max(axis=2)
+            picked = _choose(opts, lf - earliest_start, groups)
+            choice[:, level.nodes] = picked
+            latest_start[:, level.nodes] = lf - opts.times[opts.node_table[level.nodes], picked]
+        return choice
+
+    def fill_backward(self, choice: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Slow nodes into remaining float, latest nodes first."""
+        g, opts = self.graph, self.options
+        deadlines = deadlines * (1 - DEADLINE_MARGIN)
+        durations = opts.node_times(choice)
+        finish = g.finish_times(durations)
+        latest_start = np.empty_like(finish)
+        latest_start[:, g.num_nodes] = deadlines
+        choice = choice.copy()
+        for level, groups in zip(reversed(g.levels), reversed(self.groups)):
+            lf = latest_start[:, level.succs].min(axis=2)
+            start = finish[:, level.preds].max(axis=2)
+            picked = np.maximum(_choose(opts, lf - start, groups), choice[:, level.nodes])
+            choice[:, level.nodes] = picked
+            latest_start[:, level.nodes] = lf - opts.times[opts.node_table[level.nodes], picked]
+        return choice
+
+    def fill_forward(self, choice: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Slow nodes into remaining float, earliest nodes first."""
+        g, opts = self.graph, self.options
+        deadlines = deadlines * (1 - DEADLINE_MARGIN)
+        latest = g.latest_finish(opts.node_times(choice), deadlines)
+        finish = np.zeros_like(latest)
+        choice = choice.copy()
+        for level, groups in zip(g.levels, self.groups):
+            start = finish[:, level.preds].max(axis=2)
+            picked = np.maximum(_choose(opts, latest[:, level.nodes] - start, groups), choice[:, level.nodes])
+            choice[:, level.nodes] = picked
+            finish[:, level.nodes] = start + opts.times[opts.node_table[level.nodes], picked]
+        return choice
+
+    def fill_slack(self, choice: np.ndarray, deadlines: np.ndarray, max_rounds: int = 4) -> np.ndarray:
+        """Alternate backward/forward fills until no node can be slowed alone."""
+        for _ in range(max_rounds):
+            new = self.fill_forward(self.fill_backward(choice, deadlines), deadlines)
+            if np.array_equal(new, choice):
+                break
+            choice = new
+        return choice
