@@ -1,0 +1,135 @@
+"""``--perseus`` command-line flags for Megatron-LM, and their translation to ``PerseusConfig``.
+
+``add_perseus_args`` has the signature of Megatron-LM's ``extra_args_provider`` (takes the parser,
+returns it). Every flag defaults to ``None`` so that ``PerseusConfig`` alone holds the defaults;
+``config_from_args`` passes only the flags given, and validation errors name the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from perseus.errors import ConfigError
+from perseus.runtime.config import MODES, PerseusConfig
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One ``--perseus-*`` flag and the ``PerseusConfig`` field it sets."""
+
+    option: str
+    field: str
+    type: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.option.lstrip("-").replace("-", "_")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
+    return value
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--perseus-mode", "mode", str, "profile: sweep clocks and save the profile; plan: also plan, keep default "
+         "clocks; run: profile, plan and deploy (default); measure-only: no clock control, report time/energy",
+         choices=MODES),
+    Flag("--perseus-gpu", "gpu", str, "GPU backend: auto (NVML, or $PERSEUS_GPU), nvml, sim", choices=("auto", "nvml", "sim")),
+    Flag("--perseus-device-index", "device_index", int, "NVML index of this rank's GPU (default: the current CUDA device)",
+         metavar="N"),
+    Flag("--perseus-sim-gpu", "sim_gpu", _json_object, "simulated GPU options as JSON, e.g. '{\"preset\": \"A40\"}'",
+         metavar="JSON"),
+    Flag("--perseus-freq-max", "freq_max_mhz", int, "highest SM clock to profile (MHz)", metavar="MHZ"),
+    Flag("--perseus-freq-min", "freq_min_mhz", int, "lowest SM clock to profile (MHz)", metavar="MHZ"),
+    Flag("--perseus-freq-step", "freq_step_mhz", int, "profile clocks this many MHz apart", metavar="MHZ"),
+    Flag("--perseus-freq-every-k", "freq_every_k", int, "profile every k-th supported clock", metavar="K"),
+    Flag("--perseus-warmup-steps", "warmup_steps", int, "iterations at default clocks before profiling (baseline)",
+         metavar="N"),
+    Flag("--perseus-iters-per-freq", "iters_per_freq", int, "profiled iterations per clock", metavar="N"),
+    Flag("--perseus-early-stop-patience", "early_stop_patience", int,
+         "stop lowering clocks after this many clocks in a row raised energy (0: never)", metavar="N"),
+    Flag("--perseus-p-blocking", "p_blocking_w", float, "GPU power while blocked on communication (W); measured if unset",
+         metavar="WATTS"),
+    Flag("--perseus-profile", "profile_path", str, "use this profile (Zeus CSV or perseus JSON) instead of profiling",
+         metavar="PATH"),
+    Flag("--perseus-frontier", "frontier_path", str, "deploy this planned frontier instead of profiling and planning",
+         metavar="PATH"),
+    Flag("--perseus-planner-options", "planner_options", _json_object, "planner options as JSON", metavar="JSON"),
+    Flag("--perseus-straggler-period", "straggler_period_steps", int,
+         "check for stragglers every N iterations (0: never)", metavar="N"),
+    Flag("--perseus-straggler-threshold", "straggler_threshold", float,
+         "slow down to match a pipeline this fraction slower than the rest (e.g. 0.05)", metavar="FRACTION"),
+    Flag("--perseus-straggler-recover-threshold", "straggler_recover_threshold", float,
+         "return to full speed when the slowest pipeline is within this fraction", metavar="FRACTION"),
+    Flag("--perseus-straggler-patience", "straggler_patience", int, "consecutive checks before reacting", metavar="N"),
+    Flag("--perseus-cache-dir", "cache_dir", str, "where profiles and frontiers are cached across runs", metavar="DIR"),
+    Flag("--perseus-metrics-file", "metrics_file", str, "rank 0 writes per-iteration time/energy as JSON lines here",
+         metavar="PATH"),
+    Flag("--perseus-log-every", "log_every_steps", int, "log progress every N iterations (0: never)", metavar="N"),
+)
+
+
+def add_perseus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the Perseus flag group; usable directly as Megatron-LM's ``extra_args_provider``."""
+    group = parser.add_argument_group(title="perseus", description="GPU energy optimization (Perseus)")
+    group.add_argument("--perseus", action="store_true", default=False,
+                       help="enable Perseus: profile, plan and apply per-instruction GPU clocks")
+    for flag in FLAGS:
+        group.add_argument(flag.option, dest=flag.dest, type=flag.type, default=None, help=flag.help,
+                           metavar=flag.metavar, choices=flag.choices)
+    return parser
+
+
+def compose_providers(*providers: Callable[[argparse.ArgumentParser], Any] | None) -> Callable[[argparse.ArgumentParser], argparse.ArgumentParser]:
+    """One ``extra_args_provider`` that applies several in order (``None`` entries are skipped)."""
+    chain = [p for p in providers if p is not None]
+
+    def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        for add in chain:
+            result = add(parser)
+            parser = result if isinstance(result, argparse.ArgumentParser) else parser
+        return parser
+
+    return provider
+
+
+def config_from_args(args: argparse.Namespace) -> PerseusConfig:
+    """``PerseusConfig`` from parsed flags; a bad value is a ``ConfigError`` naming the flag."""
+    if not hasattr(args, "perseus"):
+        raise ConfigError("perseus flags are missing from the parsed arguments; add perseus_megatron.add_perseus_args "
+                          "as (or into) the extra_args_provider")
+    values: dict[str, Any] = {"enabled": bool(args.perseus)}
+    for flag in FLAGS:
+        value = getattr(args, flag.dest, None)
+        if value is not None:
+            values[flag.field] = value
+    try:
+        return PerseusConfig.from_dict(values)
+    except ConfigError as exc:
+        raise ConfigError(_name_flags(str(exc))) from None
+
+
+def config_from_argv(argv: Sequence[str]) -> PerseusConfig:
+    """Parse only the Perseus flags out of a full command line (other flags are left alone)."""
+    parser = add_perseus_args(argparse.ArgumentParser(add_help=False, allow_abbrev=False))
+    args, _ = parser.parse_known_args(list(argv))
+    return config_from_args(args)
+
+
+def _name_flags(message: str) -> str:
+    """Say which command-line flag a config field came from: 'mode' → 'mode (--perseus-mode)'."""
+    for flag in sorted(FLAGS, key=lambda f: -len(f.field)):
+        message = message.replace(f"{flag.field}:", f"{flag.field} ({flag.option}):", 1)
+    return message

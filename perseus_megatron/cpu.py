@@ -1,0 +1,86 @@
+"""Run real megatron-core pipeline schedules on CPU (gloo), for tests and the demo.
+
+megatron-core's schedules and p2p code assume CUDA in three places: receive buffers are
+allocated on ``torch.cuda.current_device()``, batched p2p ends with ``torch.cuda.synchronize()``,
+and a few bookkeeping tensors are created with ``device="cuda"``. Inside :func:`cpu_execution`
+those are redirected to the CPU, so the very same schedule code (and its exact instruction
+order) runs on a machine without a GPU. Nothing here is used on GPU machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from perseus.errors import PerseusError
+
+_CPU = torch.device("cpu")
+
+
+def _is_cuda_device(device: Any) -> bool:
+    """True for anything torch would read as a CUDA device: "cuda", "cuda:0", cuda devices, ints."""
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True  # a bare index means a CUDA device (what torch.cuda.current_device() returns)
+    if isinstance(device, str):
+        return device.split(":")[0] == "cuda"
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return False
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Rewrites CUDA devices in torch calls to the CPU (``device=`` keywords, ``.cuda()``, ``.to()``)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs["device"] = _CPU
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], _CPU, *args[2:])
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpu_execution() -> Iterator[None]:
+    """Let CUDA-assuming megatron-core code run on the CPU for the duration of the block.
+
+    Refuses to run where CUDA is available: there the redirection would silently move real
+    training off the GPU.
+    """
+    if torch.cuda.is_available():
+        raise PerseusError("perseus_megatron.cpu.cpu_execution is for CPU-only machines; CUDA is available here")
+    saved = torch.cuda.current_device, torch.cuda.synchronize
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]  # mapped to the CPU by the mode
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    try:
+        with CudaToCpuMode():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize = saved
+
+
+def init_cpu_distributed() -> None:
+    """Initialise the default process group with gloo from torchrun's environment variables."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")
+
+
+def init_cpu_rng(seed: int = 1234) -> None:
+    """Make megatron-core's RNG tracker usable without CUDA.
+
+    The tracker's ``fork()`` swaps CUDA RNG states; the inference tracker makes it a no-op, which
+    is exact here because CPU runs use dropout 0.
+    """
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    torch.manual_seed(seed)
+    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)

@@ -1,0 +1,221 @@
+"""Install Perseus hooks into megatron-core's pipeline schedules without forking Megatron.
+
+megatron-core's schedules call ``forward_step`` and ``backward_step`` (and
+``get_forward_backward_func`` returns the schedule functions) through module globals looked up
+at call time, so replacing those module attributes hooks every training iteration. The same
+wrappers serve ``patches/megatron-core-schedules.patch``, which applies them as decorators in
+the source instead; :func:`install_hooks` then only activates them.
+
+This module imports neither torch nor Megatron at import time, because the patched
+``schedules.py`` imports it while megatron-core itself is still importing.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from typing import Any, Callable, TypeVar
+
+from perseus.errors import PerseusError
+from perseus.runtime.events import InstructionListener
+from perseus_megatron.tracker import ListenerForStep, ScheduleTracker, StepInfo
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_HOOK_ATTRIBUTE = "__perseus_hook__"
+_lock = threading.Lock()
+_active: ScheduleTracker | None = None
+_active_handle: HookHandle | None = None
+
+
+class HooksAlreadyInstalled(PerseusError):
+    """A second hook installation while one is active."""
+
+
+def _model_config(model: Any) -> Any:
+    from megatron.core.utils import get_model_config
+
+    first = model[0] if isinstance(model, (list, tuple)) else model
+    return get_model_config(first)
+
+
+def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
+    from perseus_megatron.compat import check_step_supported
+
+    model = kwargs.get("model")
+    forward_only = bool(kwargs.get("forward_only", False))
+    config = _model_config(model)
+    check_step_supported(config, forward_only)
+    chunks = len(model) if schedule == "interleaved" and isinstance(model, (list, tuple)) else 1
+    group = getattr(config, "microbatch_group_size_per_vp_stage", None) if schedule == "interleaved" else None
+    return StepInfo(
+        schedule,
+        int(kwargs["num_microbatches"]),
+        chunks,
+        group,
+        forward_only,
+        seq_length=kwargs.get("seq_length"),
+        micro_batch_size=kwargs.get("micro_batch_size"),
+        model_config=config,
+    )
+
+
+def _schedule_wrapper(fn: F, point: str) -> F:
+    from perseus_megatron.compat import SCHEDULE_FUNCTIONS
+
+    schedule = SCHEDULE_FUNCTIONS[point]
+
+    @functools.wraps(fn)
+    def perseus_schedule(*args: Any, **kwargs: Any) -> Any:
+        tracker = _active
+        if tracker is None:
+            return fn(*args, **kwargs)
+        info = _step_info(schedule, kwargs)
+        with tracker.step(info):
+            return fn(*args, **kwargs)
+
+    return perseus_schedule  # type: ignore[return-value]
+
+
+def _forward_wrapper(fn: F) -> F:
+    @functools.wraps(fn)
+    def perseus_forward_step(*args: Any, **kwargs: Any) -> Any:
+        tracker = _active
+        if tracker is None or not tracker.reporting:
+            if tracker is not None:
+                tracker.note_unreported_call()
+            return fn(*args, **kwargs)
+        return tracker.forward(
+            kwargs.get("current_microbatch"), kwargs.get("vp_stage"), lambda: fn(*args, **kwargs)
+        )
+
+    return perseus_forward_step  # type: ignore[return-value]
+
+
+def _backward_wrapper(fn: F) -> F:
+    @functools.wraps(fn)
+    def perseus_backward_step(*args: Any, **kwargs: Any) -> Any:
+        tracker = _active
+        if tracker is None or not tracker.reporting:
+            return fn(*args, **kwargs)
+        output = args[1] if len(args) > 1 else kwargs["output_tensor"]
+        return tracker.backward(output, lambda: fn(*args, **kwargs))
+
+    return perseus_backward_step  # type: ignore[return-value]
+
+
+def wrap(point: str, fn: F) -> F:
+    """The Perseus wrapper for one hook point; inert until :func:`install_hooks` activates it."""
+    if point == "forward_step":
+        wrapped = _forward_wrapper(fn)
+    elif point == "backward_step":
+        wrapped = _backward_wrapper(fn)
+    else:
+        wrapped = _schedule_wrapper(fn, point)
+    setattr(wrapped, _HOOK_ATTRIBUTE, point)
+    return wrapped
+
+
+def hook(point: str) -> Callable[[F], F]:
+    """Decorator form of :func:`wrap`, used by ``patches/megatron-core-schedules.patch``."""
+    return functools.partial(wrap, point)
+
+
+def is_hooked(fn: Any, point: str) -> bool:
+    return getattr(fn, _HOOK_ATTRIBUTE, None) == point
+
+
+class HookHandle:
+    """An installed set of hooks; :meth:`uninstall` (or leaving the ``with`` block) restores Megatron."""
+
+    def __init__(self, schedules: Any, replaced: dict[str, Any], tracker: ScheduleTracker):
+        self._schedules = schedules
+        self._replaced = replaced  # point -> original function (empty for a patched schedules.py)
+        self.tracker = tracker
+        self.installed = True
+
+    @property
+    def patched_source(self) -> bool:
+        """True when the schedules module carries the source patch and nothing was replaced."""
+        return not self._replaced
+
+    def uninstall(self) -> None:
+        """Deactivate and restore the original functions; safe to call more than once."""
+        global _active, _active_handle
+        with _lock:
+            if not self.installed:
+                return
+            self.installed = False
+            for point, original in self._replaced.items():
+                current = getattr(self._schedules, point)
+                if is_hooked(current, point) and getattr(current, "__wrapped__", None) is original:
+                    setattr(self._schedules, point, original)
+                else:
+                    warnings.warn(
+                        f"megatron schedules.{point} was replaced by someone else after Perseus hooked it; "
+                        "leaving it as is",
+                        stacklevel=2,
+                    )
+            if _active_handle is self:
+                _active, _active_handle = None, None
+
+    def __enter__(self) -> HookHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+def install_hooks(
+    listener: InstructionListener | None = None, *, listener_for_step: ListenerForStep | None = None
+) -> HookHandle:
+    """Report every training forward/backward of megatron-core's pipeline schedules to a listener.
+
+    Give either a fixed ``listener`` or ``listener_for_step(info)``, called at each training
+    step's beginning with the schedule, microbatch count and chunk count (how :func:`enable`
+    creates the runtime once the job's shape is known). Raises ``HooksAlreadyInstalled`` if
+    hooks are active, and ``MegatronVersionError`` if megatron-core lacks a hook point.
+    """
+    global _active, _active_handle
+    from perseus_megatron.compat import HOOK_POINTS, load_schedules_module
+
+    if (listener is None) == (listener_for_step is None):
+        raise PerseusError("install_hooks needs exactly one of listener= or listener_for_step=")
+    if listener is not None:
+        if not isinstance(listener, InstructionListener):
+            raise PerseusError(
+                f"install_hooks: {type(listener).__name__} is not an InstructionListener "
+                "(needs on_step_begin, on_step_end, on_instruction_begin, on_instruction_end)"
+            )
+        fixed = listener
+        listener_for_step = lambda info: fixed  # noqa: E731
+    schedules = load_schedules_module()
+    with _lock:
+        if _active is not None:
+            raise HooksAlreadyInstalled(
+                "Perseus Megatron hooks are already installed in this process; call uninstall() "
+                "(or close()) on the existing handle before installing again"
+            )
+        replaced: dict[str, Any] = {}
+        for point in HOOK_POINTS:
+            current = getattr(schedules, point)
+            if not is_hooked(current, point):
+                replaced[point] = current
+        if replaced and len(replaced) != len(HOOK_POINTS):
+            raise PerseusError(
+                "megatron schedules.py is only partly patched for Perseus (hooked: "
+                f"{', '.join(p for p in HOOK_POINTS if p not in replaced)}); re-apply "
+                "patches/megatron-core-schedules.patch to a clean file"
+            )
+        for point, original in replaced.items():
+            setattr(schedules, point, wrap(point, original))
+        tracker = ScheduleTracker(listener_for_step)
+        handle = HookHandle(schedules, replaced, tracker)
+        _active, _active_handle = tracker, handle
+    return handle
+
+
+def active_handle() -> HookHandle | None:
+    """The installed hook handle of this process, if any."""
+    return _active_handle

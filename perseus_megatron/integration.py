@@ -1,0 +1,203 @@
+"""``perseus_megatron.enable()``: the one-line change for custom megatron-core training scripts.
+
+The runtime needs the job's shape — pipeline stage, data/tensor-parallel position, schedule,
+virtual chunks and the number of microbatches. The first four come from megatron-core's
+``parallel_state``, the microbatch count only from the schedule call itself, so the runtime is
+created at the first training step, on every rank at the same step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+from perseus.errors import ConfigError, PerseusError
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.events import InstructionListener, PipelineJob
+from perseus_megatron.hooks import HookHandle, install_hooks
+from perseus_megatron.tracker import StepInfo
+
+log = logging.getLogger("perseus.megatron")
+
+ListenerWrapper = Callable[[InstructionListener], InstructionListener]
+RuntimeFactory = Callable[..., Any]
+
+# TransformerConfig fields that change per-instruction time and energy: they key the runtime's cache.
+_FINGERPRINT_FIELDS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+    "num_moe_experts", "moe_router_topk", "params_dtype", "fp16", "bf16", "fp8", "recompute_granularity",
+    "recompute_method", "recompute_num_layers", "sequence_parallel", "gated_linear_unit", "activation_func",
+)
+
+
+class MegatronJobError(PerseusError):
+    """megatron-core's parallel state does not describe a job Perseus can plan."""
+
+
+def model_fingerprint(info: StepInfo) -> dict[str, Any]:
+    """What, besides the schedule, determines this job's profile (hashed into the cache key)."""
+    config = info.model_config
+    out: dict[str, Any] = {"framework": "megatron-core", "seq_length": info.seq_length,
+                           "micro_batch_size": info.micro_batch_size}
+    for name in _FINGERPRINT_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None:
+            out[name] = value if isinstance(value, (int, float, str, bool)) else getattr(value, "__name__", str(value))
+    return out
+
+
+def job_from_parallel_state(info: StepInfo) -> PipelineJob:
+    """This rank's ``PipelineJob`` from megatron-core's ``parallel_state`` and one schedule call.
+
+    Tensor- and context-parallel ranks of a stage work in lockstep on the same instructions, so
+    together they form the job's ``tp`` group (size TP × CP); data-parallel replicas are ``dp``.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        raise MegatronJobError("megatron-core parallel state is not initialized; call "
+                               "parallel_state.initialize_model_parallel(...) before training")
+    stages = ps.get_pipeline_model_parallel_world_size()
+    if info.schedule == "interleaved" and info.group_size not in (None, stages):
+        raise MegatronJobError(
+            f"microbatch_group_size_per_vp_stage={info.group_size} differs from the pipeline size ({stages}); "
+            "Perseus plans megatron-core's default interleaved order only; unset microbatch_group_size_per_vp_stage"
+        )
+    tp, cp = ps.get_tensor_model_parallel_world_size(), ps.get_context_parallel_world_size()
+    return PipelineJob(
+        num_stages=stages,
+        num_microbatches=info.num_microbatches,
+        stage=ps.get_pipeline_model_parallel_rank(),
+        schedule=info.schedule,
+        num_chunks=info.num_chunks,
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        tp_rank=ps.get_context_parallel_rank() * tp + ps.get_tensor_model_parallel_rank(),
+        tp_size=tp * cp,
+        rank=dist.get_rank() if dist.is_initialized() else 0,
+        world_size=dist.get_world_size() if dist.is_initialized() else 1,
+        model_config=model_fingerprint(info),
+    )
+
+
+def _default_runtime_factory() -> RuntimeFactory:
+    from perseus.runtime.engine import PerseusRuntime
+
+    return PerseusRuntime
+
+
+class MegatronPerseus:
+    """What :func:`enable` returns: the installed hooks and the runtime they drive."""
+
+    def __init__(
+        self,
+        config: PerseusConfig,
+        *,
+        process_group: Any = None,
+        listener_wrapper: ListenerWrapper | None = None,
+        runtime_factory: RuntimeFactory | None = None,
+        job_builder: Callable[[StepInfo], PipelineJob] = job_from_parallel_state,
+    ) -> None:
+        self.config = config
+        self.runtime: Any = None
+        self.job: PipelineJob | None = None
+        self._process_group = process_group
+        self._wrap = listener_wrapper
+        self._factory = runtime_factory
+        self._job_builder = job_builder
+        self._listener: InstructionListener | None = None
+        self._hooks: HookHandle | None = None
+        self._closed = False
+
+    def _listener_for_step(self, info: StepInfo) -> InstructionListener:
+        job = self._job_builder(info)
+        if self.runtime is not None and job != self.job:
+            log.warning(
+                "perseus: the pipeline job changed (%s x %d microbatches -> %s x %d); restarting the Perseus runtime "
+                "for the new shape", self.job.schedule if self.job else "?", self.job.num_microbatches if self.job else 0,
+                job.schedule, job.num_microbatches,
+            )
+            self.runtime.close()
+            self.runtime = None
+        if self.runtime is None:
+            factory = self._factory or _default_runtime_factory()
+            self.runtime = factory(job, self.config, process_group=self._process_group)
+            self.job = job
+            self._listener = self._wrap(self.runtime) if self._wrap is not None else self.runtime
+        assert self._listener is not None
+        return self._listener
+
+    def summary(self) -> dict[str, Any]:
+        """The runtime's measured results (empty before the first training step)."""
+        return self.runtime.summary() if self.runtime is not None else {}
+
+    def close(self) -> None:
+        """Remove the hooks and close the runtime (default clocks); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._hooks is not None:
+                self._hooks.uninstall()
+        finally:
+            if self.runtime is not None:
+                self.runtime.close()
+
+    def __enter__(self) -> MegatronPerseus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def resolve_config(config: PerseusConfig | Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> PerseusConfig:
+    """Config object, mapping or nothing, plus keyword overrides → one validated ``PerseusConfig``."""
+    if config is None or isinstance(config, Mapping):
+        return PerseusConfig.from_dict({**dict(config or {}), **overrides})
+    if isinstance(config, PerseusConfig):
+        return config.replace(**overrides) if overrides else config
+    raise ConfigError(f"perseus_megatron.enable: config must be a PerseusConfig or a mapping, got {type(config).__name__}")
+
+
+def enable(
+    config: PerseusConfig | Mapping[str, Any] | None = None,
+    *,
+    process_group: Any = None,
+    listener_wrapper: ListenerWrapper | None = None,
+    runtime_factory: RuntimeFactory | None = None,
+    **overrides: Any,
+) -> MegatronPerseus:
+    """Turn Perseus on for this process's megatron-core training; call once before training.
+
+    ``enable(mode="profile", cache_dir="/ckpt/perseus")`` — overrides are ``PerseusConfig``
+    fields. Call ``get_forward_backward_func()`` after this (Megatron-LM does so every step).
+    The returned handle's ``close()`` removes the hooks and restores default clocks; it also
+    runs at interpreter exit. ``listener_wrapper`` lets a caller interpose on the runtime's
+    events (the demo times simulated GPU work with it).
+    """
+    resolved = resolve_config(config, overrides)
+    handle = MegatronPerseus(
+        resolved, process_group=process_group, listener_wrapper=listener_wrapper, runtime_factory=runtime_factory
+    )
+    if not resolved.enabled:
+        log.info("perseus: disabled by configuration; training runs unchanged")
+        return handle
+    handle._hooks = install_hooks(listener_for_step=handle._listener_for_step)
+    atexit.register(handle.close)
+    return handle
+
+
+def enable_from_argv(argv: Sequence[str] | None = None) -> MegatronPerseus | None:
+    """``enable()`` if the command line has ``--perseus``; for scripts that parse arguments elsewhere.
+
+    Reads only the ``--perseus*`` flags (Megatron-LM still needs ``add_perseus_args`` in its
+    ``extra_args_provider`` so that it accepts them). Returns ``None`` when Perseus is off.
+    """
+    import sys
+
+    from perseus_megatron.args import config_from_argv
+
+    config = config_from_argv(sys.argv[1:] if argv is None else argv)
+    return enable(config) if config.enabled else None

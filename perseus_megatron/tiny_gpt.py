@@ -1,0 +1,145 @@
+"""A tiny megatron-core GPT pipeline that trains on CPU: the model, synthetic data, one train step.
+
+Used by the adapter tests (real schedules, recorded orders) and the demo. Everything is real
+megatron-core — ``GPTModel`` with the local layer spec, ``get_forward_backward_func`` and its
+p2p communication — only sized so that a 4-stage pipeline trains in seconds on a laptop CPU.
+Call these inside :func:`perseus_megatron.cpu.cpu_execution` after ``init_cpu_distributed()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+@dataclass(frozen=True)
+class TinyGPTShape:
+    """Model and batch sizes; ``num_layers`` must divide evenly over stages × chunks."""
+
+    num_layers: int = 4
+    hidden_size: int = 32
+    num_attention_heads: int = 4
+    vocab_size: int = 128
+    seq_length: int = 16
+    micro_batch_size: int = 2
+
+
+def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, seed: int = 1234) -> None:
+    """megatron-core parallel state on the gloo world: pipeline parallel only (TP = DP = 1 per stage)."""
+    from megatron.core import parallel_state
+
+    from perseus_megatron.cpu import init_cpu_distributed, init_cpu_rng
+
+    init_cpu_distributed()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        pipeline_model_parallel_size=pipeline_size,
+        virtual_pipeline_model_parallel_size=virtual_chunks,
+    )
+    init_cpu_rng(seed)
+
+
+def transformer_config(shape: TinyGPTShape, pipeline_size: int, virtual_chunks: int | None = None) -> Any:
+    """A ``TransformerConfig`` that runs on CPU: CPU init, fp32, no dropout, no fused kernels."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        pipeline_model_parallel_size=pipeline_size,
+        virtual_pipeline_model_parallel_size=virtual_chunks,
+        pipeline_dtype=torch.float32,
+        params_dtype=torch.float32,
+        cuda_graph_scope=None,  # default "full" only warns; no CUDA graphs on CPU
+    )
+
+
+def build_model_chunks(shape: TinyGPTShape, config: Any) -> list[torch.nn.Module]:
+    """This rank's model chunks (one per virtual pipeline stage), as megatron-core lays them out."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    chunks = config.virtual_pipeline_model_parallel_size or 1
+    models: list[torch.nn.Module] = []
+    for vp_stage in range(chunks):
+        vp = vp_stage if chunks > 1 else None
+        models.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=get_gpt_layer_local_spec(),
+                vocab_size=shape.vocab_size,
+                max_sequence_length=shape.seq_length,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+                share_embeddings_and_output_weights=False,
+                vp_stage=vp,
+            )
+        )
+    return models
+
+
+def synthetic_batches(shape: TinyGPTShape, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless random token microbatches (labels = next token); identical on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    positions = torch.arange(shape.seq_length).unsqueeze(0).expand(shape.micro_batch_size, -1)
+    while True:
+        tokens = torch.randint(0, shape.vocab_size, (shape.micro_batch_size, shape.seq_length + 1), generator=generator)
+        yield {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(), "position_ids": positions}
+
+
+def _loss(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = output.float().mean()
+    return loss, {"lm loss": loss.detach()}
+
+
+def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module) -> tuple[Any, Callable]:
+    """megatron-core ``forward_step_func``: every stage draws its microbatch so data stays aligned."""
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, _loss
+
+
+class TinyGPTTrainer:
+    """Owns the model chunks, optimizer and data of one rank; ``step()`` runs one training iteration."""
+
+    def __init__(self, shape: TinyGPTShape, pipeline_size: int, virtual_chunks: int | None = None, lr: float = 1e-3):
+        self.shape = shape
+        self.config = transformer_config(shape, pipeline_size, virtual_chunks)
+        self.model = build_model_chunks(shape, self.config)
+        params = [p for chunk in self.model for p in chunk.parameters()]
+        self.optimizer = torch.optim.Adam(params, lr=lr)
+        self.data = [synthetic_batches(shape) for _ in self.model]
+
+    def step(self, num_microbatches: int, forward_only: bool = False) -> list[dict[str, torch.Tensor]]:
+        """One iteration: forward-backward through megatron-core's schedule, then the optimizer."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        forward_backward = get_forward_backward_func()
+        for chunk in self.model:
+            chunk.zero_grad(set_to_none=True)
+        interleaved = len(self.model) > 1
+        losses = forward_backward(
+            forward_step_func=forward_step,
+            data_iterator=self.data if interleaved else self.data[0],
+            model=self.model if interleaved else self.model[0],
+            num_microbatches=num_microbatches,
+            seq_length=self.shape.seq_length,
+            micro_batch_size=self.shape.micro_batch_size,
+            forward_only=forward_only,
+        )
+        if not forward_only:
+            self.optimizer.step()
+        return losses

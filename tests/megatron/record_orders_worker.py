@@ -1,0 +1,118 @@
+"""torchrun worker: run real megatron-core pipelines on CPU and record each rank's executed orders.
+
+Usage: torchrun --nproc_per_node N record_orders_worker.py OUT_DIR CASE [CASE ...]
+A case is ``NAME:schedule:chunks:microbatches[:eval]`` — ``eval`` adds a forward-only call
+between the two training steps (it must not be reported). Each rank writes
+``OUT_DIR/rank<R>.json``: {case: {"steps": [[[kind, mb, chunk], ...], ...], "stage": s}}, plus
+an ``enable`` case when CASE is ``enable``: the job built by ``perseus_megatron.enable``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def run_case(spec: str, world: int) -> dict[str, Any]:
+    from megatron.core import parallel_state
+
+    from perseus.runtime.events import RecordingListener
+    from perseus_megatron.hooks import install_hooks
+    from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
+
+    _, schedule, chunks_text, microbatches_text, *extra = spec.split(":")
+    chunks, microbatches = int(chunks_text), int(microbatches_text)
+    vp = chunks if schedule == "interleaved" else None
+    initialize_parallel(world, vp)
+    trainer = TinyGPTTrainer(TinyGPTShape(num_layers=world * chunks), world, vp)
+    recorder = RecordingListener()
+    with install_hooks(recorder):
+        trainer.step(microbatches)
+        if "eval" in extra:
+            trainer.step(microbatches, forward_only=True)
+        trainer.step(microbatches)
+    steps = [[[i.kind, i.microbatch, i.chunk] for i in step] for step in recorder.steps]
+    return {"steps": steps, "stage": parallel_state.get_pipeline_model_parallel_rank()}
+
+
+def run_enable(world: int, out: Path) -> dict[str, Any]:
+    """enable() with the real runtime (simulated GPU, measure-only): the job it builds and its steps."""
+    import perseus_megatron
+    from perseus.runtime.events import RecordingListener
+    from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
+
+    rank = int(os.environ["RANK"])
+    os.environ.setdefault("PERSEUS_SIM_GPU_DIR", str(out / "sim-gpus"))
+    initialize_parallel(world, 2)
+    trainer = TinyGPTTrainer(TinyGPTShape(num_layers=world * 2), world, 2)
+    seen: list[Any] = []
+
+    class Tee(RecordingListener):
+        def __init__(self, runtime: Any) -> None:
+            super().__init__()
+            self.runtime = runtime
+            seen.append(self)
+
+        def on_step_begin(self) -> None:
+            super().on_step_begin()
+            self.runtime.on_step_begin()
+
+        def on_step_end(self) -> None:
+            self.runtime.on_step_end()
+
+        def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+            super().on_instruction_begin(kind, microbatch, chunk)
+            self.runtime.on_instruction_begin(kind, microbatch, chunk)
+
+        def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+            self.runtime.on_instruction_end(kind, microbatch, chunk)
+            super().on_instruction_end(kind, microbatch, chunk)
+
+    handle = perseus_megatron.enable(
+        gpu="sim", device_index=rank, mode="measure-only", warmup_steps=1, cache_dir=None, listener_wrapper=Tee
+    )
+    try:
+        for _ in range(2):
+            trainer.step(4)
+        trainer.step(4, forward_only=True)
+        trainer.step(6)  # microbatch count changes: a new runtime for the new job shape
+        job = handle.job
+        summary = handle.summary()
+    finally:
+        handle.close()
+    return {
+        "job": {k: v for k, v in vars(job).items() if k != "model_config"},
+        "model_config": dict(job.model_config),
+        "runtimes_created": len(seen),
+        "steps_per_listener": [len(t.steps) for t in seen],
+        "last_steps": [[[i.kind, i.microbatch, i.chunk] for i in step] for step in seen[-1].steps],
+        "summary_steps": summary.get("steps"),
+        "hooks_removed": perseus_megatron.hooks.active_handle() is None,
+    }
+
+
+def main() -> None:
+    from perseus_megatron.cpu import cpu_execution
+
+    out = Path(sys.argv[1])
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    result: dict[str, Any] = {}
+    try:
+        with cpu_execution():
+            for spec in sys.argv[2:]:
+                if spec == "enable":
+                    result["enable"] = run_enable(world, out)
+                else:
+                    result[spec.split(":")[0]] = run_case(spec, world)
+    except BaseException:  # noqa: BLE001 - the test reads the traceback from the result file
+        result["error"] = traceback.format_exc()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The Megatron demo: its listener wrapper, its report, and one short real run (2 stages)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perseus_megatron.demo import DemoConfig, SimulatedCompute, format_report, launch, phase_table
+
+
+class _Log:
+    def __init__(self, log: list[str]):
+        self.log = log
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.log.append(name)
+
+
+def test_simulated_compute_brackets_the_work_inside_the_runtime_events_and_pads_to_nominal():
+    log: list[str] = []
+    wrapper = SimulatedCompute(_Log(log), _Log(log), {"forward": 0.01})
+    wrapper.on_step_begin()
+    wrapper.on_instruction_begin("forward", 0, 0)
+    wrapper.on_instruction_end("forward", 0, 0)
+    wrapper.on_step_end()
+    assert log == ["on_step_begin", "on_instruction_begin", "begin_busy", "end_busy", "on_instruction_end",
+                   "on_step_end"]
+
+
+def test_phase_table_takes_slowest_rank_time_and_sums_energy_over_ranks():
+    results = [
+        {"steps": [{"step": 0, "phase": "warmup", "time_s": 1.0, "energy_j": 10.0},
+                   {"step": 1, "phase": "deployed", "time_s": 1.0, "energy_j": 8.0}]},
+        {"steps": [{"step": 0, "phase": "warmup", "time_s": 1.2, "energy_j": 20.0},
+                   {"step": 1, "phase": "deployed", "time_s": 1.1, "energy_j": 16.0}]},
+    ]
+    table = phase_table(results)
+    assert table["warmup"] == {"iterations": 1, "time_s": 1.2, "energy_j": 30.0}
+    assert table["deployed"] == {"iterations": 1, "time_s": 1.1, "energy_j": 24.0}
+    assert "energy +20.0% saved" in format_report(table)
+
+
+@pytest.mark.distributed
+def test_short_demo_run_profiles_plans_and_deploys(tmp_path):
+    cfg = DemoConfig(stages=2, microbatches=4, max_steps=30, deployed_steps=2, forward_ms=4, backward_ms=8,
+                     startup_steps=1)
+    cfg.perseus.update(warmup_steps=3, freq_step_mhz=250)
+    results = launch(cfg, tmp_path)
+    table = phase_table(results)
+    assert {"warmup", "profiling", "deployed"} <= set(table), table
+    for result in results:
+        summary = result["summary"]
+        clocks = summary["profiled_clocks_mhz"]
+        assert summary["phase"] == "deployed" and len(clocks) == 3 and clocks == sorted(clocks, reverse=True)
+        assert all(a - b >= 250 for a, b in zip(clocks, clocks[1:]))  # freq_step_mhz reached the runtime
+        assert summary["frontier"]["points"] >= 1
+    assert all(row["energy_j"] > 0 for row in table.values())

@@ -1,0 +1,85 @@
+"""``enable()`` / ``enable_from_argv()`` without a training loop: config handling and hook lifetime."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from perseus.errors import ConfigError  # noqa: E402
+from perseus.runtime.config import PerseusConfig  # noqa: E402
+from perseus.runtime.events import PipelineJob, RecordingListener  # noqa: E402
+from perseus_megatron import enable, enable_from_argv, hooks  # noqa: E402
+from perseus_megatron.integration import MegatronPerseus  # noqa: E402
+from perseus_megatron.tracker import StepInfo  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_hooks():
+    yield
+    handle = hooks.active_handle()
+    if handle is not None:
+        handle.uninstall()
+
+
+def test_enable_installs_hooks_and_close_removes_them_idempotently():
+    handle = enable(mode="profile", cache_dir=None)
+    assert handle.config.mode == "profile" and hooks.active_handle() is not None
+    handle.close()
+    handle.close()
+    assert hooks.active_handle() is None
+
+
+def test_overrides_apply_on_top_of_a_config_object_or_mapping():
+    assert enable(PerseusConfig(mode="plan"), warmup_steps=4).config.model_dump()["warmup_steps"] == 4
+    hooks.active_handle().uninstall()
+    assert enable({"mode": "plan"}, gpu="sim").config.gpu == "sim"
+
+
+@pytest.mark.parametrize("config, overrides, match", [
+    (42, {}, "PerseusConfig or a mapping"),
+    (None, {"mode": "fastest"}, "mode"),
+    (None, {"no_such_setting": 1}, "unknown setting"),
+])
+def test_bad_configuration_is_a_config_error_and_installs_nothing(config, overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        enable(config, **overrides)
+    assert hooks.active_handle() is None
+
+
+def test_disabled_config_leaves_megatron_untouched():
+    handle = enable(enabled=False)
+    assert hooks.active_handle() is None
+    assert handle.summary() == {}
+    handle.close()
+
+
+def test_enable_from_argv_follows_the_perseus_flag():
+    assert enable_from_argv(["--lr", "1e-4"]) is None and hooks.active_handle() is None
+    handle = enable_from_argv(["--lr", "1e-4", "--perseus", "--perseus-mode", "measure-only"])
+    assert handle is not None and handle.config.mode == "measure-only" and hooks.active_handle() is not None
+    handle.close()
+
+
+def test_runtime_is_created_once_per_job_shape_and_replaced_when_it_changes():
+    created: list[tuple[PipelineJob, RecordingListener]] = []
+
+    class FakeRuntime(RecordingListener):
+        def __init__(self, job, config, process_group=None):
+            super().__init__()
+            self.closed = False
+            created.append((job, self))
+
+        def close(self):
+            self.closed = True
+
+    def job_for(info: StepInfo) -> PipelineJob:
+        return PipelineJob(num_stages=2, num_microbatches=info.num_microbatches, stage=0)
+
+    perseus = MegatronPerseus(PerseusConfig(), runtime_factory=FakeRuntime, job_builder=job_for)
+    first = perseus._listener_for_step(StepInfo("1f1b", 4))
+    assert perseus._listener_for_step(StepInfo("1f1b", 4)) is first and len(created) == 1
+    second = perseus._listener_for_step(StepInfo("1f1b", 6))
+    assert second is not first and first.closed and created[-1][0].num_microbatches == 6
+    perseus.close()
+    assert second.closed
