@@ -30,36 +30,69 @@ class IterationTimeline:
     stage_energy_j: np.ndarray  # per stage, idle energy included
 
 
+@dataclass(frozen=True)
+class BatchTimes:
+    """Iteration time and energy of many plans simulated at once (one entry per plan)."""
+
+    time_s: np.ndarray  # (batch,)
+    energy_j: np.ndarray  # (batch,)
+    finish_s: np.ndarray  # (batch, n) earliest finish per node
+    stage_busy_s: np.ndarray  # (batch, stages)
+    stage_energy_j: np.ndarray  # (batch, stages), idle energy included
+
+
 def longest_path_finish(dag: InstructionDAG, durations: np.ndarray) -> np.ndarray:
     """Earliest finish time of every node when each starts as soon as its predecessors finish."""
-    finish = np.zeros(dag.num_nodes)
-    preds = dag.predecessors
-    dur = durations.tolist()
-    fin = finish.tolist()
-    for v in dag.topo_order.tolist():
-        start = max((fin[u] for u in preds[v]), default=0.0)
-        fin[v] = start + dur[v]
-    return np.asarray(fin)
+    durations = np.asarray(durations, dtype=float)
+    return dag.levels.finish_times(durations[None])[0, : dag.num_nodes]
+
+
+def simulate_many(dag: InstructionDAG, durations: np.ndarray, energies: np.ndarray, p_blocking_w: float) -> BatchTimes:
+    """Simulate a batch of plans given as per-node durations and energies, shape (batch, n).
+
+    The longest paths run one topological level per numpy step for all plans together, so
+    simulating a whole frontier costs about as much as one plan. ``simulate`` is this with a
+    batch of one, so both give bit-identical numbers for the same plan.
+    """
+    durations = np.atleast_2d(np.asarray(durations, dtype=float))
+    energies = np.atleast_2d(np.asarray(energies, dtype=float))
+    n = dag.num_nodes
+    if durations.shape[1] != n or energies.shape != durations.shape:
+        raise ProfileError(
+            f"simulate_many needs durations and energies of shape (batch, {n}); got {durations.shape} and {energies.shape}"
+        )
+    finish = dag.levels.finish_times(durations)[:, :n]
+    time_s = finish.max(axis=1) if n else np.zeros(len(durations))
+    busy = _stage_sums(dag, durations)
+    compute = _stage_sums(dag, energies)
+    stage_energy = compute + p_blocking_w * (time_s[:, None] - busy)
+    return BatchTimes(time_s, stage_energy.sum(axis=1), finish, busy, stage_energy)
+
+
+def _stage_sums(dag: InstructionDAG, values: np.ndarray) -> np.ndarray:
+    """Per-stage sums of per-node values, (batch, n) → (batch, stages); empty stages sum to 0."""
+    offsets = dag.stage_offsets
+    out = np.zeros((values.shape[0], len(offsets) - 1))
+    for s in range(len(offsets) - 1):
+        out[:, s] = values[:, offsets[s] : offsets[s + 1]].sum(axis=1)
+    return out
 
 
 def simulate(dag: InstructionDAG, durations: np.ndarray, energies: np.ndarray, p_blocking_w: float) -> IterationTimeline:
     """Simulate one iteration from per-node durations (s) and energies (J)."""
     durations = np.asarray(durations, dtype=float)
-    energies = np.asarray(energies, dtype=float)
-    finish = longest_path_finish(dag, durations)
-    time_s = float(finish.max()) if len(finish) else 0.0
-    num_stages = dag.schedule.num_stages
-    busy = np.bincount(dag.node_stage, weights=durations, minlength=num_stages)
-    idle = time_s - busy
-    stage_energy = np.bincount(dag.node_stage, weights=energies, minlength=num_stages) + p_blocking_w * idle
+    batch = simulate_many(dag, durations[None], np.asarray(energies, dtype=float)[None], p_blocking_w)
+    time_s = float(batch.time_s[0])
+    finish = batch.finish_s[0]
+    busy = batch.stage_busy_s[0]
     return IterationTimeline(
         time_s=time_s,
-        energy_j=float(stage_energy.sum()),
+        energy_j=float(batch.energy_j[0]),
         start_s=finish - durations,
         finish_s=finish,
         stage_busy_s=busy,
-        stage_idle_s=idle,
-        stage_energy_j=stage_energy,
+        stage_idle_s=time_s - busy,
+        stage_energy_j=batch.stage_energy_j[0],
     )
 
 

@@ -13,7 +13,7 @@ from perseus.planner.options import build_node_options
 from perseus.planner.sweep import sweep
 from perseus.profile import Profile
 from perseus.schedule import Schedule
-from perseus.simulator import max_frequency_plan, simulate, simulate_plan
+from perseus.simulator import max_frequency_plan, simulate_plan
 
 ProgressCallback = Callable[[float], None]  # fraction done in [0, 1]
 
@@ -28,6 +28,9 @@ def plan_frontier(
     improve_sweeps: int = 2,
     max_block: int = 2,
     improve_time_s: float = 3.0,
+    search_time_s: float = 1.0,
+    search_gap: float = 2e-3,
+    max_window: int = 10,
 ) -> Frontier:
     """Compute the iteration time–energy Pareto frontier of ``schedule`` on ``profile``.
 
@@ -43,6 +46,10 @@ def plan_frontier(
     - ``max_block``: longest run of one stage's instructions shifted together in that descent.
     - ``improve_time_s``: wall-clock cap on that descent (it stops between moves; every plan it
       has reached is kept), so large pipelines stay within seconds.
+    - ``search_time_s``: wall-clock budget of the exact window search (small MILPs over bands of
+      at most ``max_window`` instructions) on anchor plans; 0 disables it.
+    - ``search_gap``: only anchor plans more than this fraction above the LP lower bound are
+      searched (the bound comes free with the LP), so near-optimal pipelines pay nothing.
     """
     for name, value, low in (
         ("num_anchors", num_anchors, 2),
@@ -52,8 +59,11 @@ def plan_frontier(
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise PerseusError(f"plan_frontier: {name} must be an integer >= {low}, got {value!r}")
-    if not isinstance(improve_time_s, (int, float)) or not improve_time_s >= 0:
-        raise PerseusError(f"plan_frontier: improve_time_s must be a number >= 0, got {improve_time_s!r}")
+    for name, number in (("improve_time_s", improve_time_s), ("search_time_s", search_time_s), ("search_gap", search_gap)):
+        if not isinstance(number, (int, float)) or isinstance(number, bool) or not number >= 0:
+            raise PerseusError(f"plan_frontier: {name} must be a number >= 0, got {number!r}")
+    if not isinstance(max_window, int) or isinstance(max_window, bool) or max_window < 1:
+        raise PerseusError(f"plan_frontier: max_window must be an integer >= 1, got {max_window!r}")
     started = time.perf_counter()
     report = progress if progress is not None else (lambda _: None)
     profile.check_matches(schedule)
@@ -74,21 +84,16 @@ def plan_frontier(
         max_block=max_block,
         improve_time_s=improve_time_s,
         progress=report,
+        search_time_s=search_time_s,
+        search_gap=search_gap,
+        max_window=max_window,
     )
 
-    # Report what the simulator says each plan does on the measured values, then re-filter.
-    points: list[FrontierPoint] = []
-    for choice in found.choices:
-        timeline = simulate(dag, options.node_times(choice), options.node_energies(choice), p_blocking)
-        points.append(FrontierPoint(timeline.time_s, timeline.energy_j, options.node_freqs(choice)))
-    points.sort(key=lambda p: (p.time_s, p.energy_j))
-    kept: list[FrontierPoint] = []
-    for point in points:
-        if not kept or point.energy_j < kept[-1].energy_j:
-            if kept and point.time_s == kept[-1].time_s:
-                kept[-1] = point
-            else:
-                kept.append(point)
+    # Candidates were simulated (perseus.simulator.simulate_many) and Pareto-filtered in sweep.
+    freqs = options.node_freqs(found.choices)
+    kept = [
+        FrontierPoint(float(t), float(e), freqs[i]) for i, (t, e) in enumerate(zip(found.times_s, found.energies_j))
+    ]
     report(1.0)
     return Frontier(
         schedule=schedule,
@@ -105,6 +110,9 @@ def plan_frontier(
             "improve_sweeps": improve_sweeps,
             "max_block": max_block,
             "improve_time_s": improve_time_s,
+            "search_time_s": search_time_s,
+            "search_gap": search_gap,
+            "max_window": max_window,
         },
     )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perseus.planner.levels import LevelGraph
+from perseus.dag import LevelGraph
 from perseus.planner.options import NodeOptions
 
 # Relative slack allowed when comparing a budget with an option's time, so that a target equal to

@@ -8,22 +8,26 @@
 3. Round every target to options with carry, forward and backward, then fill slack — all
    deadlines at once, one topological level per numpy step.
 4. Improve the anchor plans by block potential descent.
-5. Keep the Pareto-optimal (time, energy) plans over all candidates.
+5. Keep the Pareto-optimal (time, energy) plans over all candidates (simulated by
+   ``perseus.simulator.simulate_many``).
+6. Exact window search on the anchor plans farthest above the LP bound (time-boxed).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from perseus.dag import InstructionDAG
-from perseus.planner.levels import LevelGraph
+from perseus.planner.neighbourhood import WindowSearch
 from perseus.planner.options import NodeOptions
 from perseus.planner.potentials import PotentialDescent
 from perseus.planner.relaxation import HullRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
+from perseus.simulator import simulate_many
 
 Progress = Callable[[float], None]
 
@@ -37,12 +41,10 @@ class Candidates:
     energies_j: np.ndarray
 
 
-def evaluate(options: NodeOptions, graph: LevelGraph, choices: np.ndarray, p_blocking_w: float, stages: int) -> Candidates:
-    """Longest path and energy at that time of each plan (the simulator's formula, batched)."""
-    durations = options.node_times(choices)
-    times = graph.iteration_times(durations)
-    energies = options.node_energies(choices).sum(axis=1) + p_blocking_w * (stages * times - durations.sum(axis=1))
-    return Candidates(choices, times, energies)
+def evaluate(dag: InstructionDAG, options: NodeOptions, choices: np.ndarray, p_blocking_w: float) -> Candidates:
+    """Every plan simulated on its measured option values (the one simulator, batched)."""
+    result = simulate_many(dag, options.node_times(choices), options.node_energies(choices), p_blocking_w)
+    return Candidates(choices, result.time_s, result.energy_j)
 
 
 def pareto(c: Candidates) -> Candidates:
@@ -69,21 +71,23 @@ def sweep(
     max_block: int,
     improve_time_s: float,
     progress: Progress,
+    search_time_s: float = 0.0,
+    search_gap: float = 1e-3,
+    max_window: int = 10,
 ) -> Candidates:
-    graph = LevelGraph.from_dag(dag)
+    graph = dag.levels
     chooser = LevelChooser(graph, options)
-    stages = dag.schedule.num_stages
-    fastest = options.fastest_times()
-    t_fast = float(graph.iteration_times(fastest[None])[0])
-    t_slow = float(graph.iteration_times(options.node_times(options.slowest_choice())[None])[0])
+    extremes = np.stack([np.zeros(dag.num_nodes, dtype=np.int64), options.slowest_choice()])
+    t_fast, t_slow = evaluate(dag, options, extremes, p_blocking_w).times_s.tolist()
 
     anchors = np.unique(np.concatenate([np.linspace(t_fast, t_slow, max(num_anchors, 2)), extra_deadlines]))
     anchors = anchors[(anchors >= t_fast) & (anchors <= t_slow)]
     relaxation = HullRelaxation(dag, options)
     targets = np.empty((len(anchors), dag.num_nodes))
+    lp_costs = np.empty(len(anchors))
     for i, deadline in enumerate(anchors):
         # Solve slightly inside the deadline so float rounding never pushes a plan past it.
-        targets[i] = relaxation.solve(deadline * (1 - DEADLINE_MARGIN))[0]
+        targets[i], lp_costs[i] = relaxation.solve(deadline * (1 - DEADLINE_MARGIN))
         progress(0.5 * (i + 1) / len(anchors))
 
     # Interpolated targets between adjacent anchors.
@@ -116,5 +120,60 @@ def sweep(
         starts = descent.improve(starts, anchor_deadlines, sweeps=improve_sweeps, time_limit_s=improve_time_s)
         improved = descent.plan(starts, anchor_deadlines)
         plans.append(chooser.fill_slack(improved, anchor_deadlines))
-    progress(0.9)
-    return pareto(evaluate(options, graph, np.concatenate(plans), p_blocking_w, stages))
+    progress(0.8)
+    found = pareto(evaluate(dag, options, np.concatenate(plans), p_blocking_w))
+    if search_time_s > 0:
+        # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
+        bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
+        found = _search_windows(dag, options, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
+    progress(0.95)
+    return found
+
+
+def _search_windows(
+    dag: InstructionDAG,
+    options: NodeOptions,
+    chooser: LevelChooser,
+    found: Candidates,
+    anchors: np.ndarray,
+    deadlines: np.ndarray,
+    bounds: np.ndarray,
+    p_blocking_w: float,
+    time_budget_s: float,
+    min_gap: float,
+    max_window: int,
+) -> Candidates:
+    """Exact window search on the anchor plans farthest above the LP bound, within a time budget.
+
+    Each improved anchor plan is then slack-filled at every denser deadline up to the next anchor
+    (cheap, batched), so the gain carries over to the frontier between anchors.
+    """
+    stop_at = time.perf_counter() + time_budget_s
+    limits = anchors * (1 - DEADLINE_MARGIN)
+    at = np.searchsorted(found.times_s, limits * (1 + 1e-12), side="right") - 1
+    # Any plan within anchor i's deadline ends at some anchor-bracketed time ≤ it, so its energy is
+    # at least about the least bound over anchors up to i (exact at anchor times).
+    least = np.minimum.accumulate(bounds)
+    gaps = np.where(at >= 0, found.energies_j[np.maximum(at, 0)] / least - 1, -np.inf)
+    order = [i for i in np.argsort(-gaps).tolist() if gaps[i] > min_gap]
+    if not order:
+        return found
+    search = WindowSearch(dag, options, max_window=max_window)
+    extra_plans, extra_deadlines = [], []
+    for done, i in enumerate(order):
+        left = stop_at - time.perf_counter()
+        if left <= 0:
+            break
+        plan = found.choices[at[i]]
+        improved = search.improve(plan, float(limits[i]), time_limit_s=left / (len(order) - done))
+        if np.array_equal(improved, plan):
+            continue
+        upper = anchors[i + 1] if i + 1 < len(anchors) else anchors[i]
+        span = deadlines[(deadlines >= anchors[i]) & (deadlines <= upper)]
+        extra_plans.append(np.repeat(improved[None], len(span), axis=0))
+        extra_deadlines.append(span)
+    if not extra_plans:
+        return found
+    spans = np.concatenate(extra_deadlines)
+    filled = chooser.fill_slack(np.concatenate(extra_plans), spans)
+    return pareto(evaluate(dag, options, np.concatenate([found.choices, filled]), p_blocking_w))

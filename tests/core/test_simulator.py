@@ -36,3 +36,47 @@ def test_energy_formula_is_instruction_energy_plus_blocking_idle():
     # No instruction starts before every predecessor finished.
     for u, v in zip(dag.edge_src, dag.edge_dst):
         assert r.start_s[v] >= r.finish_s[u] - 1e-12
+
+
+def _reference_finish(dag, durations):
+    """Straightforward longest path: visit nodes in topological order, start = latest predecessor finish."""
+    finish = [0.0] * dag.num_nodes
+    for v in dag.topo_order.tolist():
+        start = max((finish[u] for u in dag.predecessors[v]), default=0.0)
+        finish[v] = start + float(durations[v])
+    return np.array(finish)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [build_schedule("1f1b", 4, 7), build_schedule("interleaved", 3, 6, 2), build_schedule("gpipe", 3, 5)],
+    ids=["1f1b", "interleaved", "gpipe"],
+)
+def test_vectorised_simulator_equals_reference_on_random_durations(schedule):
+    from perseus.simulator import longest_path_finish, simulate_many
+
+    dag = InstructionDAG.from_schedule(schedule)
+    rng = np.random.default_rng(42)
+    durations = rng.uniform(0.1, 3.0, (16, dag.num_nodes))
+    energies = rng.uniform(10, 300, (16, dag.num_nodes))
+    batch = simulate_many(dag, durations, energies, 70.0)
+    for row in range(len(durations)):
+        finish = _reference_finish(dag, durations[row])
+        time_s = finish.max()
+        busy = np.bincount(dag.node_stage, weights=durations[row], minlength=schedule.num_stages)
+        energy = energies[row].sum() + 70.0 * (schedule.num_stages * time_s - busy.sum())
+        assert np.allclose(batch.finish_s[row], finish, rtol=1e-12)
+        assert batch.time_s[row] == pytest.approx(time_s, rel=1e-12)
+        assert batch.energy_j[row] == pytest.approx(energy, rel=1e-12)
+        assert np.allclose(longest_path_finish(dag, durations[row]), finish, rtol=1e-12)
+        one = simulate(dag, durations[row], energies[row], 70.0)  # a batch of one is bit-identical
+        assert one.time_s == batch.time_s[row] and one.energy_j == batch.energy_j[row]
+
+
+def test_simulate_many_rejects_mismatched_shapes():
+    from perseus.errors import ProfileError
+    from perseus.simulator import simulate_many
+
+    dag = InstructionDAG.from_schedule(build_schedule("1f1b", 2, 2))
+    with pytest.raises(ProfileError, match="shape"):
+        simulate_many(dag, np.ones((2, dag.num_nodes + 1)), np.ones((2, dag.num_nodes + 1)), 10.0)

@@ -40,7 +40,17 @@ def check_against_milp(schedule, profile, count: int = 5) -> list[float]:
     return gaps
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    "seed",
+    [
+        0,
+        1,
+        2,
+        8,
+        # Known miss: 0.63 % above the optimum at one inner deadline (docs/planner.md).
+        pytest.param(9, marks=pytest.mark.xfail(strict=True, reason="gap 0.63 % > GAP_LIMIT at one deadline")),
+    ],
+)
 def test_3_stages_4_microbatches_40_frequencies(seed):
     check_against_milp(build_schedule("1f1b", 3, 4), synthetic_profile(3, 40, seed))
 
