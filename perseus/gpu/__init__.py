@@ -1,0 +1,86 @@
+"""GPU layer: one device interface (NVML or simulated), an asynchronous frequency controller
+process, and per-instruction time/energy measurement.
+
+Nothing here imports torch or pynvml at import time (numpy/scipy only, scipy lazily), so planning code and CPU-only machines can
+import it freely.
+"""
+
+from perseus.gpu.controller import (
+    ControllerDiedWarning,
+    ControllerStats,
+    FrequencyController,
+    NullController,
+    make_controller,
+)
+from perseus.gpu.device import BusyResult, GPUDevice
+from perseus.gpu.dvfs import PRESETS, DVFSModel, get_preset
+from perseus.gpu.errors import (
+    GPUError,
+    GPUInvalidArgumentError,
+    GPULibraryMissingError,
+    GPUNotFoundError,
+    GPUNotSupportedError,
+    GPUPermissionError,
+)
+from perseus.gpu.factory import open_gpu
+from perseus.gpu.measurement import (
+    AttributionResult,
+    BlockingPowerResult,
+    CounterUpdate,
+    EnergyPoller,
+    KeyEnergy,
+    MeasurementError,
+    attribute_energy,
+    measure_blocking_power,
+    measure_blocking_power_p2p,
+)
+from perseus.gpu.simstate import SimState, read_sim_state, state_path
+from perseus.gpu.simulated import SimulatedGPU, VirtualClock
+from perseus.gpu.spec import GPUSpec
+from perseus.gpu.timing import (
+    CPUInstructionTimer,
+    CUDAInstructionTimer,
+    InstructionTimer,
+    TimedInstruction,
+    make_instruction_timer,
+)
+
+__all__ = [
+    "AttributionResult",
+    "BlockingPowerResult",
+    "BusyResult",
+    "CPUInstructionTimer",
+    "CUDAInstructionTimer",
+    "ControllerDiedWarning",
+    "ControllerStats",
+    "CounterUpdate",
+    "DVFSModel",
+    "EnergyPoller",
+    "FrequencyController",
+    "InstructionTimer",
+    "KeyEnergy",
+    "MeasurementError",
+    "NullController",
+    "TimedInstruction",
+    "attribute_energy",
+    "make_controller",
+    "make_instruction_timer",
+    "measure_blocking_power",
+    "measure_blocking_power_p2p",
+    "GPUDevice",
+    "GPUError",
+    "GPUInvalidArgumentError",
+    "GPULibraryMissingError",
+    "GPUNotFoundError",
+    "GPUNotSupportedError",
+    "GPUPermissionError",
+    "GPUSpec",
+    "PRESETS",
+    "SimState",
+    "SimulatedGPU",
+    "VirtualClock",
+    "get_preset",
+    "open_gpu",
+    "read_sim_state",
+    "state_path",
+]

@@ -1,0 +1,166 @@
+"""The frequency-controller process (``python -m perseus.gpu.controller_proc``).
+
+Why a separate process: clock changes take milliseconds of driver time and can block; doing them
+on the training thread would slow training, and a thread would compete for the GIL. This process
+owns its own device, applies requests in order, coalesces bursts to the latest one, and resets
+the clocks whenever it stops: on CLOSE, on pipe EOF (the trainer exited or was SIGKILLed), when
+its parent pid changes, on SIGTERM, and on any error.
+
+Wire protocol (see ``controller.py``): 8-byte little-endian ``(op: i32, arg: i32)`` requests on
+one pipe, JSON lines back on another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+from typing import Any
+
+from perseus.gpu.device import GPUDevice
+from perseus.gpu.errors import GPUError
+from perseus.gpu.spec import GPUSpec
+
+MSG = struct.Struct("<ii")
+OP_SET, OP_RESET, OP_SYNC, OP_CLOSE = 1, 2, 3, 4
+HISTORY_LEN = 4096
+
+
+class _Worker:
+    def __init__(self, dev: GPUDevice, status_fd: int) -> None:
+        self.dev = dev
+        self.status_fd = status_fd
+        self.current: int | None = None  # None = default (unlocked) clocks
+        self.applied = 0
+        self.skipped = 0
+        self.errors = 0
+        self.received = 0
+        self.history: collections.deque[int | None] = collections.deque(maxlen=HISTORY_LEN)
+        self._reported_errors: set[str] = set()
+
+    def send(self, event: dict[str, Any]) -> None:
+        try:
+            os.write(self.status_fd, (json.dumps(event) + "\n").encode())
+        except OSError:
+            pass  # trainer gone; nothing to tell
+
+    def apply(self, target: int | None) -> None:
+        """Bring the device to ``target`` (None = reset), skipping if it is already there."""
+        if target == self.current:
+            self.skipped += 1
+            return
+        try:
+            if target is None:
+                self.dev.reset_locked_sm_clock()
+            else:
+                self.dev.set_locked_sm_clock(target)
+        except GPUError as exc:
+            self.errors += 1
+            key = type(exc).__name__
+            if key not in self._reported_errors:  # one line per error type, not one per request
+                self._reported_errors.add(key)
+                print(f"perseus controller: {exc}", file=sys.stderr, flush=True)
+            return
+        self.current = target
+        self.applied += 1
+        self.history.append(target)
+
+    def stats(self) -> dict[str, Any]:
+        return {"applied": self.applied, "skipped": self.skipped, "errors": self.errors,
+                "received": self.received, "current": self.current, "history": list(self.history)}
+
+
+def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: float) -> str:
+    """Main loop; returns why it stopped. Clocks are reset by the caller in all cases."""
+    worker = _Worker(dev, status_fd)
+    stop = {"why": ""}
+
+    def on_term(signum: int, frame: object) -> None:
+        stop["why"] = "SIGTERM"
+
+    signal.signal(signal.SIGTERM, on_term)
+    dev.reset_locked_sm_clock()  # start from a known state: undo whatever a crashed job left
+    worker.send({"event": "ready", "pid": os.getpid(), "name": dev.name, "uuid": dev.uuid,
+                 "clocks": dev.supported_sm_clocks_mhz(), "default_mhz": dev.default_sm_clock_mhz()})
+    buf = b""
+    while not stop["why"]:
+        readable, _, _ = select.select([req_fd], [], [], poll_s)
+        if os.getppid() != parent_pid:
+            return "parent exited"
+        if not readable:
+            continue
+        data = os.read(req_fd, 65536)
+        if not data:
+            return "trainer closed the request pipe"
+        buf += data
+        n = len(buf) // MSG.size
+        pending: int | None | str = "none"  # coalesced SET/RESET target not yet applied
+        for i in range(n):
+            op, arg = MSG.unpack_from(buf, i * MSG.size)
+            if op == OP_SET:
+                worker.received += 1
+                pending = arg
+            elif op == OP_RESET:
+                worker.received += 1
+                pending = None
+            elif op == OP_SYNC:
+                if pending != "none":
+                    worker.apply(pending)  # type: ignore[arg-type]
+                    pending = "none"
+                worker.send({"event": "sync", "seq": arg, **worker.stats()})
+            elif op == OP_CLOSE:
+                worker.apply(None)
+                return "close requested"
+        buf = buf[n * MSG.size:]
+        if pending != "none":
+            worker.apply(pending)  # type: ignore[arg-type]
+    return stop["why"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--spec", required=True, help="GPUSpec as JSON")
+    ap.add_argument("--req-fd", type=int, required=True)
+    ap.add_argument("--status-fd", type=int, required=True)
+    ap.add_argument("--parent-pid", type=int, required=True)
+    ap.add_argument("--poll-s", type=float, default=0.1)
+    args = ap.parse_args(argv)
+    # Ctrl-C reaches the whole foreground process group; the trainer decides what it means and
+    # its exit (pipe EOF) makes us reset, so ignoring SIGINT here avoids a racing early exit.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status_fd = args.status_fd
+    try:
+        dev = GPUSpec.from_json(args.spec).open()
+        if not dev.can_set_clocks():
+            dev.set_locked_sm_clock(dev.default_sm_clock_mhz())  # raises the typed permission error
+    except GPUError as exc:
+        os.write(status_fd, (json.dumps({"event": "error", "type": type(exc).__name__,
+                                         "message": str(exc)}) + "\n").encode())
+        return 3
+    why = "error"
+    try:
+        why = serve(dev, args.req_fd, status_fd, args.parent_pid, args.poll_s)
+    finally:
+        reset_ok = True
+        try:
+            dev.reset_locked_sm_clock()
+        except GPUError as exc:
+            reset_ok = False
+            print(f"perseus controller: resetting clocks failed: {exc}", file=sys.stderr, flush=True)
+        try:
+            os.write(status_fd, (json.dumps({"event": "closed", "why": why, "reset": reset_ok,
+                                             "time": time.time()}) + "\n").encode())
+        except OSError:
+            pass
+        dev.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The one GPU interface the rest of Perseus talks to.
+
+The runtime, the controller process, the measurement code and ``scripts/gpu_check.py`` only see
+``GPUDevice``; whether it is backed by NVML or by the simulated GPU is decided once, in
+``open_gpu``. That keeps every code path testable on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from perseus.gpu.errors import GPUInvalidArgumentError
+
+if TYPE_CHECKING:
+    from perseus.gpu.spec import GPUSpec
+
+
+@dataclass
+class BusyResult:
+    """Filled in when a ``busy()`` block exits: the simulated kernel duration (NaN on real GPUs,
+    where the work itself is the GPU's busy time and is timed by the instruction timer)."""
+
+    duration_s: float = math.nan
+
+
+def check_sm_clock(mhz: object, supported_desc: list[int]) -> int:
+    """Validate a requested SM clock against a descending supported list; return it as ``int``.
+
+    Shared by backends so a typo (``1400.5``, ``"1410"``, 5000) fails the same way everywhere.
+    """
+    try:
+        value = operator.index(mhz)  # type: ignore[arg-type]
+    except TypeError:
+        raise GPUInvalidArgumentError(f"SM clock must be an integer number of MHz, got {mhz!r}") from None
+    if isinstance(mhz, bool) or not supported_desc[-1] <= value <= supported_desc[0]:
+        raise GPUInvalidArgumentError(
+            f"SM clock {value} MHz is outside the supported range "
+            f"{supported_desc[-1]}–{supported_desc[0]} MHz"
+        )
+    return value
+
+
+class GPUDevice(ABC):
+    """One physical GPU: clocks, energy, power limit.
+
+    Units are MHz, joules, watts and seconds everywhere (NVML's mJ/mW are converted in the
+    backend) so callers never juggle units.
+    """
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Marketing name, e.g. ``NVIDIA A100-SXM4-40GB``; shown in reports and profiles."""
+
+    @property
+    @abstractmethod
+    def uuid(self) -> str:
+        """Stable identity (``GPU-…``); indices change with CUDA_VISIBLE_DEVICES, UUIDs don't."""
+
+    @property
+    @abstractmethod
+    def architecture(self) -> str:
+        """Architecture name (``ampere``, ``hopper``…); decides energy-counter support."""
+
+    @property
+    @abstractmethod
+    def index(self) -> int:
+        """Physical (NVML / simulated) index of the device."""
+
+    # -- clocks -----------------------------------------------------------------------------
+    @abstractmethod
+    def supported_sm_clocks_mhz(self) -> list[int]:
+        """SM clocks settable at the maximum memory clock, descending: the planner's choices."""
+
+    @abstractmethod
+    def max_memory_clock_mhz(self) -> int:
+        """Highest memory clock; Perseus keeps memory at max and scales only the SM clock."""
+
+    def default_sm_clock_mhz(self) -> int:
+        """The clock the GPU runs at when unlocked (the maximum supported clock)."""
+        return self.supported_sm_clocks_mhz()[0]
+
+    @abstractmethod
+    def set_locked_sm_clock(self, mhz: int) -> None:
+        """Pin the SM clock (min = max = ``mhz``) so per-instruction time/energy is predictable."""
+
+    @abstractmethod
+    def reset_locked_sm_clock(self) -> None:
+        """Undo ``set_locked_sm_clock``; locked clocks outlive the process, so this must run."""
+
+    @abstractmethod
+    def lock_memory_clock(self, mhz: int) -> None:
+        """Pin the memory clock (used by gpu_check to measure at a fixed memory clock)."""
+
+    @abstractmethod
+    def reset_memory_clock(self) -> None:
+        """Undo ``lock_memory_clock``."""
+
+    @abstractmethod
+    def locked_sm_clock_mhz(self) -> int | None:
+        """The SM clock the device is currently held at, or ``None`` if the backend can't tell."""
+
+    # -- energy and power -------------------------------------------------------------------
+    @abstractmethod
+    def total_energy_j(self) -> float:
+        """Cumulative energy counter (J); differences of two readings give energy used."""
+
+    @abstractmethod
+    def power_w(self) -> float:
+        """Instantaneous board power (W), for blocking-power checks and live reports."""
+
+    @abstractmethod
+    def power_limit_w(self) -> float:
+        """Current enforced power limit (W)."""
+
+    @abstractmethod
+    def set_power_limit_w(self, w: float) -> None:
+        """Change the power limit (W); needs the same privilege as clock locking."""
+
+    @abstractmethod
+    def power_limit_range_w(self) -> tuple[float, float]:
+        """(min, max) power limit the device accepts, for input validation."""
+
+    # -- privileges -------------------------------------------------------------------------
+    @abstractmethod
+    def can_set_clocks(self) -> bool:
+        """Whether this process may change clocks, checked without leaving anything changed."""
+
+    # -- running work and sharing ---------------------------------------------------------------
+    @contextmanager
+    def busy(self, activity: float = 1.0, compute_fraction: float = 0.8) -> Iterator[BusyResult]:
+        """Wrap one instruction's work. A no-op on real GPUs; the simulated GPU uses it to slow
+        the block down to the current clock and to account its energy. Lets the runtime run the
+        same code on both."""
+        yield BusyResult()
+
+    @abstractmethod
+    def spec(self) -> GPUSpec:
+        """How another process (the frequency controller) opens this same device."""
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release backend resources (NVML handles, mmaps). Does not reset clocks."""
+
+    def __enter__(self) -> GPUDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(index={self.index}, name={self.name!r}, uuid={self.uuid!r})"

@@ -1,0 +1,53 @@
+"""Typed GPU errors.
+
+Each error says what went wrong *and* what the user can do about it, because GPU problems are
+almost always environmental (driver, privileges, device selection) rather than bugs.
+"""
+
+from __future__ import annotations
+
+from perseus.errors import PerseusError
+
+PERMISSION_HINT = (
+    "Changing GPU clocks or power limits needs CAP_SYS_ADMIN. Either run as root, or grant the "
+    "capability to this Python interpreter with "
+    "`sudo setcap cap_sys_admin+ep $(readlink -f $(which python))`, "
+    "or run Perseus in measure-only mode (no frequency changes, profiling and planning still work)."
+)
+
+LIBRARY_HINT = (
+    "Install the NVIDIA driver and `pip install nvidia-ml-py`, or use the simulated GPU by "
+    "setting PERSEUS_GPU=sim (or open_gpu('sim'))."
+)
+
+
+class GPUError(PerseusError):
+    """Base class for every GPU-layer error."""
+
+
+class GPUNotSupportedError(GPUError):
+    """The device or driver does not support the requested operation."""
+
+
+class GPUPermissionError(GPUError):
+    """The process lacks the privilege to change clocks or power limits."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}: permission denied. {PERMISSION_HINT}")
+
+
+class GPUNotFoundError(GPUError):
+    """The requested GPU index/UUID does not exist or is not visible to this process."""
+
+
+class GPULibraryMissingError(GPUError):
+    """NVML (the NVIDIA driver's management library) or nvidia-ml-py is not available."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}. {LIBRARY_HINT}")
+
+
+class GPUInvalidArgumentError(GPUError, ValueError):
+    """A clock, power limit or other argument is outside what the device accepts."""

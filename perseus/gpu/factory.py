@@ -1,0 +1,54 @@
+"""``open_gpu``: the single place that decides NVML vs. simulated GPU."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from perseus.gpu.device import GPUDevice
+from perseus.gpu.errors import GPUInvalidArgumentError, GPULibraryMissingError
+
+KINDS = ("auto", "nvml", "sim")
+ENV_KIND = "PERSEUS_GPU"
+
+
+def resolve_kind(kind: str = "auto") -> str:
+    """"auto" defers to ``$PERSEUS_GPU`` (sim|nvml) and otherwise means NVML; explicit kinds win."""
+    if kind not in KINDS:
+        raise GPUInvalidArgumentError(f"Unknown GPU kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind == "auto":
+        env = os.environ.get(ENV_KIND, "").strip().lower()
+        if env and env not in KINDS:
+            raise GPUInvalidArgumentError(f"{ENV_KIND}={env!r} is invalid; use one of {', '.join(KINDS)}")
+        kind = env if env in ("sim", "nvml") else "auto"
+    return kind
+
+
+def open_gpu(kind: str = "auto", index: int | None = None, **sim_kwargs: Any) -> GPUDevice:
+    """Open one GPU.
+
+    ``kind``: "nvml" (real GPU; ``index`` is the CUDA device index of this process, mapped through
+    ``CUDA_VISIBLE_DEVICES``), "sim" (``index`` selects the simulated GPU's shared state file;
+    ``sim_kwargs`` go to ``SimulatedGPU``), or "auto" (``$PERSEUS_GPU`` if set, else NVML, and a
+    clear ``GPULibraryMissingError`` if NVML is unavailable).
+    """
+    resolved = resolve_kind(kind)
+    if resolved == "sim":
+        from perseus.gpu.simulated import SimulatedGPU
+
+        return SimulatedGPU(0 if index is None else index, **sim_kwargs)
+    if sim_kwargs:
+        raise GPUInvalidArgumentError(
+            f"Simulated-GPU options {sorted(sim_kwargs)} were given for an NVML GPU; "
+            "use kind='sim' (or PERSEUS_GPU=sim)"
+        )
+    from perseus.gpu.nvml import NVMLGPU
+
+    try:
+        return NVMLGPU(index)
+    except GPULibraryMissingError as exc:
+        if resolved == "auto":
+            raise GPULibraryMissingError(
+                f"No NVIDIA GPU could be opened automatically ({exc.what})"
+            ) from exc
+        raise

@@ -1,0 +1,329 @@
+"""Per-instruction energy from a coarse energy counter, and P_blocking measurement.
+
+The problem: on A100/H100 the NVML energy counter advances only every ~100 ms, while a pipeline
+instruction lasts a few ms. Differencing the counter around one instruction gives 0 or a whole
+period's energy. The method here:
+
+1. ``EnergyPoller`` polls the counter (default every 2 ms) in a background thread and records the
+   instants it changes (midpoint of the two polls around the change: ±1 ms).
+2. Consecutive update instants delimit intervals ``i`` with exactly known energy ``ΔE_i``.
+3. ``attribute_energy`` solves, by non-negative least squares over all intervals,
+       ΔE_i = Σ_k P_k · overlap_i(k) + P_idle · idle_i
+   where overlap_i(k) is the time instructions of key ``k`` ran inside interval ``i``. Keys are
+   arbitrary (e.g. ``("forward", 1410)`` for a per-frequency profiling window).
+4. Energy per instruction of key ``k`` = P_k × its mean duration; standard errors come from the
+   regression covariance σ²(AᵀA)⁻¹.
+
+The error sources (boundary-instant jitter, power varying within a key) are independent across
+intervals and shrink as 1/√(#intervals); see docs/gpu.md for the measured error.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from perseus.gpu.device import GPUDevice
+from perseus.gpu.errors import GPUError
+from perseus.gpu.timing import TimedInstruction
+
+IDLE = "__idle__"
+
+
+class MeasurementError(GPUError):
+    """Not enough (or degenerate) data to attribute energy; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class CounterUpdate:
+    """The energy counter reached ``energy_j`` at (about) time ``t_s``."""
+
+    t_s: float
+    energy_j: float
+
+
+class EnergyPoller:
+    """Records the instants a (coarse) energy counter changes.
+
+    Run it as a background thread (``start``/``stop``, or ``with``) or call ``poll_once`` yourself
+    (virtual-time tests). Polling costs one counter read per ``interval_s``.
+    """
+
+    def __init__(self, device: GPUDevice, interval_s: float = 0.002,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.device = device
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._updates: list[CounterUpdate] = []
+        self._last_t: float | None = None
+        self._last_e: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.polls = 0
+
+    def poll_once(self) -> CounterUpdate | None:
+        e = self.device.total_energy_j()
+        t = self._clock()
+        self.polls += 1
+        update = None
+        if self._last_e is not None and e != self._last_e:
+            assert self._last_t is not None
+            update = CounterUpdate(0.5 * (self._last_t + t), e)
+            with self._lock:
+                self._updates.append(update)
+        self._last_t, self._last_e = t, e
+        return update
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> EnergyPoller:
+        if self._thread is None:
+            self._stop.clear()
+            self.poll_once()
+            self._thread = threading.Thread(target=self._run, name="perseus-energy-poller", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> EnergyPoller:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def updates(self) -> list[CounterUpdate]:
+        """Counter updates observed so far (the first reading is a baseline, not an update)."""
+        with self._lock:
+            return list(self._updates)
+
+
+@dataclass(frozen=True)
+class KeyEnergy:
+    """Attributed average power and per-instruction energy of one instruction key."""
+
+    key: Hashable
+    power_w: float
+    power_stderr_w: float
+    count: int
+    mean_duration_s: float
+
+    @property
+    def energy_j(self) -> float:
+        """Energy of one instruction of this key."""
+        return self.power_w * self.mean_duration_s
+
+    @property
+    def energy_stderr_j(self) -> float:
+        return self.power_stderr_w * self.mean_duration_s
+
+
+@dataclass
+class AttributionResult:
+    keys: dict[Hashable, KeyEnergy]
+    idle_power_w: float | None  # estimated (or the given one); None if there was no idle time
+    n_intervals: int
+    residual_rms_j: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _overlap_matrix(bounds: np.ndarray, instructions: Sequence[TimedInstruction],
+                    columns: dict[Hashable, int]) -> np.ndarray:
+    """A[i, c] = time instructions of column c spent inside [bounds[i], bounds[i+1])."""
+    a = np.zeros((len(bounds) - 1, len(columns)))
+    for inst in instructions:
+        s, e = max(inst.start_s, bounds[0]), min(inst.end_s, bounds[-1])
+        if e <= s:
+            continue
+        c = columns[inst.key]
+        i = int(np.searchsorted(bounds, s, side="right")) - 1
+        while i < len(bounds) - 1 and bounds[i] < e:
+            a[i, c] += min(e, bounds[i + 1]) - max(s, bounds[i])
+            i += 1
+    return a
+
+
+def attribute_energy(
+    updates: Sequence[CounterUpdate],
+    instructions: Sequence[TimedInstruction],
+    *,
+    idle_power_w: float | None = None,
+) -> AttributionResult:
+    """Average power per instruction key by least squares over counter-update intervals.
+
+    ``idle_power_w`` (e.g. a measured P_blocking) is subtracted when given; otherwise idle power
+    is estimated as one more unknown. Instructions must not overlap each other (one GPU).
+    """
+    from scipy.optimize import nnls
+
+    if len(updates) < 2:
+        raise MeasurementError(
+            f"need at least 2 energy-counter updates, got {len(updates)}; measure for longer "
+            "(several counter periods) or poll faster"
+        )
+    ordered = sorted(instructions, key=lambda i: i.start_s)
+    for prev, nxt in zip(ordered, ordered[1:]):
+        if nxt.start_s < prev.end_s - 1e-9:
+            raise MeasurementError(
+                f"instructions overlap in time ({prev.key!r} and {nxt.key!r}); time one GPU's "
+                "instructions only"
+            )
+    bounds = np.array([u.t_s for u in updates])
+    if np.any(np.diff(bounds) <= 0):
+        raise MeasurementError("counter update times must be strictly increasing")
+    de = np.diff([u.energy_j for u in updates])
+    keys = list(dict.fromkeys(i.key for i in instructions))
+    if not keys:
+        raise MeasurementError("no instructions to attribute energy to")
+    columns = {k: j for j, k in enumerate(keys)}
+    a = _overlap_matrix(bounds, instructions, columns)
+    busy = a.sum(axis=1)
+    idle = np.diff(bounds) - busy
+    idle = np.clip(idle, 0.0, None)
+    y = de.copy()
+    estimate_idle = idle_power_w is None and idle.sum() > 1e-3 * np.diff(bounds).sum()
+    if idle_power_w is not None:
+        y -= idle_power_w * idle
+    elif estimate_idle:
+        a = np.column_stack([a, idle])
+    used = a.sum(axis=0) > 0
+    missing = [keys[j] for j in range(len(keys)) if not used[j]]
+    if missing:
+        raise MeasurementError(f"instructions {missing} fall outside the measured counter updates")
+    if np.linalg.matrix_rank(a) < a.shape[1]:
+        raise MeasurementError(
+            "instruction keys are not separable (they always occur in the same proportions in "
+            "every counter interval); measure over more intervals or vary the mix"
+        )
+    p, _ = nnls(a, y)
+    resid = y - a @ p
+    dof = a.shape[0] - a.shape[1]
+    sigma2 = float(resid @ resid) / dof if dof > 0 else math.nan
+    cov = sigma2 * np.linalg.pinv(a.T @ a)
+    stderr = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    durations: dict[Hashable, list[float]] = {k: [] for k in keys}
+    for inst in instructions:
+        durations[inst.key].append(inst.duration_s)
+    out = {k: KeyEnergy(k, float(p[j]), float(stderr[j]), len(durations[k]), float(np.mean(durations[k])))
+           for j, k in enumerate(keys)}
+    idle_w = float(p[-1]) if estimate_idle else idle_power_w
+    return AttributionResult(out, idle_w, len(de), float(np.sqrt(np.mean(resid**2))),
+                             extra={"idle_power_stderr_w": float(stderr[-1]) if estimate_idle else 0.0})
+
+
+# -- blocking power -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BlockingPowerResult:
+    """Average power while the GPU was idle/blocked, from counter updates inside the window."""
+
+    power_w: float
+    window_s: float  # time between the first and last counter update used
+    n_updates: int
+    instant_power_w: float  # mean of instantaneous power readings (cross-check); NaN if none
+
+
+def power_from_updates(updates: Sequence[CounterUpdate], t_from: float = -math.inf,
+                       t_to: float = math.inf) -> tuple[float, float, int]:
+    """(average power, window, n) from the first to the last update within [t_from, t_to]."""
+    inside = [u for u in updates if t_from <= u.t_s <= t_to]
+    if len(inside) < 2:
+        raise MeasurementError(
+            f"only {len(inside)} energy-counter update(s) inside the window; make it longer than "
+            "two counter periods"
+        )
+    window = inside[-1].t_s - inside[0].t_s
+    return (inside[-1].energy_j - inside[0].energy_j) / window, window, len(inside)
+
+
+def measure_blocking_power(
+    device: GPUDevice,
+    duration_s: float = 2.0,
+    *,
+    poll_interval_s: float = 0.002,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+    timeout_s: float | None = None,
+) -> BlockingPowerResult:
+    """Power of this GPU while it runs nothing, over ≥ ``duration_s`` between counter updates.
+
+    Single-device version: the caller guarantees the GPU is idle (no kernels queued). For the
+    value Perseus needs on a real job (a rank blocked in a P2P receive) use
+    ``measure_blocking_power_p2p``.
+    """
+    poller = EnergyPoller(device, poll_interval_s, clock)
+    timeout = timeout_s if timeout_s is not None else duration_s + 10.0
+    deadline = clock() + timeout
+    instant: list[float] = []
+    poller.poll_once()
+    first: CounterUpdate | None = None
+    while True:
+        u = poller.poll_once()
+        if u is not None and first is None:
+            first = u
+        if first is not None and u is not None and u.t_s - first.t_s >= duration_s:
+            break
+        if clock() > deadline:
+            raise MeasurementError(
+                f"the energy counter of {device.name} did not advance enough within "
+                f"{timeout:.1f} s; is the GPU busy or the counter unsupported?"
+            )
+        if len(instant) < 10_000:
+            instant.append(device.power_w())
+        sleep(poll_interval_s)
+    p, window, n = power_from_updates(poller.updates())
+    return BlockingPowerResult(p, window, n, float(np.mean(instant)) if instant else math.nan)
+
+
+def measure_blocking_power_p2p(
+    device: GPUDevice,
+    peer: int,
+    duration_s: float = 2.0,
+    *,
+    group: Any = None,
+    poll_interval_s: float = 0.002,
+) -> BlockingPowerResult:
+    """P_blocking as Perseus defines it: this rank blocked in a P2P receive while ``peer`` sleeps.
+
+    Both ranks of the pair call this (collective over the pair only, not the group). Two
+    rounds: the lower rank is blocked first, then the higher one, so each rank returns its own
+    GPU's value. Tensors live on the current CUDA device for NCCL and on the CPU otherwise.
+    """
+    import torch
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    if peer == me:
+        raise GPUError("measure_blocking_power_p2p needs a different peer rank")
+    on_gpu = dist.get_backend(group) == "nccl"
+    tensor_device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    token = torch.zeros(1, device=tensor_device)
+    result: BlockingPowerResult | None = None
+    for blocked in sorted((me, peer)):
+        if me == blocked:
+            with EnergyPoller(device, poll_interval_s) as poller:
+                dist.send(token, dst=peer, group=group)  # "start sleeping"
+                t0 = time.perf_counter()
+                dist.recv(token, src=peer, group=group)  # blocked here for ~duration_s
+                t1 = time.perf_counter()
+            p, window, n = power_from_updates(poller.updates(), t0, t1)
+            result = BlockingPowerResult(p, window, n, math.nan)
+        else:
+            dist.recv(token, src=blocked, group=group)
+            time.sleep(duration_s)
+            dist.send(token, dst=blocked, group=group)
+    assert result is not None
+    return result

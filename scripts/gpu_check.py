@@ -1,0 +1,218 @@
+#!/usr/bin/env python
+"""Check a GPU (or the simulated one) for Perseus: identity, clocks, privileges, latencies,
+energy-counter period, and time/energy/power of a matmul loop at several SM clocks.
+
+    python scripts/gpu_check.py                 # real GPU 0 through NVML
+    python scripts/gpu_check.py --index 1 --json gpu1.json
+    python scripts/gpu_check.py --sim --quick   # simulated A100, seconds, no GPU needed
+
+Clocks are always reset in a ``finally`` block, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The simulated "kernel" is a numpy matmul; one BLAS thread keeps its time stable on shared CPUs.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from perseus.gpu import GPUDevice, GPUError, SimulatedGPU, open_gpu  # noqa: E402
+from perseus.gpu.measurement import EnergyPoller, power_from_updates  # noqa: E402
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def lock_latency(dev: GPUDevice, clocks: list[int], reps: int) -> dict[str, float]:
+    """Wall time of one lock call and one reset call (ms), median and p99 over ``reps``."""
+    lock, reset = [], []
+    for i in range(reps):
+        f = clocks[i % len(clocks)]
+        t = time.perf_counter()
+        dev.set_locked_sm_clock(f)
+        lock.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        dev.reset_locked_sm_clock()
+        reset.append((time.perf_counter() - t) * 1e3)
+    return {"reps": reps, "lock_median_ms": statistics.median(lock), "lock_p99_ms": _pct(lock, 0.99),
+            "reset_median_ms": statistics.median(reset), "reset_p99_ms": _pct(reset, 0.99)}
+
+
+def counter_period(dev: GPUDevice, updates: int, poll_s: float = 0.0005, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Poll the energy counter until it has changed ``updates`` times; report the spacing."""
+    times: list[float] = []
+    last = dev.total_energy_j()
+    deadline = time.perf_counter() + timeout_s
+    prev_t = time.perf_counter()
+    while len(times) < updates + 1 and time.perf_counter() < deadline:
+        e = dev.total_energy_j()
+        t = time.perf_counter()
+        if e != last:
+            times.append(0.5 * (prev_t + t))
+            last = e
+        prev_t = t
+        time.sleep(poll_s)
+    gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])]
+    if not gaps:
+        return {"updates": 0, "note": "counter did not change"}
+    return {"updates": len(gaps), "median_ms": statistics.median(gaps), "min_ms": min(gaps),
+            "max_ms": max(gaps)}
+
+
+def _matmul_step_sim(dev: SimulatedGPU, n: int) -> Callable[[int], None]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+
+    def run(iters: int) -> None:
+        for _ in range(iters):
+            with dev.busy(activity=1.0, compute_fraction=0.9):
+                a @ b
+
+    return run
+
+
+def _matmul_step_cuda(index: int, n: int) -> Callable[[int], None]:
+    import torch
+
+    device = torch.device("cuda", index)
+    a = torch.randn(n, n, device=device, dtype=torch.float16)
+    b = torch.randn(n, n, device=device, dtype=torch.float16)
+    c = torch.empty_like(a)
+
+    def run(iters: int) -> None:
+        for _ in range(iters):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize(device)
+
+    return run
+
+
+def matmul_sweep(dev: GPUDevice, run: Callable[[int], None], clocks: list[int], seconds: float,
+                 can_lock: bool) -> list[dict[str, Any]]:
+    """Time, energy and power per matmul iteration at each clock (energy from counter updates)."""
+    rows = []
+    run(3)  # warm-up
+    t = time.perf_counter()
+    run(5)
+    per_iter = max((time.perf_counter() - t) / 5, 1e-6)
+    for f in clocks:
+        if can_lock:
+            dev.set_locked_sm_clock(f)
+        with EnergyPoller(dev, interval_s=0.001) as poller:
+            t0 = time.perf_counter()
+            iters = 0
+            while time.perf_counter() - t0 < seconds:
+                k = max(1, int(0.05 / per_iter))
+                run(k)
+                iters += k
+            t1 = time.perf_counter()
+        try:
+            p, window, n = power_from_updates(poller.updates(), t0, t1)
+        except GPUError:
+            p, window, n = float("nan"), 0.0, 0
+        per_iter = (t1 - t0) / iters
+        rows.append({"sm_clock_mhz": f if can_lock else None, "iterations": iters,
+                     "time_per_iter_ms": per_iter * 1e3, "power_w": p,
+                     "energy_per_iter_j": p * per_iter, "energy_window_s": window})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sim", action="store_true", help="use the simulated GPU (no hardware needed)")
+    ap.add_argument("--preset", default="A100-SXM", help="simulated GPU preset (with --sim)")
+    ap.add_argument("--index", type=int, default=0, help="CUDA device index (as this process sees it)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (seconds instead of a minute)")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--matrix", type=int, default=0, help="matmul size (default 8192 GPU / 384 sim)")
+    args = ap.parse_args(argv)
+
+    if args.sim:
+        state_dir = os.environ.get("PERSEUS_SIM_GPU_DIR") or tempfile.mkdtemp(prefix="perseus-gpu-check-")
+        dev: GPUDevice = SimulatedGPU(args.index, preset=args.preset, state_dir=state_dir,
+                                      energy_update_period_s=0.1, reset_state=True)
+    else:
+        dev = open_gpu("nvml", args.index)
+    reps = 20 if args.quick else 200
+    updates = 5 if args.quick else 50
+    seconds = 0.4 if args.quick else 3.0
+    out: dict[str, Any] = {"backend": "sim" if args.sim else "nvml"}
+    try:
+        clocks = dev.supported_sm_clocks_mhz()
+        mem = getattr(dev, "supported_memory_clocks_mhz", lambda: [dev.max_memory_clock_mhz()])()
+        out["device"] = {"name": dev.name, "uuid": dev.uuid, "architecture": dev.architecture,
+                         "index": dev.index}
+        out["memory_clocks_mhz"] = mem
+        out["sm_clocks_mhz"] = clocks
+        lo, hi = dev.power_limit_range_w()
+        out["power"] = {"limit_w": dev.power_limit_w(), "limit_range_w": [lo, hi], "now_w": dev.power_w()}
+        can_lock = dev.can_set_clocks()
+        out["privileges"] = {"can_set_clocks": can_lock}
+        test_clocks = [clocks[0]] + [c for c in clocks if c <= clocks[0] * 0.85][:1] + \
+                      [c for c in clocks if c <= clocks[0] * 0.7][:1] + [c for c in clocks if c <= clocks[0] * 0.55][:1]
+        out["lock_latency"] = lock_latency(dev, test_clocks, reps) if can_lock else None
+        out["energy_counter"] = counter_period(dev, updates)
+        run = (_matmul_step_sim(dev, args.matrix or 384) if args.sim  # type: ignore[arg-type]
+               else _matmul_step_cuda(args.index, args.matrix or 8192))
+        out["matmul"] = matmul_sweep(dev, run, test_clocks if can_lock else [clocks[0]], seconds, can_lock)
+    finally:
+        try:
+            dev.reset_locked_sm_clock()
+            dev.reset_memory_clock()
+        except GPUError as exc:
+            print(f"warning: could not reset clocks: {exc}", file=sys.stderr)
+        dev.close()
+
+    print(report(out))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def report(out: dict[str, Any]) -> str:
+    d = out["device"]
+    sm = out["sm_clocks_mhz"]
+    lines = [
+        f"GPU {d['index']}: {d['name']} ({d['architecture']}), {d['uuid']}  [{out['backend']}]",
+        f"  memory clocks (MHz): {out['memory_clocks_mhz']}",
+        f"  SM clocks: {len(sm)} from {sm[0]} down to {sm[-1]} MHz",
+        f"  power: now {out['power']['now_w']:.1f} W, limit {out['power']['limit_w']:.0f} W "
+        f"(range {out['power']['limit_range_w'][0]:.0f}–{out['power']['limit_range_w'][1]:.0f} W)",
+        f"  can set clocks: {'yes' if out['privileges']['can_set_clocks'] else 'NO (measure-only mode)'}",
+    ]
+    lat = out["lock_latency"]
+    if lat:
+        lines.append(f"  lock latency: median {lat['lock_median_ms']:.3f} ms, p99 {lat['lock_p99_ms']:.3f} ms; "
+                     f"reset median {lat['reset_median_ms']:.3f} ms, p99 {lat['reset_p99_ms']:.3f} ms "
+                     f"({lat['reps']} reps)")
+    ec = out["energy_counter"]
+    if ec.get("updates"):
+        lines.append(f"  energy counter update period: median {ec['median_ms']:.1f} ms "
+                     f"(min {ec['min_ms']:.1f}, max {ec['max_ms']:.1f}; {ec['updates']} updates)")
+    else:
+        lines.append("  energy counter: did not change")
+    lines.append("  matmul loop:")
+    lines.append("    SM MHz   ms/iter   J/iter    W")
+    for r in out["matmul"]:
+        clock = r["sm_clock_mhz"] if r["sm_clock_mhz"] is not None else "default"
+        lines.append(f"    {clock!s:>6}  {r['time_per_iter_ms']:8.3f}  {r['energy_per_iter_j']:7.3f}  {r['power_w']:6.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

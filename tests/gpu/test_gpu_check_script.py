@@ -1,0 +1,38 @@
+"""scripts/gpu_check.py runs end to end against the simulated GPU and resets clocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from perseus.gpu import read_sim_state
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+
+
+def test_gpu_check_sim_quick(sim_dir, tmp_path):
+    out_json = tmp_path / "check.json"
+    env = {**os.environ, "PERSEUS_SIM_GPU_DIR": str(sim_dir)}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--sim", "--quick", "--json", str(out_json)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    report = p.stdout
+    assert "NVIDIA A100-SXM4-40GB (simulated)" in report and "GPU-" in report
+    assert "SM clocks: 81 from 1410 down to 210 MHz" in report
+    assert "can set clocks: yes" in report
+    period = float(re.search(r"update period: median ([\d.]+) ms", report).group(1))
+    assert 80 < period < 130
+    data = json.loads(out_json.read_text())
+    assert data["device"]["architecture"] == "ampere" and data["memory_clocks_mhz"] == [1215]
+    assert data["lock_latency"]["reps"] == 20 and data["lock_latency"]["lock_median_ms"] > 0
+    rows = data["matmul"]
+    assert [r["sm_clock_mhz"] for r in rows][0] == 1410 and len(rows) == 4
+    powers = [r["power_w"] for r in rows]
+    assert powers == sorted(powers, reverse=True)  # lower clock, lower power
+    assert 300 < powers[0] <= 400
+    st = read_sim_state(0, sim_dir)
+    assert st.locked == 0 and st.n_lock > 0  # clocks were changed, and reset at the end

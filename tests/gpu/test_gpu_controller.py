@@ -1,0 +1,269 @@
+"""Frequency controller: real processes against the simulated GPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+from perseus.gpu import GPUInvalidArgumentError, GPUPermissionError, SimulatedGPU, read_sim_state
+from perseus.gpu.controller import (
+    ControllerDiedWarning,
+    FrequencyController,
+    NullController,
+    make_controller,
+)
+
+TRAINER = """
+import os, signal, sys, time
+from perseus.gpu import SimulatedGPU
+from perseus.gpu.controller import FrequencyController
+if "--own-handler" in sys.argv:
+    def own(signum, frame):
+        print("own handler ran", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, own)
+g = SimulatedGPU(0)
+c = FrequencyController(g.spec()).start()
+c.set_frequency(1005)
+c.flush()
+print(c.pid, flush=True)
+if "--fork" in sys.argv or "--leak-fd" in sys.argv:
+    leaked = os.dup(c._req_w) if "--leak-fd" in sys.argv else None  # e.g. a fork from C code
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+while True:
+    with g.busy():
+        time.sleep(0.005)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line for line in f)  # zombie = exited
+    except FileNotFoundError:
+        return True
+
+
+def _wait_until(cond, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+_SPAWNED: list[subprocess.Popen[str] | int] = []  # trainers and their forked children
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftovers():
+    """Kill what a test started, even when it failed halfway (no orphaned busy loops)."""
+    yield
+    while _SPAWNED:
+        proc = _SPAWNED.pop()
+        if isinstance(proc, subprocess.Popen):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        else:
+            _kill_quietly(proc)
+
+
+def _start_trainer(sim_dir, *args: str) -> tuple[subprocess.Popen[str], int]:
+    SimulatedGPU(0, preset="A100-SXM", reset_state=True)
+    env = {**os.environ, "PERSEUS_SIM_GPU_DIR": str(sim_dir)}
+    p = subprocess.Popen([sys.executable, "-c", TRAINER, *args], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _SPAWNED.append(p)
+    line = p.stdout.readline()
+    assert line.strip().isdigit(), p.stderr.read()
+    st = read_sim_state(0, sim_dir)
+    assert (st.locked, st.locked_mhz) == (1, 1005)
+    return p, int(line)
+
+
+def test_sigkilled_trainer_gets_clocks_reset_by_the_controller(sim_dir):
+    p, ctl_pid = _start_trainer(sim_dir)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    waited = _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, 2.0)
+    assert waited < 2.0
+    _wait_until(lambda: _gone(ctl_pid), 2.0)  # and the controller exits
+
+
+def test_forked_child_neither_hides_the_trainers_death_nor_resets_its_clocks(sim_dir):
+    p, ctl_pid = _start_trainer(sim_dir, "--fork")
+    child = int(p.stdout.readline())
+    _SPAWNED.append(child)
+    os.kill(child, signal.SIGTERM)  # a DataLoader worker being stopped
+    time.sleep(0.3)
+    assert read_sim_state(0, sim_dir).locked == 1  # the parent's controller is untouched
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, 2.0)
+
+
+def test_leaked_pipe_fd_falls_back_to_parent_pid_polling(sim_dir):
+    p, ctl_pid = _start_trainer(sim_dir, "--leak-fd")
+    child = int(p.stdout.readline())  # holds a dup of the request pipe: no EOF on trainer death
+    _SPAWNED.append(child)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, 2.0)
+    _wait_until(lambda: _gone(ctl_pid), 2.0)
+
+
+def _kill_quietly(pid: int) -> None:
+    """Kill a forked trainer child by pid, only if that pid is still one of ours (no reuse)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"FrequencyController(g.spec())" not in f.read():
+                return
+        os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
+def test_sigterm_resets_synchronously_then_dies_by_the_signal(sim_dir):
+    p, ctl_pid = _start_trainer(sim_dir)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == -signal.SIGTERM  # chained to the default action
+    assert read_sim_state(0, sim_dir).locked == 0  # reset happened before the trainer exited
+    _wait_until(lambda: _gone(ctl_pid), 2.0)
+
+
+def test_sigterm_chains_to_the_previous_handler(sim_dir):
+    p, _ = _start_trainer(sim_dir, "--own-handler")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 7
+    assert "own handler ran" in p.stdout.read()
+    assert read_sim_state(0, sim_dir).locked == 0
+
+
+def test_sigint_resets_and_raises_keyboardinterrupt(sim_dir):
+    p, _ = _start_trainer(sim_dir)
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=10) != 0
+    assert "KeyboardInterrupt" in p.stderr.read()
+    assert read_sim_state(0, sim_dir).locked == 0
+
+
+def test_exception_in_with_block_resets_and_restores_handlers(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="boom"):
+        with FrequencyController(g.spec()) as c:
+            assert signal.getsignal(signal.SIGTERM) == c._on_signal
+            c.set_frequency(1005)
+            assert c.flush().current == 1005
+            assert g.locked_sm_clock_mhz() == 1005
+            raise RuntimeError("boom")
+    assert not g.is_clock_locked()
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert not c.alive and _gone(c.pid)
+
+
+def test_dead_controller_warns_once_and_training_continues_at_default(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    c = FrequencyController(g.spec(), install_signal_handlers=False).start()
+    c.set_frequency(1005)
+    c.flush()
+    os.kill(c.pid, signal.SIGKILL)
+    c._proc.wait(timeout=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for mhz in (1200, 1095, 1005, 900):
+            c.set_frequency(mhz)  # never raises, never blocks
+        c.reset()
+    died = [w for w in caught if issubclass(w.category, ControllerDiedWarning)]
+    assert len(died) == 1 and "continues at default GPU clocks" in str(died[0].message)
+    assert died[0].filename == __file__  # points at the training code's call site
+    assert not c.alive and c.flush() is None
+    _wait_until(lambda: not g.is_clock_locked(), 2.0)  # background reset of the leftover lock
+    c.close()
+
+
+def test_requests_are_coalesced_to_the_latest(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    with FrequencyController(g.spec(), install_signal_handlers=False) as c:
+        c.set_frequency(1200)
+        s0 = c.flush()
+        os.kill(c.pid, signal.SIGSTOP)  # a busy controller: requests pile up in the pipe
+        try:
+            for i in range(100):
+                c.set_frequency(900 if i % 2 else 1005)
+        finally:
+            os.kill(c.pid, signal.SIGCONT)
+        s1 = c.flush()
+        assert s1.received - s0.received == 100
+        assert s1.applied - s0.applied == 1 and s1.current == 900
+        assert g.snapshot().n_lock == 2  # 1200, then only the latest of the burst
+        # skip when the drained target equals the current clock
+        os.kill(c.pid, signal.SIGSTOP)
+        try:
+            c.set_frequency(1005)
+            c.set_frequency(900)
+        finally:
+            os.kill(c.pid, signal.SIGCONT)
+        s2 = c.flush()
+        assert s2.applied == s1.applied and s2.skipped == s1.skipped + 1
+        assert g.snapshot().n_lock == 2
+        c.set_frequency(900)  # trainer-side dedup: not even sent
+        assert c.flush().received == s2.received
+
+
+def test_order_is_preserved(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    seq = [1005, 1200, 900, 1410, 705, 1005]
+    with FrequencyController(g.spec(), install_signal_handlers=False) as c:
+        for mhz in seq:
+            c.set_frequency(mhz)
+            c.flush()
+        c.reset()
+        assert c.flush().history == [*seq, None]
+        burst = [1410 - 15 * (i % 40) for i in range(500)]
+        for mhz in burst:
+            c.set_frequency(mhz)
+        hist = c.flush().history[len(seq) + 1:]
+        it = iter(burst)
+        assert all(any(h == b for b in it) for h in hist)  # an in-order subsequence...
+        assert hist[-1] == burst[-1] == g.locked_sm_clock_mhz()  # ...ending at the latest
+
+
+def test_invalid_frequency_and_missing_privileges(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    with FrequencyController(g.spec(), install_signal_handlers=False) as c:
+        with pytest.raises(GPUInvalidArgumentError, match="210–1410"):
+            c.set_frequency(1001)
+    locked = SimulatedGPU(1, reset_state=True, allow_clock_setting=False)
+    with pytest.raises(GPUPermissionError, match="measure-only"):
+        FrequencyController(locked.spec(), install_signal_handlers=False).start()
+    null = make_controller(locked.spec(), enabled=False)
+    assert isinstance(null, NullController)
+    null.set_frequency(1005)
+    null.reset()
+    assert null.requests == 2 and null.flush() is None and not locked.is_clock_locked()
+
+
+def test_request_overhead_on_the_training_thread(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    with FrequencyController(g.spec(), install_signal_handlers=False) as c:
+        per_batch = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for i in range(2000):
+                c.set_frequency(1005 if i % 2 else 1200)
+            per_batch.append((time.perf_counter() - t) / 2000)
+        c.flush()
+    assert sorted(per_batch)[2] < 20e-6
