@@ -1,5 +1,24 @@
-"""Framework-neutral runtime: what the Megatron and DeepSpeed adapters drive."""
+"""Framework-neutral runtime: what the Megatron and DeepSpeed adapters drive.
 
+``PerseusRuntime`` is imported lazily: it pulls in torch.distributed, which code that only needs
+the event vocabulary or the configuration (CLI, planners, adapter tests) should not pay for.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
+from perseus.runtime.phases import Phase
 
-__all__ = ["InstructionListener", "PipelineJob", "RecordingListener"]
+if TYPE_CHECKING:
+    from perseus.runtime.engine import PerseusRuntime
+
+__all__ = ["InstructionListener", "PerseusConfig", "PerseusRuntime", "Phase", "PipelineJob", "RecordingListener"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PerseusRuntime":
+        from perseus.runtime.engine import PerseusRuntime
+
+        return PerseusRuntime
+    raise AttributeError(f"module 'perseus.runtime' has no attribute {name!r}")

@@ -7,7 +7,7 @@ runtime never imports Megatron or DeepSpeed and adapters stay a few dozen lines.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from perseus.schedule import Instruction, InstructionKind, Schedule, build_schedule
 
@@ -27,6 +27,9 @@ class PipelineJob:
     tp_size: int = 1
     rank: int = 0
     world_size: int = 1
+    # What determines the measured profile besides the schedule (model size, hidden size, sequence
+    # length, dtype, ...): the adapter fills it; the runtime hashes it into its cache key.
+    model_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def build_schedule(self) -> Schedule:
         return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks)

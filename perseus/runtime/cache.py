@@ -1,0 +1,148 @@
+"""On-disk cache of the profile and frontier of a job, so a restart does not profile again.
+
+Layout: ``<cache_dir>/<hash>/key.json`` (the full key, readable), ``profile.json``,
+``frontier.json``. The hash covers everything that determines a profile and its frontier: the
+adapter's model/parallel description, schedule, stages, microbatches, chunks, tensor-parallel
+size, the swept clocks, GPU name and driver version. Each stored file also carries the hash, so
+a file copied between directories is caught. A cache entry that cannot be read, does not parse,
+or belongs to another key is reported as a warning naming the file and the problem, and is
+rebuilt; it is never used silently. Writes are atomic (temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from perseus.errors import FrontierError, ProfileError
+from perseus.frontier import Frontier, load_frontier
+from perseus.profile import Profile, load_json
+from perseus.schedule import Schedule
+
+log = logging.getLogger("perseus.runtime")
+
+KEY_FILE = "key.json"
+PROFILE_FILE = "profile.json"
+FRONTIER_FILE = "frontier.json"
+CACHE_KEY_FIELD = "cache_key"
+
+
+def key_hash(key: Mapping[str, Any]) -> str:
+    """Stable short hash of a JSON-able key (sorted keys, so dict order does not matter)."""
+    text = json.dumps(key, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
+    """Temporary file + rename: readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = json.dumps(data, separators=(",", ":"), default=str) if compact else json.dumps(data, indent=1, default=str)
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class RunCache:
+    """Profile and frontier files of one cache key."""
+
+    def __init__(self, root: str | Path, key: Mapping[str, Any]) -> None:
+        self.key = json.loads(json.dumps(dict(key), sort_keys=True, default=str))
+        self.hash = key_hash(self.key)
+        self.dir = Path(root) / self.hash
+
+    @property
+    def profile_path(self) -> Path:
+        return self.dir / PROFILE_FILE
+
+    @property
+    def frontier_path(self) -> Path:
+        return self.dir / FRONTIER_FILE
+
+    def _key_ok(self) -> bool:
+        """True when the directory's key.json is this key; warns when it exists but differs."""
+        path = self.dir / KEY_FILE
+        if not path.exists():
+            return False
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("perseus cache: %s is unreadable (%s); rebuilding the cache entry", path, exc)
+            return False
+        if stored != self.key:
+            differs = sorted(k for k in set(stored) | set(self.key) if stored.get(k) != self.key.get(k))
+            log.warning(
+                "perseus cache: %s belongs to another job (differs in: %s); ignoring it and rebuilding",
+                path,
+                ", ".join(differs) or "structure",
+            )
+            return False
+        return True
+
+    def load_profile(self) -> Profile | None:
+        """The cached profile, or None (with a warning when a file exists but is not usable)."""
+        path = self.profile_path
+        if not path.exists() or not self._key_ok():
+            return None
+        try:
+            profile = load_json(path)
+        except ProfileError as exc:
+            log.warning("perseus cache: %s is corrupt (%s); profiling again", path, exc)
+            return None
+        if profile.config.get(CACHE_KEY_FIELD) != self.hash:
+            log.warning(
+                "perseus cache: %s was written for cache key %r, not %r; profiling again",
+                path,
+                profile.config.get(CACHE_KEY_FIELD),
+                self.hash,
+            )
+            return None
+        return profile
+
+    def load_frontier(self, schedule: Schedule) -> Frontier | None:
+        """The cached frontier if it is for this key and this schedule, else None (with a warning)."""
+        path = self.frontier_path
+        if not path.exists() or not self._key_ok():
+            return None
+        try:
+            frontier = load_frontier(path)
+        except FrontierError as exc:
+            log.warning("perseus cache: %s is corrupt (%s); planning again", path, exc)
+            return None
+        if frontier.metadata.get(CACHE_KEY_FIELD) != self.hash:
+            log.warning(
+                "perseus cache: %s was written for cache key %r, not %r; planning again",
+                path,
+                frontier.metadata.get(CACHE_KEY_FIELD),
+                self.hash,
+            )
+            return None
+        if frontier.schedule != schedule:
+            log.warning("perseus cache: %s holds a different schedule than this job; planning again", path)
+            return None
+        return frontier
+
+    def _prepare(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.dir / KEY_FILE, self.key)
+
+    def save_profile(self, profile: Profile) -> Path:
+        self._prepare()
+        stamped = Profile(
+            dict(profile.entries),
+            profile.p_blocking_w,
+            profile.gpu_name,
+            {**dict(profile.config), CACHE_KEY_FIELD: self.hash},
+            str(self.profile_path),
+        )
+        write_json_atomic(self.profile_path, stamped.to_json_dict())
+        return self.profile_path
+
+    def save_frontier(self, frontier: Frontier) -> Path:
+        self._prepare()
+        frontier.metadata[CACHE_KEY_FIELD] = self.hash
+        data = frontier.to_json_dict()
+        write_json_atomic(self.frontier_path, data, compact=True)
+        return self.frontier_path

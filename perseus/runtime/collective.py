@@ -1,0 +1,137 @@
+"""The runtime's few collectives, on a dedicated gloo group (works under NCCL or gloo training).
+
+Every call here is made by all ranks of the group at the same step boundary; none is ever made
+from an instruction hook. Without torch.distributed (single process) every call degenerates to
+the local value, so the runtime runs unchanged in a plain script.
+
+Frontiers travel compactly: one pickled dict of numpy arrays (times, energies, and an int32
+matrix points × instructions of clocks) rather than the JSON plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.schedule import build_schedule
+
+try:  # torch is optional for planning-only use of perseus
+    import torch
+    import torch.distributed as dist
+except ImportError:  # pragma: no cover - exercised only without torch
+    torch = None  # type: ignore[assignment]
+    dist = None  # type: ignore[assignment]
+
+
+class Collective:
+    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats."""
+
+    def __init__(self, process_group: Any = None) -> None:
+        self.group: Any = None
+        self.rank = 0
+        self.size = 1
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        if process_group is not None and dist.get_backend(process_group) == "gloo":
+            self.group = process_group
+        elif process_group is not None:
+            ranks = dist.get_process_group_ranks(process_group)
+            self.group = dist.new_group(ranks=ranks, backend="gloo")
+        else:
+            self.group = dist.new_group(backend="gloo")
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        self._root = dist.get_global_rank(self.group, 0)
+
+    @property
+    def distributed(self) -> bool:
+        return self.group is not None
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's value on every rank (the per-step 'is the plan ready?' flag)."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(t, src=self._root, group=self.group)
+        return int(t.item())
+
+    def all_true(self, flag: bool) -> bool:
+        """True only if every rank passes True."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(t.item())
+
+    def all_gather_floats(self, values: list[float]) -> list[list[float]]:
+        """Every rank's fixed-length float vector, in rank order."""
+        if not self.distributed:
+            return [list(values)]
+        local = torch.tensor(values, dtype=torch.float64)
+        out = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(out, local, group=self.group)
+        return [t.tolist() for t in out]
+
+    def gather_to_root(self, obj: Any) -> list[Any] | None:
+        """All ranks' objects on rank 0 (None elsewhere)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] | None = [None] * self.size if self.is_root else None
+        dist.gather_object(obj, out, dst=self._root, group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's object on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_root else None]
+        dist.broadcast_object_list(box, src=self._root, group=self.group)
+        return box[0]
+
+    def close(self) -> None:
+        if self.group is not None and dist is not None and dist.is_initialized():
+            try:
+                dist.destroy_process_group(self.group)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+        self.group = None
+
+
+def encode_frontier(frontier: Frontier) -> dict[str, Any]:
+    """Compact, picklable form of a frontier (numpy arrays, no per-instruction objects)."""
+    s = frontier.schedule
+    return {
+        "schedule": (s.name, s.num_stages, s.num_microbatches, s.num_chunks),
+        "p_blocking_w": frontier.p_blocking_w,
+        "baseline": (frontier.baseline_time_s, frontier.baseline_energy_j),
+        "gpu_name": frontier.gpu_name,
+        "solve_time_s": frontier.solve_time_s,
+        "metadata": dict(frontier.metadata),
+        "times": np.array([p.time_s for p in frontier.points], dtype=np.float64),
+        "energies": np.array([p.energy_j for p in frontier.points], dtype=np.float64),
+        "freqs": np.stack([np.asarray(p.freqs_mhz, dtype=np.int32) for p in frontier.points]),
+    }
+
+
+def decode_frontier(data: dict[str, Any]) -> Frontier:
+    name, stages, microbatches, chunks = data["schedule"]
+    points = [
+        FrontierPoint(float(t), float(e), f.astype(np.int64))
+        for t, e, f in zip(data["times"], data["energies"], data["freqs"])
+    ]
+    return Frontier(
+        schedule=build_schedule(name, stages, microbatches, chunks),
+        p_blocking_w=data["p_blocking_w"],
+        baseline_time_s=data["baseline"][0],
+        baseline_energy_j=data["baseline"][1],
+        points=points,
+        gpu_name=data["gpu_name"],
+        solve_time_s=data["solve_time_s"],
+        metadata=data["metadata"],
+    )

@@ -1,0 +1,107 @@
+"""The one validated Perseus configuration, shared by Megatron flags and DeepSpeed's ``"perseus"`` section.
+
+Every value is checked before training starts: a typo or an impossible combination is a
+``ConfigError`` naming the field, the problem and what to do, never a failure hours into a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from perseus.errors import ConfigError
+
+Mode = Literal["profile", "plan", "run", "measure-only"]
+GPUBackend = Literal["auto", "nvml", "sim"]
+
+MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
+
+
+class PerseusConfig(BaseModel):
+    """Runtime settings; see docs/runtime.md for the reference table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    enabled: bool = True
+    mode: Mode = "run"
+    gpu: GPUBackend = "auto"
+    device_index: int | None = Field(default=None, ge=0)
+    sim_gpu: dict[str, Any] = Field(default_factory=dict)
+
+    # Online profiling: which SM clocks to sweep, and how long.
+    freq_max_mhz: int | None = Field(default=None, gt=0)
+    freq_min_mhz: int | None = Field(default=None, gt=0)
+    freq_step_mhz: int | None = Field(default=None, gt=0)
+    freq_every_k: int = Field(default=1, ge=1)
+    warmup_steps: int = Field(default=2, ge=1)
+    iters_per_freq: int = Field(default=2, ge=1)
+    early_stop_patience: int = Field(default=2, ge=0)
+    p_blocking_w: float | None = Field(default=None, gt=0)
+    p_blocking_seconds: float = Field(default=1.0, gt=0)
+    energy_poll_s: float = Field(default=0.002, gt=0)
+
+    # Planning.
+    profile_path: str | None = None
+    frontier_path: str | None = None
+    planner_options: dict[str, Any] = Field(default_factory=dict)
+
+    # Stragglers and external targets.
+    straggler_period_steps: int = Field(default=10, ge=0)
+    straggler_threshold: float = Field(default=0.05, gt=0)
+    straggler_recover_threshold: float = Field(default=0.02, ge=0)
+    straggler_patience: int = Field(default=2, ge=1)
+
+    # Cache and reports.
+    cache_dir: str | None = "perseus-cache"
+    metrics_file: str | None = None
+    log_every_steps: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> PerseusConfig:
+        if self.freq_min_mhz is not None and self.freq_max_mhz is not None and self.freq_min_mhz > self.freq_max_mhz:
+            raise ValueError(
+                f"freq_min_mhz ({self.freq_min_mhz}) is above freq_max_mhz ({self.freq_max_mhz}); swap them"
+            )
+        if self.freq_step_mhz is not None and self.freq_every_k != 1:
+            raise ValueError("set either freq_step_mhz or freq_every_k, not both")
+        if self.straggler_recover_threshold >= self.straggler_threshold:
+            raise ValueError(
+                f"straggler_recover_threshold ({self.straggler_recover_threshold}) must be below "
+                f"straggler_threshold ({self.straggler_threshold}) so the policy has a hysteresis band"
+            )
+        if self.profile_path is not None and self.frontier_path is not None:
+            raise ValueError("give profile_path or frontier_path, not both (a frontier already holds the plan)")
+        return self
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PerseusConfig:
+        """Validate a plain mapping (DeepSpeed section, parsed flags); raises ``ConfigError``."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"perseus config must be a mapping of settings, got {type(data).__name__}")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc)) from None
+
+    def replace(self, **changes: Any) -> PerseusConfig:
+        """Validated copy with some fields changed."""
+        return PerseusConfig.from_dict({**self.model_dump(), **changes})
+
+
+def _one_line(exc: ValidationError) -> str:
+    """Pydantic's multi-line report → one line per problem, joined, naming each field."""
+    problems = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown setting; valid settings are {', '.join(PerseusConfig.model_fields)}"
+        elif err["type"] == "literal_error" and field == "mode":
+            msg = f"must be one of {', '.join(MODES)}"
+        got = err.get("input")
+        shown = "" if err["type"] in ("extra_forbidden", "value_error") else f" (got {got!r})"
+        problems.append(f"{field}: {msg}{shown}")
+    return "invalid perseus config: " + "; ".join(problems)

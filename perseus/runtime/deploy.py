@@ -1,0 +1,67 @@
+"""Following one stage's frequency plan, instruction by instruction, and noticing when it breaks.
+
+The plan is only valid for the instruction order it was made for. ``PlanFollower.next`` is called
+on every instruction (the hottest path in perseus): it compares the executed instruction with
+the planned one by index — a tuple comparison and a list read, nothing else — and returns the
+planned clock, or ``None`` at the first difference (schedule changed, different microbatch
+count), after which the follower stays broken so the engine can fall back once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from perseus.schedule import Instruction
+
+
+class PlanFollower:
+    """Planned clock per executed instruction of one stage; detects a diverging order."""
+
+    __slots__ = ("_expected", "_freqs", "_pos", "broken", "problem", "stage")
+
+    def __init__(self, plan: Sequence[tuple[Instruction, int]], stage: int = 0) -> None:
+        self._expected = [(inst.kind, inst.microbatch, inst.chunk) for inst, _ in plan]
+        self._freqs = [int(f) for _, f in plan]
+        self._pos = 0
+        self.stage = stage
+        self.broken = False
+        self.problem = ""
+
+    @property
+    def frequencies(self) -> list[int]:
+        return list(self._freqs)
+
+    def start_step(self) -> None:
+        self._pos = 0
+
+    def next(self, kind: str, microbatch: int, chunk: int) -> int | None:
+        """Planned clock of this instruction, or None if it is not the one the plan expects."""
+        if self.broken:
+            return None
+        pos = self._pos
+        if pos < len(self._expected) and self._expected[pos] == (kind, microbatch, chunk):
+            self._pos = pos + 1
+            return self._freqs[pos]
+        if pos < len(self._expected):
+            k, m, c = self._expected[pos]
+            wanted = f"{k} of microbatch {m} (chunk {c})"
+        else:
+            wanted = f"no more instructions (the plan has {len(self._expected)})"
+        self._break(
+            f"stage {self.stage}, instruction #{pos}: executed {kind} of microbatch {microbatch} (chunk {chunk}) "
+            f"but the plan expects {wanted}"
+        )
+        return None
+
+    def end_step(self) -> bool:
+        """True when the step executed exactly the planned instructions."""
+        if not self.broken and self._pos != len(self._expected):
+            self._break(
+                f"stage {self.stage}: the step ended after {self._pos} instructions "
+                f"but the plan has {len(self._expected)}"
+            )
+        return not self.broken
+
+    def _break(self, problem: str) -> None:
+        self.broken = True
+        self.problem = problem

@@ -1,0 +1,60 @@
+"""The runtime's phases as a small explicit state machine.
+
+    WARMUP ──► PROFILING ──► PLANNING ──► DEPLOYED ◄──► FALLBACK
+       │            │            │            │
+       └────────────┴────────────┴──► STEADY ◄┘
+
+- WARMUP: default clocks; the baseline iteration time and energy are measured.
+- PROFILING: the SM clock sweep, a few iterations per frequency, while training proceeds.
+- PLANNING: default clocks while rank 0 plans in a background thread.
+- DEPLOYED: every instruction runs at its planned frequency.
+- FALLBACK: the executed order stopped matching the plan; default clocks until replanned.
+- STEADY: default clocks, only measuring (modes ``profile``/``plan``/``measure-only``, or when no
+  plan can be had).
+
+Transitions happen only at step boundaries, on all ranks together (the engine drives them with
+the same step counts and gloo-agreed flags everywhere).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.Enum):
+    WARMUP = "warmup"
+    PROFILING = "profiling"
+    PLANNING = "planning"
+    DEPLOYED = "deployed"
+    FALLBACK = "fallback"
+    STEADY = "steady"
+
+
+ALLOWED: dict[Phase, frozenset[Phase]] = {
+    Phase.WARMUP: frozenset({Phase.PROFILING, Phase.PLANNING, Phase.DEPLOYED, Phase.STEADY}),
+    Phase.PROFILING: frozenset({Phase.PLANNING, Phase.STEADY}),
+    Phase.PLANNING: frozenset({Phase.DEPLOYED, Phase.STEADY}),
+    Phase.DEPLOYED: frozenset({Phase.FALLBACK, Phase.PLANNING, Phase.STEADY}),
+    Phase.FALLBACK: frozenset({Phase.PLANNING, Phase.DEPLOYED, Phase.STEADY}),
+    Phase.STEADY: frozenset({Phase.PLANNING}),
+}
+
+
+class PhaseMachine:
+    """Current phase plus the step at which each phase was entered (for reports and tests)."""
+
+    def __init__(self) -> None:
+        self.phase = Phase.WARMUP
+        self.history: list[tuple[int, Phase]] = [(0, Phase.WARMUP)]
+
+    def enter(self, phase: Phase, step: int) -> None:
+        if phase == self.phase:
+            return
+        if phase not in ALLOWED[self.phase]:
+            raise RuntimeError(f"perseus runtime bug: illegal phase change {self.phase.value} -> {phase.value}")
+        self.phase = phase
+        self.history.append((step, phase))
+
+    def entered_at(self, phase: Phase) -> int | None:
+        """Step at which ``phase`` was first entered, or None."""
+        return next((step for step, p in self.history if p == phase), None)

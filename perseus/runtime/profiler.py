@@ -1,0 +1,81 @@
+"""Online profiling: per-instruction time and energy at each swept clock, during real training.
+
+Timing uses the GPU layer's instruction timer (CUDA events on a real GPU, host clock on the
+simulated one), resolved once per step. Energy comes from the GPU's coarse cumulative counter
+(~100 ms on A100/H100), which no single instruction can be read from. While sweeping, the GPU
+layer's ``EnergyPoller`` records when the counter advances (background thread, never the training
+thread), and at the end of each clock ``attribute_energy`` solves, over all counter intervals of
+that clock's iterations,
+
+    ΔE_interval = Σ_kind P_kind × overlap(kind, interval) + P_blocking × idle(interval)
+
+for the average power of each (chunk, kind); energy per instruction = power × mean duration.
+
+Fallback when the regression cannot be solved (too few counter updates in a short window, kinds
+not separable): per-step attribution from step-boundary counter readings,
+``e_i = (E_step − P_blocking × idle) × d_i / Σ d``; the engine warns once when it is used.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
+from perseus.gpu.timing import TimedInstruction
+from perseus.runtime.aggregate import Measurements
+from perseus.schedule import Instruction
+
+Key = tuple[int, str]  # (chunk, kind)
+
+
+def instruction_keys(instructions: Sequence[Instruction]) -> list[Key]:
+    return sorted({(i.chunk, i.kind) for i in instructions})
+
+
+class SweepRecorder:
+    """Collects one clock's timed instructions and step energies; yields per-key means."""
+
+    def __init__(self, keys: list[Key]) -> None:
+        self.keys = keys
+        self.measurements: Measurements = {key: {} for key in keys}
+        self.fallback_reasons: list[str] = []
+        self._timed: list[TimedInstruction] = []
+        self._step_sums: dict[Key, list[float]] = {}
+
+    def add_step(self, timed: list[TimedInstruction], step_time_s: float, step_energy_j: float, p_blocking_w: float) -> None:
+        """One iteration at the current clock (its instructions and step-boundary energy)."""
+        self._timed.extend(timed)
+        busy = sum(t.duration_s for t in timed)
+        if busy <= 0:
+            return
+        busy_energy = max(step_energy_j - p_blocking_w * max(step_time_s - busy, 0.0), 0.0)
+        for t in timed:
+            acc = self._step_sums.setdefault(t.key, [0.0, 0.0, 0])
+            acc[0] += t.duration_s
+            acc[1] += busy_energy * t.duration_s / busy
+            acc[2] += 1
+
+    def finish_frequency(
+        self, freq_mhz: int, updates: Sequence[CounterUpdate] | None, p_blocking_w: float
+    ) -> dict[Key, float]:
+        """Close one clock: attribute, store the means, return mean energy per key."""
+        timed, self._timed = self._timed, []
+        step_sums, self._step_sums = self._step_sums, {}
+        result: dict[Key, tuple[float, float]] = {}
+        if updates is not None and timed:
+            lo = min(t.start_s for t in timed)
+            hi = max(t.end_s for t in timed)
+            window = [u for u in updates if lo <= u.t_s <= hi]
+            try:
+                fit = attribute_energy(window, timed, idle_power_w=p_blocking_w)
+                result = {k: (v.mean_duration_s, v.energy_j) for k, v in fit.keys.items()}  # type: ignore[misc]
+            except MeasurementError as exc:
+                self.fallback_reasons.append(f"{freq_mhz} MHz: {exc}")
+        if not result:
+            result = {k: (t / n, e / n) for k, (t, e, n) in step_sums.items() if n}  # type: ignore[misc]
+        energies: dict[Key, float] = {}
+        for key, (time_s, energy_j) in result.items():
+            if key in self.measurements:
+                self.measurements[key][freq_mhz] = (time_s, energy_j)
+                energies[key] = energy_j
+        return energies

@@ -1,0 +1,111 @@
+"""Per-step numbers, the rank-0 log line, the optional JSONL metrics file and the final summary.
+
+Energies are this rank's GPU energy (measured by NVML or integrated by the simulated GPU);
+job-wide totals are added by the engine when it gathers iteration numbers every K steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import fmean, median
+from typing import IO, Any
+
+log = logging.getLogger("perseus.runtime")
+
+
+@dataclass
+class StepRecord:
+    """One training iteration as the runtime saw it."""
+
+    step: int
+    phase: str
+    time_s: float
+    energy_j: float
+    freq_mhz: int | None = None  # profiling clock, when sweeping
+    target_time_s: float | None = None  # planned iteration time of the deployed point
+    slowdown: float = 1.0  # deliberate slowdown ratio (straggler or external target)
+
+
+@dataclass
+class Reporter:
+    """Accumulates step records; writes the log line (rank 0) and metrics lines."""
+
+    rank: int = 0
+    log_every_steps: int = 1
+    metrics_path: str | None = None
+    records: list[StepRecord] = field(default_factory=list)
+    baseline_time_s: float | None = None
+    baseline_energy_j: float | None = None
+    _metrics: IO[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.metrics_path and self.rank == 0:
+            path = Path(self.metrics_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._metrics = path.open("a", buffering=1)
+
+    def set_baseline(self, records: list[StepRecord]) -> None:
+        """Median of the warm-up steps: robust to the slow first iteration."""
+        if records:
+            self.baseline_time_s = median(r.time_s for r in records)
+            self.baseline_energy_j = median(r.energy_j for r in records)
+
+    def saving(self, energy_j: float) -> float | None:
+        if not self.baseline_energy_j:
+            return None
+        return 1.0 - energy_j / self.baseline_energy_j
+
+    def add(self, record: StepRecord, extra: dict[str, Any] | None = None) -> None:
+        self.records.append(record)
+        running = self.running_deployed()
+        if self.rank == 0 and self.log_every_steps and record.step % self.log_every_steps == 0:
+            parts = [f"perseus step {record.step} [{record.phase}]", f"time {record.time_s * 1e3:.1f} ms",
+                     f"energy {record.energy_j:.2f} J"]
+            if record.freq_mhz is not None:
+                parts.append(f"clock {record.freq_mhz} MHz")
+            if record.slowdown != 1.0:
+                parts.append(f"slowdown x{record.slowdown:.3f}")
+            if running is not None and self.baseline_energy_j:
+                parts.append(f"saving {100 * (1 - running[1] / self.baseline_energy_j):.1f}% vs baseline")
+            log.info(", ".join(parts))
+        if self._metrics is not None:
+            row = asdict(record)
+            row["baseline_time_s"] = self.baseline_time_s
+            row["baseline_energy_j"] = self.baseline_energy_j
+            row["saving"] = self.saving(record.energy_j)
+            if extra:
+                row.update(extra)
+            self._metrics.write(json.dumps(row) + "\n")
+
+    def write_event(self, event: str, **data: Any) -> None:
+        """A non-step line in the metrics file (phase change, plan deployed, straggler switch)."""
+        if self._metrics is not None:
+            self._metrics.write(json.dumps({"event": event, **data}, default=str) + "\n")
+
+    def running_deployed(self) -> tuple[float, float] | None:
+        """Mean (time, energy) of the steps run with a deployed plan so far."""
+        deployed = [r for r in self.records if r.phase == "deployed"]
+        if not deployed:
+            return None
+        return fmean(r.time_s for r in deployed), fmean(r.energy_j for r in deployed)
+
+    def phase_means(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for phase in sorted({r.phase for r in self.records}):
+            rows = [r for r in self.records if r.phase == phase]
+            out[phase] = {
+                "steps": len(rows),
+                "time_s": fmean(r.time_s for r in rows),
+                "energy_j": fmean(r.energy_j for r in rows),
+                "median_time_s": median(r.time_s for r in rows),
+                "median_energy_j": median(r.energy_j for r in rows),
+            }
+        return out
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None

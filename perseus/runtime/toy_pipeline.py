@@ -1,0 +1,256 @@
+"""A framework-free pipeline-parallel trainer for exercising the runtime for real.
+
+Each process is one pipeline stage of one data-parallel replica (rank = dp × stages + stage). It
+executes its stage's instructions of a ``Schedule`` in order, with real P2P over torch.distributed
+(gloo): a forward receives its activation from the previous virtual stage and sends its output
+to the next; a backward receives the gradient from the next and sends one to the previous.
+"Compute" is a busy section on the simulated GPU: the section lasts ``duration × t(f)/t(f_max)``
+at the GPU's current clock and integrates busy power, while waiting in ``recv`` integrates
+P_blocking, so frequency plans change time and energy exactly as on hardware (per the
+simulated GPU's DVFS model). The runtime is driven only through the adapter event API.
+
+Launch with ``launch(ToyConfig(...), out_dir)``; each rank writes ``rank<N>.json`` (the runtime's
+summary, per-step times and energies, warnings) into ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from perseus.schedule import Instruction, Schedule, build_schedule
+from perseus.runtime.phases import Phase
+
+
+@dataclass
+class ToyConfig:
+    """What to run: pipeline shape, per-stage work, disturbances, and the Perseus settings."""
+
+    num_stages: int = 2
+    num_microbatches: int = 4
+    schedule: str = "1f1b"
+    num_chunks: int = 1
+    dp_size: int = 1
+    steps: int = 10
+    forward_s: float = 0.004  # one forward at the max clock on a weight-1.0 stage
+    backward_ratio: float = 2.0
+    stage_weights: list[float] = field(default_factory=list)  # default: last stage 1.3x heavier
+    activity: float = 1.0
+    compute_fraction: float = 0.8
+    sim_preset: str = "A100-SXM"
+    sim_dir: str = ""
+    # Energy counter period of the simulated GPUs. Real counters tick every ~100 ms against
+    # iterations of seconds; the toy's iterations are tens of ms, so its counter ticks faster.
+    energy_update_period_s: float = 0.002
+    perseus: dict[str, Any] = field(default_factory=dict)
+    perseus_enabled: bool = True
+    # Steps spent waiting for the background planner do not count towards ``steps`` (at most this
+    # many extra), so tests do not depend on how fast the planner is on a loaded machine.
+    planning_grace_steps: int = 60
+    # Disturbances for tests: a slower DP replica during [slow_from, slow_until) steps, a schedule
+    # change (different microbatch count) from a step on, an exception at a step.
+    slow_dp: int | None = None
+    slow_factor: float = 1.3
+    slow_from_step: int = 0
+    slow_until_step: int | None = None
+    change_microbatches_at_step: int | None = None
+    raise_at_step: int | None = None
+    hang_at_step: int | None = None  # sleep forever (for SIGTERM tests)
+    target_slowdown: float | None = None  # runtime.set_target_slowdown before training
+    tensor_numel: int = 64
+
+    def weight(self, stage: int) -> float:
+        if self.stage_weights:
+            return self.stage_weights[stage]
+        return 1.3 if stage == self.num_stages - 1 and self.num_stages > 1 else 1.0
+
+
+def _tag(inst: Instruction, num_chunks: int) -> int:
+    return ((inst.microbatch * num_chunks + inst.chunk) << 1) | (inst.kind == "backward")
+
+
+class _StageWorker:
+    """Executes one stage's instruction list with P2P and simulated compute."""
+
+    def __init__(self, cfg: ToyConfig, rank: int, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        self.rank = rank
+        self.stage = rank % cfg.num_stages
+        self.dp = rank // cfg.num_stages
+        self.device = device
+        self.buf = torch.zeros(cfg.tensor_numel)
+
+    def peer(self, stage: int) -> int:
+        return self.dp * self.cfg.num_stages + stage
+
+    def compute(self, seconds: float) -> None:
+        self.device.run_for(seconds, activity=self.cfg.activity, compute_fraction=self.cfg.compute_fraction)
+
+    def run_instruction(self, sched: Schedule, inst: Instruction, listener: Any, step: int) -> None:
+        import torch.distributed as dist
+
+        cfg = self.cfg
+        s = sched.num_stages
+        v = sched.virtual_stage(self.stage, inst.chunk)
+        last_v = s * sched.num_chunks - 1
+        forward = inst.kind == "forward"
+        src_v = v - 1 if forward else v + 1
+        if 0 <= src_v <= last_v:
+            dist.recv(self.buf, src=self.peer(src_v % s), tag=_tag(inst, sched.num_chunks))
+        duration = cfg.forward_s * cfg.weight(self.stage) * (1.0 if forward else cfg.backward_ratio)
+        if cfg.slow_dp == self.dp and step >= cfg.slow_from_step and (
+            cfg.slow_until_step is None or step < cfg.slow_until_step
+        ):
+            duration *= cfg.slow_factor
+        listener.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+        self.compute(duration)
+        listener.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+        dst_v = v + 1 if forward else v - 1
+        if 0 <= dst_v <= last_v:
+            nxt = Instruction(inst.kind, inst.microbatch, dst_v // s)
+            self.pending.append(dist.isend(self.buf.clone(), dst=self.peer(dst_v % s), tag=_tag(nxt, sched.num_chunks)))
+
+    def run_step(self, sched: Schedule, listener: Any, step: int) -> None:
+        self.pending: list[Any] = []
+        listener.on_step_begin()
+        for inst in sched.stages[self.stage]:
+            self.run_instruction(sched, inst, listener, step)
+        for work in self.pending:
+            work.wait()
+        listener.on_step_end()
+
+
+class _WarningCollector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_path: str) -> None:
+    """Body of one toy-pipeline process."""
+    import torch.distributed as dist
+
+    from perseus.gpu.simulated import SimulatedGPU
+    from perseus.runtime.config import PerseusConfig
+    from perseus.runtime.engine import PerseusRuntime
+    from perseus.runtime.events import PipelineJob
+
+    os.environ["PERSEUS_SIM_GPU_DIR"] = cfg.sim_dir
+    collector = _WarningCollector()
+    logging.getLogger("perseus").addHandler(collector)
+    logging.getLogger("perseus").setLevel(logging.INFO)
+    out = Path(out_dir)
+    result: dict[str, Any] = {"rank": rank, "steps": [], "error": None}
+    runtime = None
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size, timeout=timedelta(seconds=90)
+        )
+        device = SimulatedGPU(rank, preset=cfg.sim_preset, state_dir=cfg.sim_dir,
+                              energy_update_period_s=cfg.energy_update_period_s, reset_state=True)
+        worker = _StageWorker(cfg, rank, device)
+        job = PipelineJob(
+            num_stages=cfg.num_stages, num_microbatches=cfg.num_microbatches, stage=worker.stage,
+            schedule=cfg.schedule, num_chunks=cfg.num_chunks, dp_rank=worker.dp, dp_size=cfg.dp_size,
+            rank=rank, world_size=world_size, model_config={"toy": asdict(cfg) | {"perseus": None, "steps": None}},
+        )
+        config = PerseusConfig.from_dict({"gpu": "sim", "device_index": rank, **cfg.perseus,
+                                          "enabled": cfg.perseus_enabled})
+        sched = job.build_schedule()
+        with PerseusRuntime(job, config) as runtime:
+            (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+            if cfg.target_slowdown is not None:
+                runtime.set_target_slowdown(cfg.target_slowdown)
+            step, planning_extra = 0, 0
+            while step < cfg.steps + planning_extra:
+                if cfg.change_microbatches_at_step is not None and step == cfg.change_microbatches_at_step:
+                    sched = build_schedule(cfg.schedule, cfg.num_stages, cfg.num_microbatches + 1, cfg.num_chunks)
+                if cfg.raise_at_step == step:
+                    raise RuntimeError(f"toy trainer failure injected at step {step}")
+                if cfg.hang_at_step == step:
+                    (out / f"rank{rank}.hanging").write_text("1")
+                    while True:
+                        time.sleep(0.05)
+                e0, t0 = device.total_energy_j(), time.perf_counter()
+                worker.run_step(sched, runtime, step)
+                result["steps"].append(
+                    {"step": step, "time_s": time.perf_counter() - t0, "energy_j": device.total_energy_j() - e0,
+                     "phase": runtime.phase.value, "clock_locked": device.is_clock_locked()}
+                )
+                # Phase changes happen at step boundaries on all ranks together, so every rank
+                # extends its loop identically and P2P partners stay matched.
+                if runtime.phase is Phase.PLANNING and planning_extra < cfg.planning_grace_steps:
+                    planning_extra += 1
+                step += 1
+            result["summary"] = runtime.summary()
+        device.close()
+    except BaseException as exc:  # noqa: BLE001 - reported to the launcher through the result file
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
+        if runtime is not None:
+            result["summary"] = runtime.summary()
+    finally:
+        result["warnings"] = collector.messages
+        (out / f"rank{rank}.json").write_text(json.dumps(result, default=str))
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def launch(cfg: ToyConfig, out_dir: str | Path, *, timeout_s: float = 120.0, start_method: str = "fork") -> list[dict[str, Any]]:
+    """Run the toy pipeline on ``dp_size × num_stages`` local processes; returns per-rank results."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.sim_dir:
+        cfg.sim_dir = str(out / "sim-gpus")
+    world = cfg.dp_size * cfg.num_stages
+    store = out / "dist-store"
+    if store.exists():
+        store.unlink()
+    procs = start(cfg, out, start_method=start_method)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0.1))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    if hung:
+        raise TimeoutError(f"toy pipeline: {len(hung)} of {world} ranks did not finish within {timeout_s} s")
+    return collect(out, world)
+
+
+def start(cfg: ToyConfig, out: Path, *, start_method: str = "fork") -> list[Any]:
+    """Start the rank processes without waiting (for signal tests)."""
+    ctx = mp.get_context(start_method)
+    world = cfg.dp_size * cfg.num_stages
+    procs = [ctx.Process(target=run_rank, args=(r, world, cfg, str(out), str(out / "dist-store")), daemon=False)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def collect(out: Path, world: int) -> list[dict[str, Any]]:
+    results = []
+    for r in range(world):
+        path = out / f"rank{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {"rank": r, "error": "no result file"})
+    return results

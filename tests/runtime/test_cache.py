@@ -1,0 +1,81 @@
+"""Run cache: reuse when the key matches; warn and rebuild on corrupt or foreign files."""
+
+import json
+import logging
+
+import numpy as np
+
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.profile import InstructionProfile, uniform_profile
+from perseus.runtime.cache import RunCache, key_hash
+from perseus.schedule import build_schedule
+
+KEY = {"model": {"layers": 4}, "schedule": "1f1b", "stages": 2, "microbatches": 4, "chunks": 1,
+       "gpu_name": "SimGPU", "driver_version": "sim-1"}
+
+
+def make_profile():
+    ip = InstructionProfile((1000, 900), (0.01, 0.012), (1.0, 0.9))
+    return uniform_profile(2, {"forward": ip, "backward": ip}, 50.0)
+
+
+def make_frontier(schedule):
+    n = schedule.num_instructions
+    return Frontier(schedule, 50.0, 1.0, 10.0, [FrontierPoint(1.0, 10.0, np.full(n, 1000)),
+                                                 FrontierPoint(1.2, 9.0, np.full(n, 900))])
+
+
+def test_hash_ignores_dict_order():
+    assert key_hash({"a": 1, "b": 2}) == key_hash({"b": 2, "a": 1}) != key_hash({"a": 1, "b": 3})
+
+
+def test_roundtrip_and_reuse(tmp_path):
+    sched = build_schedule("1f1b", 2, 4)
+    cache = RunCache(tmp_path, KEY)
+    assert cache.load_profile() is None and cache.load_frontier(sched) is None
+    cache.save_profile(make_profile())
+    cache.save_frontier(make_frontier(sched))
+    again = RunCache(tmp_path, dict(reversed(list(KEY.items()))))
+    assert again.dir == cache.dir
+    prof = again.load_profile()
+    assert prof is not None and prof.get(1, "backward").at(900) == (0.012, 0.9)
+    front = again.load_frontier(sched)
+    assert front is not None and len(front.points) == 2
+    assert not list(cache.dir.glob("*.tmp")), "atomic writes leave no temporary files"
+
+
+def test_corrupt_profile_is_reported_and_not_used(tmp_path, caplog):
+    cache = RunCache(tmp_path, KEY)
+    cache.save_profile(make_profile())
+    cache.profile_path.write_text('{"format": "perseus-profile", "version": 1, "measurements": [')
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime"):
+        assert cache.load_profile() is None
+    assert "profile.json" in caplog.text and "corrupt" in caplog.text
+
+
+def test_foreign_key_file_is_reported(tmp_path, caplog):
+    cache = RunCache(tmp_path, KEY)
+    cache.save_profile(make_profile())
+    (cache.dir / "key.json").write_text(json.dumps({**KEY, "microbatches": 8}))
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime"):
+        assert cache.load_profile() is None
+    assert "key.json" in caplog.text and "microbatches" in caplog.text
+
+
+def test_file_copied_from_another_key_is_reported(tmp_path, caplog):
+    other = RunCache(tmp_path, {**KEY, "microbatches": 8})
+    other.save_profile(make_profile())
+    cache = RunCache(tmp_path, KEY)
+    cache.save_profile(make_profile())
+    cache.profile_path.write_text(other.profile_path.read_text())
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime"):
+        assert cache.load_profile() is None
+    assert "written for cache key" in caplog.text
+
+
+def test_frontier_for_other_schedule_is_rejected(tmp_path, caplog):
+    cache = RunCache(tmp_path, KEY)
+    cache.save_frontier(make_frontier(build_schedule("gpipe", 2, 4)))
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime"):
+        assert cache.load_frontier(build_schedule("1f1b", 2, 4)) is None
+    assert "different schedule" in caplog.text

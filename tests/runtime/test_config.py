@@ -1,0 +1,56 @@
+"""Configuration validation: every invalid value is a one-line ConfigError before training."""
+
+import pytest
+
+from perseus.errors import ConfigError
+from perseus.runtime.config import PerseusConfig
+
+
+def test_defaults_are_valid_and_run_mode():
+    cfg = PerseusConfig.from_dict({})
+    assert cfg.mode == "run" and cfg.enabled and cfg.warmup_steps >= 1
+    assert PerseusConfig.from_dict(None) == cfg
+
+
+def test_from_dict_accepts_valid_values():
+    cfg = PerseusConfig.from_dict({"mode": "measure-only", "gpu": "sim", "freq_min_mhz": 900, "freq_max_mhz": 1400,
+                                   "freq_step_mhz": 100, "iters_per_freq": 3, "metrics_file": "m.jsonl"})
+    assert cfg.mode == "measure-only" and cfg.freq_step_mhz == 100 and cfg.iters_per_freq == 3
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"mode": "fast"}, ["mode", "profile, plan, run, measure-only"]),
+        ({"gpu": "cuda"}, ["gpu"]),
+        ({"warmup_steps": 0}, ["warmup_steps", "greater than or equal to 1"]),
+        ({"iters_per_freq": -2}, ["iters_per_freq"]),
+        ({"iters_per_freq": "many"}, ["iters_per_freq", "integer"]),
+        ({"freq_min_mhz": 1500, "freq_max_mhz": 900}, ["freq_min_mhz", "above freq_max_mhz"]),
+        ({"freq_step_mhz": 100, "freq_every_k": 3}, ["freq_step_mhz", "freq_every_k"]),
+        ({"straggler_threshold": 0.02, "straggler_recover_threshold": 0.05}, ["straggler_recover_threshold", "hysteresis"]),
+        ({"straggler_threshold": 0}, ["straggler_threshold"]),
+        ({"profile_path": "p.json", "frontier_path": "f.json"}, ["profile_path or frontier_path"]),
+        ({"warmup_step": 3}, ["warmup_step", "unknown setting", "warmup_steps"]),
+        ({"p_blocking_w": -5}, ["p_blocking_w"]),
+    ],
+)
+def test_invalid_values_raise_one_line_config_error(bad, words):
+    with pytest.raises(ConfigError) as info:
+        PerseusConfig.from_dict(bad)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("invalid perseus config")
+    for w in words:
+        assert w in msg
+
+
+def test_non_mapping_is_rejected():
+    with pytest.raises(ConfigError, match="mapping"):
+        PerseusConfig.from_dict(["mode", "run"])  # type: ignore[arg-type]
+
+
+def test_replace_validates():
+    cfg = PerseusConfig.from_dict({})
+    assert cfg.replace(mode="plan").mode == "plan"
+    with pytest.raises(ConfigError):
+        cfg.replace(warmup_steps=0)

@@ -1,0 +1,122 @@
+"""Single-process runtime (no torch.distributed): modes, privileges, targets, disabled runtime."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from perseus.errors import ConfigError
+from perseus.gpu.simulated import SimulatedGPU
+from perseus.profile import load_json
+from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+from perseus.runtime.cache import RunCache
+
+JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
+
+
+def sim(tmp_path, **kw):
+    return SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True, **kw)
+
+
+def config(tmp_path, **kw):
+    return PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(tmp_path / "cache"),
+                                    "sim_gpu": {"state_dir": str(tmp_path / "sim")}, "warmup_steps": 2,
+                                    "p_blocking_seconds": 0.05, **kw})
+
+
+def train(runtime, device, steps, t=0.002):
+    for _ in range(steps):
+        runtime.on_step_begin()
+        for inst in runtime.schedule.stages[0]:
+            runtime.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+            device.run_for(t * (2 if inst.kind == "backward" else 1))
+            runtime.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+        runtime.on_step_end()
+
+
+def test_measure_only_without_profile_never_touches_clocks(tmp_path, caplog):
+    device = sim(tmp_path)
+    with caplog.at_level(logging.INFO, logger="perseus"):
+        with PerseusRuntime(JOB, config(tmp_path, mode="measure-only")) as rt:
+            train(rt, device, 4)
+            s = rt.summary()
+    assert [p for _, p in s["phase_history"]] == ["warmup", "steady"]
+    assert s["baseline"]["energy_j"] > 0 and s["baseline"]["time_s"] > 0
+    assert device.snapshot().n_lock == 0, "measure-only must never lock a clock"
+    assert "no frequency sweep" in caplog.text
+
+
+def test_measure_only_plans_from_provided_profile(tmp_path):
+    device = sim(tmp_path)
+    # a privileged profile-mode run leaves a profile in the cache ...
+    with PerseusRuntime(JOB, config(tmp_path, mode="profile", freq_min_mhz=1200, freq_step_mhz=100,
+                                    iters_per_freq=1)) as rt:
+        train(rt, device, 6)
+        s = rt.summary()
+    assert s["profiled_clocks_mhz"] == [1410, 1305, 1200] and s["phase"] == "steady"
+    assert "frontier" not in s
+    (entry,) = [p for p in (tmp_path / "cache").iterdir()]
+    profile_path = entry / "profile.json"
+    assert load_json(profile_path).get(0, "backward").freqs_mhz == (1410, 1305, 1200)
+    locks = device.snapshot().n_lock
+    # ... which an unprivileged measure-only run uses for planning only
+    cfg = config(tmp_path, mode="measure-only", profile_path=str(profile_path), cache_dir=None)
+    with PerseusRuntime(JOB, cfg) as rt:
+        train(rt, device, 4)
+        for _ in range(200):  # planning runs in the background; training goes on meanwhile
+            if rt.phase.value != "planning":
+                break
+            train(rt, device, 1)
+        s = rt.summary()
+    assert [p for _, p in s["phase_history"]] == ["warmup", "planning", "steady"]
+    assert s["frontier"]["points"] >= 1
+    assert device.snapshot().n_lock == locks
+
+
+def test_run_mode_without_clock_privilege_is_config_error(tmp_path):
+    sim(tmp_path, allow_clock_setting=False).close()
+    cfg = config(tmp_path, sim_gpu={"state_dir": str(tmp_path / "sim"), "allow_clock_setting": False})
+    with pytest.raises(ConfigError, match="measure-only"):
+        PerseusRuntime(JOB, cfg)
+
+
+def test_invalid_job_and_targets(tmp_path):
+    with pytest.raises(ConfigError, match="stage 3"):
+        PerseusRuntime(PipelineJob(num_stages=2, num_microbatches=2, stage=3), config(tmp_path, mode="measure-only"))
+    sim(tmp_path)
+    with PerseusRuntime(JOB, config(tmp_path, mode="measure-only")) as rt:
+        with pytest.raises(ConfigError, match="slowdown"):
+            rt.set_target_slowdown(0.5)
+        with pytest.raises(ConfigError, match="target time"):
+            rt.set_target_time(0)
+
+
+def test_provided_frontier_for_another_job_is_rejected(tmp_path):
+    import numpy as np
+
+    from perseus.frontier import Frontier, FrontierPoint
+    from perseus.schedule import build_schedule
+
+    sched = build_schedule("1f1b", 1, 4)
+    Frontier(sched, 80.0, 1.0, 1.0, [FrontierPoint(1.0, 1.0, np.full(8, 1410))]).save(tmp_path / "f.json")
+    sim(tmp_path)
+    with pytest.raises(ConfigError, match="plan for this job"):
+        PerseusRuntime(JOB, config(tmp_path, mode="measure-only", frontier_path=str(tmp_path / "f.json")))
+
+
+def test_disabled_runtime_is_inert(tmp_path):
+    rt = PerseusRuntime(JOB, PerseusConfig.from_dict({"enabled": False, "gpu": "nvml"}))
+    rt.on_step_begin()
+    rt.on_instruction_begin("forward", 0)
+    rt.on_instruction_end("forward", 0)
+    rt.on_step_end()
+    assert rt.summary() == {"enabled": False}
+    rt.close()
+    rt.close()
+
+
+def test_cache_key_changes_with_microbatches(tmp_path):
+    a = RunCache(tmp_path, {"microbatches": 2})
+    b = RunCache(tmp_path, {"microbatches": 4})
+    assert a.dir != b.dir

@@ -1,0 +1,42 @@
+"""Phase machine transitions and the compact frontier encoding used on the gloo group."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
+from perseus.runtime.phases import Phase, PhaseMachine
+from perseus.schedule import build_schedule
+
+
+def test_phase_history_and_illegal_transition():
+    m = PhaseMachine()
+    m.enter(Phase.PROFILING, 2)
+    m.enter(Phase.PLANNING, 8)
+    m.enter(Phase.DEPLOYED, 9)
+    m.enter(Phase.FALLBACK, 12)
+    assert m.entered_at(Phase.DEPLOYED) == 9 and m.phase is Phase.FALLBACK
+    with pytest.raises(RuntimeError, match="illegal phase change"):
+        PhaseMachine().enter(Phase.FALLBACK, 1)
+
+
+def test_frontier_encoding_roundtrip_is_compact():
+    sched = build_schedule("interleaved", 2, 4, 2)
+    n = sched.num_instructions
+    pts = [FrontierPoint(1.0 + i / 10, 10.0 - i, np.full(n, 1400 - 15 * i)) for i in range(50)]
+    front = Frontier(sched, 70.0, 1.0, 10.0, pts, gpu_name="X", metadata={"cache_key": "abc"})
+    data = encode_frontier(front)
+    back = decode_frontier(pickle.loads(pickle.dumps(data)))
+    assert back.schedule == sched and len(back.points) == 50
+    assert back.stage_plan(back.points[7], 1) == front.stage_plan(front.points[7], 1)
+    assert back.lookup(1.25).energy_j == front.lookup(1.25).energy_j
+    assert len(pickle.dumps(data)) < len(str(front.to_json_dict())) / 4
+
+
+def test_collective_without_torch_distributed_is_local():
+    c = Collective()
+    assert not c.distributed and c.is_root
+    assert c.broadcast_int(3) == 3 and c.all_true(False) is False
+    assert c.gather_to_root("x") == ["x"] and c.all_gather_floats([1.0]) == [[1.0]]
