@@ -284,8 +284,10 @@ def _emulate_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    print("perseus demo: not available yet; try 'perseus plan --example --out frontier.json'")
-    return 1
+    from perseus.demo import run_demo
+
+    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out)))
+    return 0
 
 
 # ---------------------------------------------------------------- parser
@@ -402,7 +404,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
 
-    p = sub.add_parser("demo", help="(not available yet) end-to-end demo on a simulated GPU")
+    p = sub.add_parser(
+        "demo",
+        help="end-to-end demo: a real Megatron (or DeepSpeed) pipeline on CPU with simulated GPUs",
+        description="Train a tiny model with a real framework pipeline on CPU (torchrun, gloo), one "
+        "simulated GPU per stage: baseline steps, online profiling, planning, deployed plan. Prints "
+        "iteration time and energy per phase and draws frontier.png and timeline.png.",
+    )
+    p.add_argument("--framework", choices=["megatron", "deepspeed"], default="megatron")
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default: 4)")
+    p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
+    p.add_argument("--max-steps", type=int, default=60, help="give up if the plan is not deployed by then")
+    p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
     p.set_defaults(handler=cmd_demo)
     return parser
 

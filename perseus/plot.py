@@ -63,8 +63,9 @@ def plot_frontier(frontier: Frontier, out: Path) -> None:
     ax.set_ylabel("iteration energy (J)")
     sched = frontier.schedule
     ax.set_title(
-        f"{sched.name}, {sched.num_stages} stages x {sched.num_microbatches} microbatches"
-        f" on {frontier.gpu_name}, P_blocking {frontier.p_blocking_w:g} W"
+        f"{sched.name}, {sched.num_stages} stages x {sched.num_microbatches} microbatches\n"
+        f"{frontier.gpu_name}, P_blocking {frontier.p_blocking_w:.4g} W",
+        fontsize=10,
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right")

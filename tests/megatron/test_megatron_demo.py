@@ -36,17 +36,22 @@ def test_phase_table_takes_slowest_rank_time_and_sums_energy_over_ranks():
     table = phase_table(results)
     assert table["warmup"] == {"iterations": 1, "time_s": 1.2, "energy_j": 30.0}
     assert table["deployed"] == {"iterations": 1, "time_s": 1.1, "energy_j": 24.0}
-    assert "energy +20.0% saved" in format_report(table)
+    assert "deployed plan vs warmup (default clocks): 20.0% less energy" in format_report(table)
+    results[0]["steps"].append({"step": 2, "phase": "baseline again", "time_s": 1.0, "energy_j": 12.0})
+    results[1]["steps"].append({"step": 2, "phase": "baseline again", "time_s": 1.0, "energy_j": 28.0})
+    # The re-measured baseline (A/B/A) is the reference when present.
+    assert "deployed plan vs baseline again (default clocks): 40.0% less energy" in format_report(phase_table(results))
 
 
 @pytest.mark.distributed
 def test_short_demo_run_profiles_plans_and_deploys(tmp_path):
     cfg = DemoConfig(stages=2, microbatches=4, max_steps=30, deployed_steps=2, forward_ms=4, backward_ms=8,
-                     startup_steps=1)
+                     startup_steps=1, rebaseline_steps=2)
     cfg.perseus.update(warmup_steps=3, freq_step_mhz=250)
     results = launch(cfg, tmp_path)
     table = phase_table(results)
-    assert {"warmup", "profiling", "deployed"} <= set(table), table
+    assert {"warmup", "profiling", "deployed", "baseline again"} <= set(table), table
+    assert table["baseline again"]["iterations"] == cfg.rebaseline_steps
     for result in results:
         summary = result["summary"]
         clocks = summary["profiled_clocks_mhz"]
