@@ -17,7 +17,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "scipy>=1.10",
-        "networkx>=3.0",
+        "highspy>=1.7",
         "pydantic>=2.0",
         "nvidia-ml-py>=12.0",
         "matplotlib>=3.6",
