@@ -10,7 +10,7 @@ import pytest
 from perseus.cli import main
 
 from cli_helpers import hand_frontier
-from conftest import write_profile_csv
+from cli_helpers import write_profile_csv
 
 
 def _good_csv(d: Path) -> Path:

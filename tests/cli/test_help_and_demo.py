@@ -1,4 +1,4 @@
-"""Help texts carry runnable examples; demo says plainly that it is not there yet."""
+"""Help texts carry runnable examples; the demo command reports framework problems in one line."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def test_subcommand_help_has_examples(command, example, capsys):
     assert example in capsys.readouterr().out
 
 
-def test_demo_is_not_available_yet(capsys):
-    assert main(["demo"]) == 1
-    assert "not available yet" in capsys.readouterr().out
+def test_demo_help_and_framework_errors(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--help"])
+    assert exc.value.code == 0
+    assert "--framework" in capsys.readouterr().out
+    # A framework whose package is missing: one line saying what to install, exit 2.
+    import perseus.demo
+
+    monkeypatch.setitem(perseus.demo.FRAMEWORKS, "megatron", "perseus_no_such_module.demo")
+    assert main(["demo", "--framework", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install" in err[0] and "[megatron]" in err[0]

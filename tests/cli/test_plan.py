@@ -17,7 +17,7 @@ from perseus.schedule import build_schedule
 from perseus.simulator import max_frequency_plan, simulate_plan
 
 from cli_helpers import hand_frontier
-from conftest import heuristic_frontier
+from cli_helpers import heuristic_frontier
 
 
 def _fake_planner(frontier_of, calls=None):

@@ -8,7 +8,7 @@ from perseus.cli import main
 from perseus.examples import load_example_profile
 from perseus.schedule import build_schedule
 
-from conftest import heuristic_frontier
+from cli_helpers import heuristic_frontier
 
 
 def _png_size(path):
