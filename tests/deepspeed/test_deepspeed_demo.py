@@ -1,0 +1,35 @@
+"""The DeepSpeed demo end to end: real PipelineEngine ranks, simulated GPUs, profile → plan → deploy.
+
+Small and short (2 stages, 4 microbatches, 3 clocks, millisecond kernels) to keep the shared
+machine's load low. The plan must be deployed without falling back: the deployed plan follows the
+instructions the hooks report, so a wrong microbatch index would show up as a fallback.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from perseus_deepspeed.demo import DemoConfig, format_report, launch, phase_table  # noqa: E402
+
+
+@pytest.mark.distributed
+def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path):
+    cfg = DemoConfig(
+        stages=2, microbatches=4, max_steps=40, deployed_steps=4, startup_steps=1, forward_ms=6.0, backward_ms=12.0,
+        hidden_size=16,
+    )
+    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache")}
+    results = launch(cfg, tmp_path / "out", timeout_s=300)
+    for result in results:
+        summary = result["summary"]
+        assert summary["phase"] == "deployed" and summary["fallback"] is None, summary
+        assert summary["profiled_clocks_mhz"] == [1410, 1260, 1110]
+    table = phase_table(results)
+    assert {"warmup", "profiling", "planning", "deployed"} <= set(table)
+    assert table["deployed"]["iterations"] == cfg.deployed_steps
+    assert table["deployed"]["energy_j"] < table["warmup"]["energy_j"]
+    assert table["deployed"]["time_s"] < 1.5 * table["warmup"]["time_s"]  # loose: the machine is shared
+    assert "deployed vs baseline: energy" in format_report(table)
+    assert {"frontier.json", "profile.json"} <= {p.name for p in (tmp_path / "cache").glob("*/*.json")}
