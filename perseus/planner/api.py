@@ -48,8 +48,9 @@ def plan_frontier(
       has reached is kept), so large pipelines stay within seconds.
     - ``search_time_s``: wall-clock budget of the exact window search (small MILPs over bands of
       at most ``max_window`` instructions) on anchor plans; 0 disables it.
-    - ``search_gap``: only anchor plans more than this fraction above the LP lower bound are
-      searched (the bound comes free with the LP), so near-optimal pipelines pay nothing.
+    - ``search_gap``: only plans more than this fraction above the LP lower bound are improved
+      (block descent) or searched (windows); the bound comes free with the LP, so near-optimal
+      pipelines pay nothing.
     """
     for name, value, low in (
         ("num_anchors", num_anchors, 2),

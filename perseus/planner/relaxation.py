@@ -118,3 +118,12 @@ class HullRelaxation:
         segments = col[2 * self.num_nodes :]
         durations = self.base_time + np.bincount(self.seg_node, weights=segments, minlength=self.num_nodes)
         return durations, float(self._highs.getInfo().objective_function_value)
+
+    def deadline_slope(self) -> float:
+        """d(LP value)/d(deadline) at the last solve (≤ 0): the sink rows' duals summed.
+
+        The LP value is convex in the deadline, so value + slope·(T − T_solved) is a lower bound
+        on the LP value — hence on every discrete plan — at any other deadline T.
+        """
+        duals = np.asarray(self._highs.getSolution().row_dual)
+        return float(duals[self._sink_rows].sum())

@@ -114,10 +114,19 @@ class LevelChooser:
         return choice
 
     def fill_slack(self, choice: np.ndarray, deadlines: np.ndarray, max_rounds: int = 4) -> np.ndarray:
-        """Alternate backward/forward fills until no node can be slowed alone."""
+        """Alternate backward/forward fills until no node can be slowed alone.
+
+        Rows that a round left unchanged are final, so later rounds only sweep the others.
+        """
+        choice = choice.copy()
+        deadlines = np.broadcast_to(np.asarray(deadlines, dtype=float), (choice.shape[0],))
+        active = np.arange(choice.shape[0])
         for _ in range(max_rounds):
-            new = self.fill_forward(self.fill_backward(choice, deadlines), deadlines)
-            if np.array_equal(new, choice):
+            old = choice[active]
+            new = self.fill_forward(self.fill_backward(old, deadlines[active]), deadlines[active])
+            changed = np.any(new != old, axis=1)
+            choice[active] = new
+            active = active[changed]
+            if not len(active):
                 break
-            choice = new
         return choice

@@ -74,6 +74,7 @@ def sweep(
     search_time_s: float = 0.0,
     search_gap: float = 1e-3,
     max_window: int = 10,
+    dense_improve_max_nodes: int = 48,
 ) -> Candidates:
     graph = dag.levels
     chooser = LevelChooser(graph, options)
@@ -85,9 +86,11 @@ def sweep(
     relaxation = HullRelaxation(dag, options)
     targets = np.empty((len(anchors), dag.num_nodes))
     lp_costs = np.empty(len(anchors))
+    lp_slopes = np.empty(len(anchors))
     for i, deadline in enumerate(anchors):
         # Solve slightly inside the deadline so float rounding never pushes a plan past it.
         targets[i], lp_costs[i] = relaxation.solve(deadline * (1 - DEADLINE_MARGIN))
+        lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
         progress(0.5 * (i + 1) / len(anchors))
 
     # Interpolated targets between adjacent anchors.
@@ -111,20 +114,28 @@ def sweep(
     plans.append(chooser.fill_slack(np.zeros((1, dag.num_nodes), dtype=np.int64), np.array([t_fast])))
     progress(0.7)
 
-    if improve_sweeps > 0:
+    found = pareto(evaluate(dag, options, np.concatenate(plans), p_blocking_w))
+    # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
+    bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
+    # Local improvement only where the rounded plans are measurably above the LP bound: near-optimal
+    # anchors (most of them on real profiles) cost nothing, so the work scales with what is left.
+    open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap)
+    # Between anchors, dense plans above the LP tangent bound are improved too, on small pipelines
+    # only: each descent sweep is ~n Python-level moves, so on large ones it would dominate.
+    dense_rows = open_anchors  # the anchor rows of the dense plans
+    if dag.num_nodes <= dense_improve_max_nodes:
+        dense_rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
+    if improve_sweeps > 0 and (len(open_anchors) or len(dense_rows)):
         descent = PotentialDescent(dag, options, max_block=max_block)
-        anchor_plans = np.concatenate([plans[0][: len(anchors)], plans[1]])
-        anchor_deadlines = np.concatenate([anchors, anchors]) * (1 - DEADLINE_MARGIN)
+        anchor_plans = np.concatenate([plans[0][dense_rows], plans[1][open_anchors]])
+        anchor_deadlines = np.concatenate([deadlines[dense_rows], anchors[open_anchors]]) * (1 - DEADLINE_MARGIN)
         durations = options.node_times(anchor_plans)
         starts = graph.finish_times(durations)[:, : dag.num_nodes] - durations
         starts = descent.improve(starts, anchor_deadlines, sweeps=improve_sweeps, time_limit_s=improve_time_s)
-        improved = descent.plan(starts, anchor_deadlines)
-        plans.append(chooser.fill_slack(improved, anchor_deadlines))
+        improved = chooser.fill_slack(descent.plan(starts, anchor_deadlines), anchor_deadlines)
+        found = pareto(evaluate(dag, options, np.concatenate([found.choices, improved]), p_blocking_w))
     progress(0.8)
-    found = pareto(evaluate(dag, options, np.concatenate(plans), p_blocking_w))
     if search_time_s > 0:
-        # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
-        bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
         found = _search_windows(dag, options, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
     progress(0.95)
     return found
@@ -149,12 +160,8 @@ def _search_windows(
     (cheap, batched), so the gain carries over to the frontier between anchors.
     """
     stop_at = time.perf_counter() + time_budget_s
+    at, gaps = _anchor_gaps(found, anchors, bounds)
     limits = anchors * (1 - DEADLINE_MARGIN)
-    at = np.searchsorted(found.times_s, limits * (1 + 1e-12), side="right") - 1
-    # Any plan within anchor i's deadline ends at some anchor-bracketed time ≤ it, so its energy is
-    # at least about the least bound over anchors up to i (exact at anchor times).
-    least = np.minimum.accumulate(bounds)
-    gaps = np.where(at >= 0, found.energies_j[np.maximum(at, 0)] / least - 1, -np.inf)
     order = [i for i in np.argsort(-gaps).tolist() if gaps[i] > min_gap]
     if not order:
         return found
@@ -177,3 +184,43 @@ def _search_windows(
     spans = np.concatenate(extra_deadlines)
     filled = chooser.fill_slack(np.concatenate(extra_plans), spans)
     return pareto(evaluate(dag, options, np.concatenate([found.choices, filled]), p_blocking_w))
+
+
+def _anchor_gaps(found: Candidates, anchors: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per anchor: index of the best found plan within its deadline (−1 if none) and that plan's
+    relative excess over the LP lower bound (−inf if none).
+
+    Any plan within anchor i's deadline ends at some anchor-bracketed time ≤ it, so its energy is
+    at least about the least bound over anchors up to i (exact at anchor times).
+    """
+    limits = anchors * (1 - DEADLINE_MARGIN)
+    at = np.searchsorted(found.times_s, limits * (1 + 1e-12), side="right") - 1
+    least = np.minimum.accumulate(bounds)
+    gaps = np.where(at >= 0, found.energies_j[np.maximum(at, 0)] / least - 1, -np.inf)
+    return at, gaps
+
+
+def _open_dense_rows(
+    found: Candidates,
+    anchors: np.ndarray,
+    lp_costs: np.ndarray,
+    lp_slopes: np.ndarray,
+    deadlines: np.ndarray,
+    p_blocking_w: float,
+    dag: InstructionDAG,
+    min_gap: float,
+) -> np.ndarray:
+    """Rows of the dense deadlines whose best found energy is more than ``min_gap`` above a lower
+    bound: the LP value is convex in the deadline, so the tangents at the two neighbouring anchors
+    bound it from below (plus blocking energy at the deadline)."""
+    shrunk = deadlines * (1 - DEADLINE_MARGIN)
+    solved = anchors * (1 - DEADLINE_MARGIN)
+    hi = np.minimum(np.searchsorted(solved, shrunk, side="left"), len(anchors) - 1)
+    lo = np.maximum(hi - 1, 0)
+    tangent = np.maximum(
+        lp_costs[lo] + lp_slopes[lo] * (shrunk - solved[lo]), lp_costs[hi] + lp_slopes[hi] * (shrunk - solved[hi])
+    )
+    bound = np.maximum(tangent, lp_costs[-1]) + p_blocking_w * dag.schedule.num_stages * shrunk
+    at = np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1
+    best = np.where(at >= 0, found.energies_j[np.maximum(at, 0)], np.inf)
+    return np.flatnonzero(np.isfinite(best) & (best / bound - 1 > min_gap))

@@ -47,8 +47,7 @@ def check_against_milp(schedule, profile, count: int = 5) -> list[float]:
         1,
         2,
         8,
-        # Known miss: 0.63 % above the optimum at one inner deadline (docs/planner.md).
-        pytest.param(9, marks=pytest.mark.xfail(strict=True, reason="gap 0.63 % > GAP_LIMIT at one deadline")),
+        9,
     ],
 )
 def test_3_stages_4_microbatches_40_frequencies(seed):
