@@ -8,14 +8,169 @@ runtime planned and the deployed plan's pipeline timeline from the runtime's cac
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+from statistics import median
+from typing import Any
 
 from perseus.errors import PerseusError
 from perseus.frontier import load_frontier
 from perseus.profile import load_json
 
 FRAMEWORKS = {"megatron": "perseus_megatron.demo", "deepspeed": "perseus_deepspeed.demo"}
+DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
+DEFAULT_PERSEUS = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6, "iters_per_freq": 2,
+                   "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None}
+
+
+class NoListener:
+    """Stands in for the runtime while a demo re-measures the baseline at default clocks."""
+
+    def on_step_begin(self) -> None: ...
+    def on_step_end(self) -> None: ...
+    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None: ...
+    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None: ...
+
+
+class SimulatedCompute:
+    """Listener in front of the runtime: each instruction is a busy section of a simulated GPU.
+
+    The runtime sees the instruction begin first (it may change the clock); the simulated GPU then
+    times the work at that clock, padded to ``nominal_s`` per kind (the kernel time at the max
+    clock, so CPU noise on a shared machine does not drown the clock's effect), and stretches it
+    on the way out before the runtime records the end. Each iteration is measured from step begin
+    to step end into ``iterations``; ``phase`` labels them (the runtime's phase unless a demo
+    overrides it). Swapping ``listener`` for ``NoListener()`` keeps the compute, drops Perseus.
+    """
+
+    def __init__(self, listener: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
+        self.listener, self.gpu = listener, gpu
+        self.nominal_s = nominal_s or {}
+        self.iterations: list[dict[str, Any]] = []
+        self.phase_override: str | None = None
+        self._t0 = self._step_t0 = self._step_e0 = 0.0
+        self._phase = ""
+
+    def on_step_begin(self) -> None:
+        self.listener.on_step_begin()
+        phase = getattr(self.listener, "phase", None)
+        self._phase = self.phase_override or (phase.value if phase is not None else "")
+        self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()
+
+    def on_step_end(self) -> None:
+        self.iterations.append({"phase": self._phase, "time_s": time.perf_counter() - self._step_t0,
+                                "energy_j": self.gpu.total_energy_j() - self._step_e0})
+        self.listener.on_step_end()
+
+    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+        self.listener.on_instruction_begin(kind, microbatch, chunk)
+        self.gpu.begin_busy()
+        self._t0 = time.perf_counter()
+
+    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+        pad = self.nominal_s.get(kind, 0.0) - (time.perf_counter() - self._t0)
+        if pad > 0:
+            time.sleep(pad)
+        self.gpu.end_busy()
+        self.listener.on_instruction_end(kind, microbatch, chunk)
+
+
+def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, *, max_steps: int,
+               deployed_steps: int, rebaseline_steps: int, startup_steps: int) -> tuple[list[dict[str, Any]], dict]:
+    """Train through Perseus's phases, then A/B/A: the deployed plan, then default clocks again.
+
+    ``handle`` has ``.runtime`` and ``.summary()`` (both adapters' handles do). Returns the
+    per-iteration records (the first ``startup_steps`` labelled "startup") and the runtime summary.
+    """
+
+    def iterations() -> list[dict[str, Any]]:
+        return [it for c in compute for it in c.iterations]
+
+    deployed = 0
+    while len(iterations()) < max_steps and deployed < deployed_steps:
+        train_step()
+        deployed += iterations()[-1]["phase"] == "deployed"
+    summary = handle.summary()
+    if deployed:
+        # Same model, padding and simulated GPU, but default clocks and no runtime in the loop.
+        for c in compute:
+            c.listener, c.phase_override = NoListener(), "baseline again"
+        handle.runtime.gpu.reset()
+        for _ in range(rebaseline_steps):
+            train_step()
+    records = [{**it, "step": i, "phase": "startup" if i < startup_steps else it["phase"]}
+               for i, it in enumerate(iterations())]
+    return records, summary
+
+
+def phase_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per phase: median iteration time (slowest rank) and median job energy (sum over ranks).
+
+    Medians, because on a shared CPU machine a single iteration can be slowed by other processes.
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for result in results:
+        for rec in result["steps"]:
+            row = by_step.setdefault(rec["step"], {"phase": rec["phase"], "time_s": 0.0, "energy_j": 0.0})
+            row["time_s"] = max(row["time_s"], rec["time_s"])
+            row["energy_j"] += rec["energy_j"]
+    phases: dict[str, list[dict[str, Any]]] = {}
+    for row in by_step.values():
+        phases.setdefault(row["phase"], []).append(row)
+    return {
+        phase: {"iterations": len(rows), "time_s": median(r["time_s"] for r in rows),
+                "energy_j": median(r["energy_j"] for r in rows)}
+        for phase, rows in phases.items()
+    }
+
+
+def format_report(table: dict[str, dict[str, float]]) -> str:
+    """Per-phase table, then the deployed plan against default clocks."""
+    lines = [f"{'phase':<16}{'iterations':>11}{'time/iter':>12}{'energy/iter':>14}   (medians; energy: all GPUs)"]
+    for phase, row in table.items():
+        lines.append(f"{phase:<16}{row['iterations']:>11}{row['time_s'] * 1e3:>10.1f}ms{row['energy_j']:>12.2f} J")
+    plan = table.get("deployed")
+    # Both ran at default clocks, but warm-up also pays for process start-up (controller processes,
+    # first-iteration allocations), so the baseline re-measured after the plan (A/B/A) is fairer.
+    name = "baseline again" if "baseline again" in table else "warmup"
+    base = table.get(name)
+    if base and plan:
+        lines.append(
+            f"deployed plan vs {name} (default clocks): {100 * (1 - plan['energy_j'] / base['energy_j']):.1f}% "
+            f"less energy, iteration time {100 * (plan['time_s'] / base['time_s'] - 1):+.1f}%"
+        )
+    if not plan:
+        lines.append("the plan was not deployed within max_steps; raise --max-steps")
+    return "\n".join(lines)
+
+
+def launch_ranks(module: str, nproc: int, out_dir: Path, config: dict[str, Any], env: dict[str, str],
+                 timeout_s: float = 900) -> list[dict[str, Any]]:
+    """Run ``python -m module --worker OUT`` under torchrun and collect each rank's ``rankN.json``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("rank*.json"):
+        stale.unlink()
+    (out_dir / "config.json").write_text(json.dumps(config))
+    repo = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PERSEUS_GPU="sim", PERSEUS_SIM_GPU_DIR=str(out_dir / "sim-gpus"), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), **env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", module, "--worker", str(out_dir)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise PerseusError(f"{module} did not finish within {timeout_s:.0f} s") from None
+    results = []
+    for rank in range(nproc):
+        path = out_dir / f"rank{rank}.json"
+        if not path.exists():
+            raise PerseusError(f"{module} rank {rank} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        results.append(json.loads(path.read_text()))
+    return results
 
 
 def _framework_demo(framework: str):
@@ -55,7 +210,7 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int, out
     lines = [
         f"{framework} pipeline on CPU: {stages} stages x {microbatches} microbatches, simulated "
         f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s)",
-        module.format_report(module.phase_table(results)),
+        format_report(phase_table(results)),
     ]
     pictures = draw_pictures(out_dir / "cache", out_dir)
     if pictures:

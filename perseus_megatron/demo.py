@@ -15,16 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from statistics import fmean
 from typing import Any
 
-from perseus.errors import PerseusError
+from perseus.demo import (
+    DEFAULT_PERSEUS,
+    DEFAULT_SIM_GPU,
+    SimulatedCompute,
+    format_report,
+    launch_ranks,
+    phase_table,
+    run_phases,
+)
 
 
 @dataclass
@@ -47,57 +52,12 @@ class DemoConfig:
     hidden_size: int = 64
     seq_length: int = 32
     micro_batch_size: int = 4
-    sim_gpu: dict[str, Any] = field(default_factory=lambda: {"preset": "A100-SXM", "energy_update_period_s": 0.005})
-    perseus: dict[str, Any] = field(default_factory=lambda: {
-        "freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6, "iters_per_freq": 2,
-        "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None,
-    })
-
-
-class _NoListener:
-    """Stands in for the runtime while the demo re-measures the baseline at default clocks."""
-
-    def on_step_begin(self) -> None: ...
-    def on_step_end(self) -> None: ...
-    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None: ...
-    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None: ...
-
-
-class SimulatedCompute:
-    """Listener wrapper: each instruction's compute is a busy section of this rank's simulated GPU.
-
-    The runtime sees the instruction begin first (it may change the clock), the simulated GPU
-    then times the work at that clock; on the way out the simulated GPU stretches the section
-    before the runtime records its end. ``nominal_s`` pads the real work to a fixed duration
-    per kind (the kernel time at the max clock).
-    """
-
-    def __init__(self, listener: Any, gpu: Any, nominal_s: dict[str, float] | None = None):
-        self.listener, self.gpu = listener, gpu
-        self.nominal_s = nominal_s or {}
-        self._t0 = 0.0
-
-    def on_step_begin(self) -> None:
-        self.listener.on_step_begin()
-
-    def on_step_end(self) -> None:
-        self.listener.on_step_end()
-
-    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
-        self.listener.on_instruction_begin(kind, microbatch, chunk)
-        self.gpu.begin_busy()
-        self._t0 = time.perf_counter()
-
-    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
-        pad = self.nominal_s.get(kind, 0.0) - (time.perf_counter() - self._t0)
-        if pad > 0:
-            time.sleep(pad)
-        self.gpu.end_busy()
-        self.listener.on_instruction_end(kind, microbatch, chunk)
+    sim_gpu: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SIM_GPU))
+    perseus: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PERSEUS))
 
 
 def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
-    """Body of one torchrun rank: train until the plan has run ``deployed_steps`` iterations."""
+    """Body of one torchrun rank: baseline, profiling, planning, the deployed plan, baseline again."""
     from perseus.gpu.simulated import SimulatedGPU
     from perseus_megatron.cpu import cpu_execution
     from perseus_megatron.integration import enable
@@ -107,42 +67,24 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     shape = TinyGPTShape(num_layers=cfg.stages, hidden_size=cfg.hidden_size, seq_length=cfg.seq_length,
                          micro_batch_size=cfg.micro_batch_size)
     gpu = SimulatedGPU(rank, reset_state=True, **cfg.sim_gpu)
-    records: list[dict[str, Any]] = []
     with cpu_execution():
         initialize_parallel(cfg.stages)
         trainer = TinyGPTTrainer(shape, cfg.stages)
         weight = cfg.last_stage_weight if rank == cfg.stages - 1 else 1.0
         nominal = {"forward": weight * cfg.forward_ms / 1e3, "backward": weight * cfg.backward_ms / 1e3}
-        wrappers: list[SimulatedCompute] = []
+        compute: list[SimulatedCompute] = []
 
         def wrap(runtime: Any) -> SimulatedCompute:
-            wrappers.append(SimulatedCompute(runtime, gpu, nominal))
-            return wrappers[-1]
+            compute.append(SimulatedCompute(runtime, gpu, nominal))
+            return compute[-1]
 
         handle = enable({**cfg.perseus, "device_index": rank, "sim_gpu": cfg.sim_gpu}, listener_wrapper=wrap)
         try:
-            deployed, rebaselined, phase = 0, 0, "warmup"
-            for step in range(cfg.max_steps + cfg.rebaseline_steps):
-                e0, t0 = gpu.total_energy_j(), time.perf_counter()
-                trainer.step(cfg.microbatches)
-                label = "startup" if step < cfg.startup_steps else phase  # the phase this step ran in
-                records.append({"step": step, "phase": label, "time_s": time.perf_counter() - t0,
-                                "energy_j": gpu.total_energy_j() - e0})
-                deployed += label == "deployed"
-                rebaselined += label == "baseline again"
-                if rebaselined >= cfg.rebaseline_steps or (deployed == 0 and step >= cfg.max_steps):
-                    break
-                if deployed >= cfg.deployed_steps and phase != "baseline again":
-                    # Same model, same padding and simulated GPU, but default clocks and no runtime.
-                    summary = handle.summary()
-                    for wrapper in wrappers:
-                        wrapper.listener = _NoListener()
-                    handle.runtime.gpu.reset()
-                    phase = "baseline again"
-                elif phase != "baseline again":
-                    phase = handle.runtime.phase.value  # phase changes take effect from the next step
-            if phase != "baseline again":
-                summary = handle.summary()
+            records, summary = run_phases(
+                lambda: trainer.step(cfg.microbatches), compute, handle, max_steps=cfg.max_steps,
+                deployed_steps=cfg.deployed_steps, rebaseline_steps=cfg.rebaseline_steps,
+                startup_steps=cfg.startup_steps,
+            )
         finally:
             handle.close()
             gpu.close()
@@ -151,60 +93,9 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     return result
 
 
-def phase_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per phase: mean iteration time (slowest rank) and mean job energy (sum over ranks) per iteration."""
-    by_step: dict[int, dict[str, Any]] = {}
-    for result in results:
-        for rec in result["steps"]:
-            row = by_step.setdefault(rec["step"], {"phase": rec["phase"], "time_s": 0.0, "energy_j": 0.0})
-            row["time_s"] = max(row["time_s"], rec["time_s"])
-            row["energy_j"] += rec["energy_j"]
-    phases: dict[str, list[dict[str, Any]]] = {}
-    for row in by_step.values():
-        phases.setdefault(row["phase"], []).append(row)
-    return {
-        phase: {"iterations": len(rows), "time_s": fmean(r["time_s"] for r in rows),
-                "energy_j": fmean(r["energy_j"] for r in rows)}
-        for phase, rows in phases.items()
-    }
-
-
-def format_report(table: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'phase':<16}{'iterations':>11}{'time/iter':>12}{'energy/iter':>14}"]
-    for phase, row in table.items():
-        lines.append(f"{phase:<16}{row['iterations']:>11}{row['time_s'] * 1e3:>10.1f}ms{row['energy_j']:>12.2f} J")
-    plan = table.get("deployed")
-    # Both ran at default clocks, but warm-up also pays for process start-up (controller processes,
-    # first-iteration allocations), so the re-measured baseline is the fair reference.
-    name = "baseline again" if "baseline again" in table else "warmup"
-    base = table.get(name)
-    if base and plan:
-        lines.append(
-            f"deployed plan vs {name} (default clocks): {100 * (1 - plan['energy_j'] / base['energy_j']):.1f}% "
-            f"less energy, iteration time {100 * (plan['time_s'] / base['time_s'] - 1):+.1f}%"
-        )
-    if not plan:
-        lines.append("the plan was not deployed within max_steps; raise --max-steps")
-    return "\n".join(lines)
-
-
 def launch(cfg: DemoConfig, out_dir: Path, timeout_s: float = 900) -> list[dict[str, Any]]:
     """Run the demo under torchrun (one process per stage) and collect every rank's result."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(asdict(cfg)))
-    repo = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PERSEUS_GPU="sim", PERSEUS_SIM_GPU_DIR=str(out_dir / "sim-gpus"), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.stages}",
-           "-m", "perseus_megatron.demo", "--worker", str(out_dir)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    results = []
-    for rank in range(cfg.stages):
-        path = out_dir / f"rank{rank}.json"
-        if not path.exists():
-            raise PerseusError(f"demo rank {rank} failed:\n{proc.stderr[-4000:]}")
-        results.append(json.loads(path.read_text()))
-    return results
+    return launch_ranks("perseus_megatron.demo", cfg.stages, out_dir, asdict(cfg), {}, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:

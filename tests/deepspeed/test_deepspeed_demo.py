@@ -18,7 +18,7 @@ from perseus_deepspeed.demo import DemoConfig, format_report, launch, phase_tabl
 def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path):
     cfg = DemoConfig(
         stages=2, microbatches=4, max_steps=40, deployed_steps=4, startup_steps=1, forward_ms=6.0, backward_ms=12.0,
-        hidden_size=16,
+        hidden_size=16, rebaseline_steps=2,
     )
     cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache")}
     results = launch(cfg, tmp_path / "out", timeout_s=300)
@@ -27,9 +27,11 @@ def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path):
         assert summary["phase"] == "deployed" and summary["fallback"] is None, summary
         assert summary["profiled_clocks_mhz"] == [1410, 1260, 1110]
     table = phase_table(results)
-    assert {"warmup", "profiling", "planning", "deployed"} <= set(table)
+    assert {"warmup", "profiling", "planning", "deployed", "baseline again"} <= set(table)
     assert table["deployed"]["iterations"] == cfg.deployed_steps
-    assert table["deployed"]["energy_j"] < table["warmup"]["energy_j"]
-    assert table["deployed"]["time_s"] < 1.5 * table["warmup"]["time_s"]  # loose: the machine is shared
-    assert "deployed vs baseline: energy" in format_report(table)
+    assert table["baseline again"]["iterations"] == cfg.rebaseline_steps
+    for baseline in ("warmup", "baseline again"):  # default clocks before and after the plan (A/B/A)
+        assert table["deployed"]["energy_j"] < table[baseline]["energy_j"]
+        assert table["deployed"]["time_s"] < 1.5 * table[baseline]["time_s"]  # loose: the machine is shared
+    assert "deployed plan vs baseline again (default clocks)" in format_report(table)
     assert {"frontier.json", "profile.json"} <= {p.name for p in (tmp_path / "cache").glob("*/*.json")}

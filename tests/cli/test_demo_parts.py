@@ -1,0 +1,65 @@
+"""Framework-neutral demo pieces: the simulated-compute listener and the A/B/A report."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from perseus.demo import NoListener, SimulatedCompute, format_report, phase_table
+
+
+class _Recorder:
+    """Records calls; stands in for both the runtime and the simulated GPU."""
+
+    def __init__(self, log: list[str], energy: list[float] | None = None):
+        self.log, self.energy = log, energy
+        self.phase = SimpleNamespace(value="deployed")
+
+    def total_energy_j(self) -> float:
+        self.energy[0] += 5.0
+        return self.energy[0]
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.log.append(name)
+
+
+def test_simulated_compute_brackets_the_work_inside_the_runtime_events_and_pads_to_nominal():
+    log: list[str] = []
+    wrapper = SimulatedCompute(_Recorder(log), _Recorder(log, [0.0]), {"forward": 0.01})
+    wrapper.on_step_begin()
+    wrapper.on_instruction_begin("forward", 0, 0)
+    wrapper.on_instruction_end("forward", 0, 0)
+    wrapper.on_step_end()
+    assert log == ["on_step_begin", "on_instruction_begin", "begin_busy", "end_busy", "on_instruction_end",
+                   "on_step_end"]
+    (it,) = wrapper.iterations
+    assert it["phase"] == "deployed" and it["time_s"] >= 0.01 and it["energy_j"] == 5.0
+    # Without the runtime the compute still runs; iterations carry the demo's label.
+    wrapper.listener, wrapper.phase_override = NoListener(), "baseline again"
+    log.clear()
+    wrapper.on_step_begin()
+    wrapper.on_instruction_begin("backward", 0, 0)
+    wrapper.on_instruction_end("backward", 0, 0)
+    wrapper.on_step_end()
+    assert log == ["begin_busy", "end_busy"] and wrapper.iterations[-1]["phase"] == "baseline again"
+
+
+def test_phase_table_takes_slowest_rank_time_and_sums_energy_over_ranks():
+    results = [
+        {"steps": [{"step": 0, "phase": "warmup", "time_s": 1.0, "energy_j": 10.0},
+                   {"step": 1, "phase": "deployed", "time_s": 1.0, "energy_j": 8.0}]},
+        {"steps": [{"step": 0, "phase": "warmup", "time_s": 1.2, "energy_j": 20.0},
+                   {"step": 1, "phase": "deployed", "time_s": 1.1, "energy_j": 16.0}]},
+    ]
+    table = phase_table(results)
+    assert table["warmup"] == {"iterations": 1, "time_s": 1.2, "energy_j": 30.0}
+    assert table["deployed"] == {"iterations": 1, "time_s": 1.1, "energy_j": 24.0}
+    assert "deployed plan vs warmup (default clocks): 20.0% less energy" in format_report(table)
+    results[0]["steps"].append({"step": 2, "phase": "baseline again", "time_s": 1.0, "energy_j": 12.0})
+    results[1]["steps"].append({"step": 2, "phase": "baseline again", "time_s": 1.0, "energy_j": 28.0})
+    # The re-measured baseline (A/B/A) is the reference when present.
+    assert "deployed plan vs baseline again (default clocks): 40.0% less energy" in format_report(phase_table(results))
+
+
+def test_median_resists_one_disturbed_iteration():
+    steps = [{"step": i, "phase": "deployed", "time_s": t, "energy_j": 1.0} for i, t in enumerate([1.0, 1.0, 9.0])]
+    assert phase_table([{"steps": steps}])["deployed"]["time_s"] == 1.0
