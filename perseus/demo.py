@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
@@ -43,8 +44,11 @@ class SimulatedCompute:
     times the work at that clock, padded to ``nominal_s`` per kind (the kernel time at the max
     clock, so CPU noise on a shared machine does not drown the clock's effect), and stretches it
     on the way out before the runtime records the end. Each iteration is measured from step begin
-    to step end into ``iterations``; ``phase`` labels them (the runtime's phase unless a demo
-    overrides it). Swapping ``listener`` for ``NoListener()`` keeps the compute, drops Perseus.
+    to step end into ``iterations``, with the clock and energy counter at step begin (the data-
+    parallel gradient sync after a step is outside it, so a cycle is begin to next begin);
+    ``phase`` labels them (the runtime's phase unless a demo overrides it). ``slow_factor`` > 1
+    makes this GPU a straggler (its kernels take that much longer). Swapping ``listener`` for
+    ``NoListener()`` keeps the compute, drops Perseus.
     """
 
     def __init__(self, listener: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
@@ -52,18 +56,22 @@ class SimulatedCompute:
         self.nominal_s = nominal_s or {}
         self.iterations: list[dict[str, Any]] = []
         self.phase_override: str | None = None
+        self.phase_suffix = ""
+        self.slow_factor = 1.0
         self._t0 = self._step_t0 = self._step_e0 = 0.0
         self._phase = ""
 
     def on_step_begin(self) -> None:
         self.listener.on_step_begin()
         phase = getattr(self.listener, "phase", None)
-        self._phase = self.phase_override or (phase.value if phase is not None else "")
+        self._phase = (self.phase_override or (phase.value if phase is not None else "")) + self.phase_suffix
         self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()
 
     def on_step_end(self) -> None:
         self.iterations.append({"phase": self._phase, "time_s": time.perf_counter() - self._step_t0,
-                                "energy_j": self.gpu.total_energy_j() - self._step_e0})
+                                "energy_j": self.gpu.total_energy_j() - self._step_e0,
+                                "begin_s": self._step_t0, "begin_energy_j": self._step_e0,
+                                "slow_factor": self.slow_factor})
         self.listener.on_step_end()
 
     def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
@@ -72,19 +80,48 @@ class SimulatedCompute:
         self._t0 = time.perf_counter()
 
     def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
-        pad = self.nominal_s.get(kind, 0.0) - (time.perf_counter() - self._t0)
+        pad = self.nominal_s.get(kind, 0.0) * self.slow_factor - (time.perf_counter() - self._t0)
         if pad > 0:
             time.sleep(pad)
         self.gpu.end_busy()
         self.listener.on_instruction_end(kind, microbatch, chunk)
 
 
+@dataclass(frozen=True)
+class Straggler:
+    """Data-parallel replica ``dp_rank`` runs ``factor``× slower during deployed iterations [start, stop).
+
+    A disturbance for demos and tests of extrinsic bloat: every GPU of that replica stretches its
+    kernels (as a throttled node would); the other replicas should slow down to match, then
+    speed up again once it recovers. Iterations inside the window are labelled "... (straggler)"
+    on every rank.
+    """
+
+    dp_rank: int = 1
+    factor: float = 1.3
+    start: int = 3
+    stop: int = 17
+
+    def __post_init__(self) -> None:
+        if not (self.factor >= 1.0 and 0 <= self.start < self.stop):
+            raise PerseusError(f"straggler: need factor >= 1 and 0 <= start < stop, got {self}")
+
+    def apply(self, compute: list[SimulatedCompute], dp_rank: int, deployed: int) -> None:
+        """Set this rank's slowness and labels for the next iteration (``deployed`` so far)."""
+        window = self.start <= deployed < self.stop
+        for c in compute:
+            c.slow_factor = self.factor if window and dp_rank == self.dp_rank else 1.0
+            c.phase_suffix = " (straggler)" if window else ""
+
+
 def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, *, max_steps: int,
-               deployed_steps: int, rebaseline_steps: int, startup_steps: int) -> tuple[list[dict[str, Any]], dict]:
+               deployed_steps: int, rebaseline_steps: int, startup_steps: int,
+               straggler: Straggler | None = None, dp_rank: int = 0) -> tuple[list[dict[str, Any]], dict]:
     """Train through Perseus's phases, then A/B/A: the deployed plan, then default clocks again.
 
     ``handle`` has ``.runtime`` and ``.summary()`` (both adapters' handles do). Returns the
     per-iteration records (the first ``startup_steps`` labelled "startup") and the runtime summary.
+    With ``straggler``, one data-parallel replica slows down for a window of deployed iterations.
     """
 
     def iterations() -> list[dict[str, Any]]:
@@ -92,13 +129,15 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, *,
 
     deployed = 0
     while len(iterations()) < max_steps and deployed < deployed_steps:
+        if straggler is not None:
+            straggler.apply(compute, dp_rank, deployed)
         train_step()
-        deployed += iterations()[-1]["phase"] == "deployed"
+        deployed += iterations()[-1]["phase"].startswith("deployed")
     summary = handle.summary()
     if deployed:
         # Same model, padding and simulated GPU, but default clocks and no runtime in the loop.
         for c in compute:
-            c.listener, c.phase_override = NoListener(), "baseline again"
+            c.listener, c.phase_override, c.phase_suffix, c.slow_factor = NoListener(), "baseline again", "", 1.0
         handle.runtime.gpu.reset()
         for _ in range(rebaseline_steps):
             train_step()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from perseus.demo import NoListener, SimulatedCompute, format_report, phase_table
+import pytest
+
+from perseus.demo import NoListener, SimulatedCompute, Straggler, format_report, phase_table
+from perseus.errors import PerseusError
 
 
 class _Recorder:
@@ -63,3 +66,30 @@ def test_phase_table_takes_slowest_rank_time_and_sums_energy_over_ranks():
 def test_median_resists_one_disturbed_iteration():
     steps = [{"step": i, "phase": "deployed", "time_s": t, "energy_j": 1.0} for i, t in enumerate([1.0, 1.0, 9.0])]
     assert phase_table([{"steps": steps}])["deployed"]["time_s"] == 1.0
+
+
+def test_straggler_slows_only_its_replica_inside_the_window_and_labels_every_rank():
+    log: list[str] = []
+    straggler = Straggler(dp_rank=1, factor=3.0, start=1, stop=2)
+    slow = SimulatedCompute(_Recorder(log), _Recorder(log, [0.0]), {"forward": 0.01})
+    fast = SimulatedCompute(_Recorder(log), _Recorder(log, [0.0]), {"forward": 0.01})
+    for deployed in range(3):
+        straggler.apply([slow], 1, deployed)
+        straggler.apply([fast], 0, deployed)
+        for c in (slow, fast):
+            c.on_step_begin()
+            c.on_instruction_begin("forward", 0, 0)
+            c.on_instruction_end("forward", 0, 0)
+            c.on_step_end()
+    assert [it["phase"] for it in slow.iterations] == ["deployed", "deployed (straggler)", "deployed"]
+    assert [it["phase"] for it in fast.iterations] == ["deployed", "deployed (straggler)", "deployed"]
+    assert [it["slow_factor"] for it in slow.iterations] == [1.0, 3.0, 1.0]
+    assert [it["slow_factor"] for it in fast.iterations] == [1.0, 1.0, 1.0]
+    assert slow.iterations[1]["time_s"] >= 0.03  # padded to 3x the nominal kernel time
+    assert slow.iterations[1]["begin_s"] < slow.iterations[2]["begin_s"]
+
+
+@pytest.mark.parametrize("bad", [{"factor": 0.5}, {"start": 5, "stop": 5}, {"start": -1}])
+def test_straggler_rejects_impossible_windows(bad):
+    with pytest.raises(PerseusError, match="straggler"):
+        Straggler(**bad)
