@@ -25,6 +25,7 @@ from perseus.demo import (
     DEFAULT_PERSEUS,
     DEFAULT_SIM_GPU,
     SimulatedCompute,
+    Straggler,
     format_report,
     launch_ranks,
     phase_table,
@@ -38,6 +39,8 @@ class DemoConfig:
 
     stages: int = 4
     microbatches: int = 8
+    dp_size: int = 1  # data-parallel pipelines (torchrun starts stages × dp_size ranks)
+    straggler: dict[str, Any] | None = None  # perseus.demo.Straggler fields: one slow replica for a while
     max_steps: int = 60
     deployed_steps: int = 8  # iterations with the plan deployed
     # Then this many iterations at default clocks again (A/B/A): a baseline measured at the same
@@ -63,6 +66,8 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     from perseus_megatron.integration import enable
     from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
+    from megatron.core import parallel_state
+
     rank = int(os.environ["RANK"])
     shape = TinyGPTShape(num_layers=cfg.stages, hidden_size=cfg.hidden_size, seq_length=cfg.seq_length,
                          micro_batch_size=cfg.micro_batch_size)
@@ -70,7 +75,8 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     with cpu_execution():
         initialize_parallel(cfg.stages)
         trainer = TinyGPTTrainer(shape, cfg.stages)
-        weight = cfg.last_stage_weight if rank == cfg.stages - 1 else 1.0
+        stage, dp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_data_parallel_rank()
+        weight = cfg.last_stage_weight if stage == cfg.stages - 1 else 1.0
         nominal = {"forward": weight * cfg.forward_ms / 1e3, "backward": weight * cfg.backward_ms / 1e3}
         compute: list[SimulatedCompute] = []
 
@@ -84,18 +90,19 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
                 lambda: trainer.step(cfg.microbatches), compute, handle, max_steps=cfg.max_steps,
                 deployed_steps=cfg.deployed_steps, rebaseline_steps=cfg.rebaseline_steps,
                 startup_steps=cfg.startup_steps,
+                straggler=Straggler(**cfg.straggler) if cfg.straggler else None, dp_rank=dp_rank,
             )
         finally:
             handle.close()
             gpu.close()
-    result = {"rank": rank, "steps": records, "summary": summary}
+    result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "steps": records, "summary": summary}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result, default=str))
     return result
 
 
 def launch(cfg: DemoConfig, out_dir: Path, timeout_s: float = 900) -> list[dict[str, Any]]:
-    """Run the demo under torchrun (one process per stage) and collect every rank's result."""
-    return launch_ranks("perseus_megatron.demo", cfg.stages, out_dir, asdict(cfg), {}, timeout_s)
+    """Run the demo under torchrun (one process per stage and replica) and collect every rank's result."""
+    return launch_ranks("perseus_megatron.demo", cfg.stages * cfg.dp_size, out_dir, asdict(cfg), {}, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,7 +27,7 @@ class TinyGPTShape:
 
 
 def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, seed: int = 1234) -> None:
-    """megatron-core parallel state on the gloo world: pipeline parallel only (TP = DP = 1 per stage)."""
+    """megatron-core parallel state on the gloo world: TP = 1, DP = world size / pipeline size."""
     from megatron.core import parallel_state
 
     from perseus_megatron.cpu import init_cpu_distributed, init_cpu_rng
@@ -141,5 +141,25 @@ class TinyGPTTrainer:
             forward_only=forward_only,
         )
         if not forward_only:
+            self._sync_gradients()
             self.optimizer.step()
         return losses
+
+    def _sync_gradients(self) -> None:
+        """Average gradients over the data-parallel group, as Megatron's DDP does after the schedule.
+
+        This is what couples data-parallel pipelines: each waits here for the slowest one.
+        (megatron-core's own DistributedDataParallel allocates its buffers on CUDA.)
+        """
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        size = parallel_state.get_data_parallel_world_size()
+        if size == 1:
+            return
+        group = parallel_state.get_data_parallel_group()
+        for chunk in self.model:
+            for param in chunk.parameters():
+                if param.grad is not None:
+                    dist.all_reduce(param.grad, group=group)
+                    param.grad.div_(size)
