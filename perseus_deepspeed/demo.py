@@ -28,6 +28,7 @@ from perseus.demo import (
     DEFAULT_PERSEUS,
     DEFAULT_SIM_GPU,
     SimulatedCompute,
+    Straggler,
     format_report,
     launch_ranks,
     phase_table,
@@ -41,6 +42,8 @@ class DemoConfig:
 
     stages: int = 4
     microbatches: int = 8
+    dp_size: int = 1  # data-parallel pipelines (torchrun starts stages × dp_size ranks)
+    straggler: dict[str, Any] | None = None  # perseus.demo.Straggler fields: one slow replica for a while
     max_steps: int = 60
     deployed_steps: int = 8  # iterations with the plan deployed
     rebaseline_steps: int = 6  # then default clocks again (A/B/A), so drifting machine load fakes nothing
@@ -67,10 +70,11 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     init_cpu_distributed()
     shape = TinyPipeShape(hidden_size=cfg.hidden_size, layers_per_stage=2, micro_batch_size=cfg.micro_batch_size)
     gpu = SimulatedGPU(rank, reset_state=True, **cfg.sim_gpu)
-    weight = cfg.last_stage_weight if rank == cfg.stages - 1 else 1.0
-    nominal = {"forward": weight * cfg.forward_ms / 1e3, "backward": weight * cfg.backward_ms / 1e3}
     section = {**cfg.perseus, "gpu": "sim", "device_index": rank, "sim_gpu": cfg.sim_gpu}
     model = build_pipeline(cfg.stages, shape)
+    stage, dp_rank = model.stage_id, model._grid.get_data_parallel_rank()
+    weight = cfg.last_stage_weight if stage == cfg.stages - 1 else 1.0
+    nominal = {"forward": weight * cfg.forward_ms / 1e3, "backward": weight * cfg.backward_ms / 1e3}
     compute: list[SimulatedCompute] = []
 
     def wrap(runtime: Any) -> SimulatedCompute:
@@ -78,7 +82,7 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
         return compute[-1]
 
     engine, *_ = initialize(
-        model=model, optimizer=client_optimizer(model), config=deepspeed_config(cfg.microbatches, shape, section),
+        model=model, optimizer=client_optimizer(model), config=deepspeed_config(cfg.microbatches, shape, section, cfg.dp_size),
         model_config={"demo": "tiny-linear"}, listener_wrapper=wrap,
     )
     handle = get_handle(engine)
@@ -88,18 +92,19 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
         records, summary = run_phases(
             lambda: engine.train_batch(data), compute, handle, max_steps=cfg.max_steps,
             deployed_steps=cfg.deployed_steps, rebaseline_steps=cfg.rebaseline_steps, startup_steps=cfg.startup_steps,
+            straggler=Straggler(**cfg.straggler) if cfg.straggler else None, dp_rank=dp_rank,
         )
     finally:
         engine.destroy()  # closes Perseus first: default clocks
         gpu.close()
-    result = {"rank": rank, "steps": records, "summary": summary}
+    result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "steps": records, "summary": summary}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result, default=str))
     return result
 
 
 def launch(cfg: DemoConfig, out_dir: Path, timeout_s: float = 900) -> list[dict[str, Any]]:
-    """Run the demo under torchrun (one process per stage) and collect every rank's result."""
-    return launch_ranks("perseus_deepspeed.demo", cfg.stages, out_dir, asdict(cfg), {"DS_ACCELERATOR": "cpu"}, timeout_s)
+    """Run the demo under torchrun (one process per stage and replica) and collect every rank's result."""
+    return launch_ranks("perseus_deepspeed.demo", cfg.stages * cfg.dp_size, out_dir, asdict(cfg), {"DS_ACCELERATOR": "cpu"}, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:
