@@ -39,6 +39,7 @@ class DemoConfig:
 
     stages: int = 4
     microbatches: int = 8
+    chunks: int = 1  # virtual pipeline chunks per stage (> 1: megatron-core's interleaved 1F1B)
     dp_size: int = 1  # data-parallel pipelines (torchrun starts stages × dp_size ranks)
     straggler: dict[str, Any] | None = None  # perseus.demo.Straggler fields: one slow replica for a while
     max_steps: int = 60
@@ -69,12 +70,13 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     from megatron.core import parallel_state
 
     rank = int(os.environ["RANK"])
-    shape = TinyGPTShape(num_layers=cfg.stages, hidden_size=cfg.hidden_size, seq_length=cfg.seq_length,
+    shape = TinyGPTShape(num_layers=cfg.stages * cfg.chunks, hidden_size=cfg.hidden_size, seq_length=cfg.seq_length,
                          micro_batch_size=cfg.micro_batch_size)
     gpu = SimulatedGPU(rank, reset_state=True, **cfg.sim_gpu)
+    virtual = cfg.chunks if cfg.chunks > 1 else None
     with cpu_execution():
-        initialize_parallel(cfg.stages)
-        trainer = TinyGPTTrainer(shape, cfg.stages)
+        initialize_parallel(cfg.stages, virtual)
+        trainer = TinyGPTTrainer(shape, cfg.stages, virtual)
         stage, dp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_data_parallel_rank()
         weight = cfg.last_stage_weight if stage == cfg.stages - 1 else 1.0
         nominal = {"forward": weight * cfg.forward_ms / 1e3, "backward": weight * cfg.backward_ms / 1e3}

@@ -1,7 +1,6 @@
 """The DeepSpeed demo end to end: real PipelineEngine ranks, simulated GPUs, profile → plan → deploy.
 
-Small and short (2 stages, 4 microbatches, 3 clocks, millisecond kernels) to keep the shared
-machine's load low. The plan must be deployed without falling back: the deployed plan follows the
+2 and 4 stages, short (3 clocks, millisecond kernels) to keep the shared machine's load low. The plan must be deployed without falling back: the deployed plan follows the
 instructions the hooks report, so a wrong microbatch index would show up as a fallback.
 """
 
@@ -15,10 +14,11 @@ from perseus_deepspeed.demo import DemoConfig, format_report, launch, phase_tabl
 
 
 @pytest.mark.distributed
-def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path):
+@pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)], ids=["2-stages", "4-stages"])
+def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stages, microbatches):
     cfg = DemoConfig(
-        stages=2, microbatches=4, max_steps=40, deployed_steps=4, startup_steps=1, forward_ms=6.0, backward_ms=12.0,
-        hidden_size=16, rebaseline_steps=2,
+        stages=stages, microbatches=microbatches, max_steps=60, deployed_steps=6, startup_steps=1, forward_ms=6.0,
+        backward_ms=12.0, hidden_size=16, rebaseline_steps=6,
     )
     cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache")}
     results = launch(cfg, tmp_path / "out", timeout_s=300)
@@ -30,8 +30,10 @@ def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path):
     assert {"warmup", "profiling", "planning", "deployed", "baseline again"} <= set(table)
     assert table["deployed"]["iterations"] == cfg.deployed_steps
     assert table["baseline again"]["iterations"] == cfg.rebaseline_steps
-    for baseline in ("warmup", "baseline again"):  # default clocks before and after the plan (A/B/A)
-        assert table["deployed"]["energy_j"] < table[baseline]["energy_j"]
-        assert table["deployed"]["time_s"] < 1.5 * table[baseline]["time_s"]  # loose: the machine is shared
+    print(f"\n{stages} stages:\n{format_report(table)}")
+    # default clocks before and after the plan (A/B/A); the re-measured one is the fair comparison
+    assert table["deployed"]["energy_j"] < table["warmup"]["energy_j"]
+    assert table["deployed"]["energy_j"] < 0.99 * table["baseline again"]["energy_j"], format_report(table)
+    assert table["deployed"]["time_s"] < 1.10 * table["baseline again"]["time_s"], format_report(table)
     assert "deployed plan vs baseline again (default clocks)" in format_report(table)
     assert {"frontier.json", "profile.json"} <= {p.name for p in (tmp_path / "cache").glob("*/*.json")}
