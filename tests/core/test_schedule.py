@@ -60,6 +60,27 @@ def test_dependencies_chain_forward_and_backward_across_virtual_stages():
     assert ((0, pos[(0, I("backward", 2, 1))]), (1, pos[(1, I("backward", 2, 0))])) in edges
 
 
+def test_interleaved_steady_forwards_also_wait_for_the_next_backwards_input():
+    # megatron-core (no p2p overlap) ends the last warm-up forward and every steady F/B pair with
+    # send_forward_backward_recv_forward_backward: the next forward starts only once the next
+    # backward's gradient has arrived too. Stage 0 (warm-up 4): F2 waits for B0.c1's input,
+    # which stage 1 produces (virtual stage 3 → 2).
+    from perseus.schedule import Instruction as I
+
+    s = build_schedule("interleaved", 2, 4, 2)
+    assert s.joint_receives[0] == ((4, 5), (6, 7), (8, 9), (10, 11))
+    assert s.joint_receives[1] == ((2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13))
+    pos = {(st, inst): i for st, insts in enumerate(s.stages) for i, inst in enumerate(insts)}
+    edges = set(s.dependencies())
+    assert ((1, pos[(1, I("backward", 0, 1))]), (0, pos[(0, I("forward", 2, 0))])) in edges
+    # stage 1's F1.c1 waits for B1.c1's input, which it computes itself after its own forward
+    # (last virtual stage): no extra edge
+    assert not [e for e in edges if e[1] == (1, pos[(1, I("forward", 1, 1))]) and e[0][0] == 0
+                and s.stages[0][e[0][1]].kind == "backward"]
+    # plain 1F1B receives each input right before the instruction that needs it
+    assert build_schedule("1f1b", 4, 8).joint_receives == ()
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
