@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
@@ -114,21 +114,52 @@ class Straggler:
             c.phase_suffix = " (straggler)" if window else ""
 
 
-def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, *, max_steps: int,
-               deployed_steps: int, rebaseline_steps: int, startup_steps: int,
-               straggler: Straggler | None = None, dp_rank: int = 0) -> tuple[list[dict[str, Any]], dict]:
+@dataclass
+class DemoSettings:
+    """What a framework demo runs, common to both frameworks; every rank reads it from config.json."""
+
+    stages: int = 4
+    microbatches: int = 8
+    dp_size: int = 1  # data-parallel pipelines (torchrun starts stages × dp_size ranks)
+    straggler: dict[str, Any] | None = None  # Straggler fields: one slow replica for a while
+    max_steps: int = 60
+    deployed_steps: int = 8  # iterations with the plan deployed
+    # Then this many iterations at default clocks again (A/B/A): a baseline measured at the same
+    # time as the plan, so machine load that drifts during the run does not fake a saving.
+    rebaseline_steps: int = 6
+    startup_steps: int = 2  # first iterations (allocator, lazy init) are slow: left out of the baseline
+    # Nominal kernel time at the max clock: each instruction's real CPU work is padded up to it,
+    # so that CPU noise on a shared machine does not drown the clock's effect (0: CPU time only).
+    forward_ms: float = 10.0
+    backward_ms: float = 20.0
+    last_stage_weight: float = 1.3  # the loss layer makes the last stage heavier, as on real pipelines
+    hidden_size: int = 64
+    micro_batch_size: int = 4
+    sim_gpu: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SIM_GPU))
+    perseus: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PERSEUS))
+
+    def nominal_s(self, stage: int) -> dict[str, float]:
+        """Kernel time per instruction kind at the max clock on this stage."""
+        weight = self.last_stage_weight if stage == self.stages - 1 else 1.0
+        return {"forward": weight * self.forward_ms / 1e3, "backward": weight * self.backward_ms / 1e3}
+
+
+def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, settings: DemoSettings,
+               dp_rank: int = 0) -> tuple[list[dict[str, Any]], dict]:
     """Train through Perseus's phases, then A/B/A: the deployed plan, then default clocks again.
 
     ``handle`` has ``.runtime`` and ``.summary()`` (both adapters' handles do). Returns the
     per-iteration records (the first ``startup_steps`` labelled "startup") and the runtime summary.
-    With ``straggler``, one data-parallel replica slows down for a window of deployed iterations.
+    With ``settings.straggler``, one data-parallel replica slows down for a window of deployed
+    iterations.
     """
+    straggler = Straggler(**settings.straggler) if settings.straggler else None
 
     def iterations() -> list[dict[str, Any]]:
         return [it for c in compute for it in c.iterations]
 
     deployed = 0
-    while len(iterations()) < max_steps and deployed < deployed_steps:
+    while len(iterations()) < settings.max_steps and deployed < settings.deployed_steps:
         if straggler is not None:
             straggler.apply(compute, dp_rank, deployed)
         train_step()
@@ -139,11 +170,19 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, *,
         for c in compute:
             c.listener, c.phase_override, c.phase_suffix, c.slow_factor = NoListener(), "baseline again", "", 1.0
         handle.runtime.gpu.reset()
-        for _ in range(rebaseline_steps):
+        for _ in range(settings.rebaseline_steps):
             train_step()
-    records = [{**it, "step": i, "phase": "startup" if i < startup_steps else it["phase"]}
+    records = [{**it, "step": i, "phase": "startup" if i < settings.startup_steps else it["phase"]}
                for i, it in enumerate(iterations())]
     return records, summary
+
+
+def save_rank_result(out_dir: Path, rank: int, stage: int, dp_rank: int, records: list[dict[str, Any]],
+                     summary: dict[str, Any]) -> dict[str, Any]:
+    """What one rank hands back to ``launch_ranks``: ``rankN.json`` in the output directory."""
+    result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "steps": records, "summary": summary}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result, default=str))
+    return result
 
 
 def phase_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -210,6 +249,40 @@ def launch_ranks(module: str, nproc: int, out_dir: Path, config: dict[str, Any],
             raise PerseusError(f"{module} rank {rank} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         results.append(json.loads(path.read_text()))
     return results
+
+
+def launch_demo(module: str, cfg: DemoSettings, out_dir: Path, env: dict[str, str] | None = None,
+                timeout_s: float = 900) -> list[dict[str, Any]]:
+    """Run a framework demo module under torchrun (one process per stage and replica)."""
+    return launch_ranks(module, cfg.stages * cfg.dp_size, out_dir, asdict(cfg), env or {}, timeout_s)
+
+
+def demo_main(argv: list[str] | None, *, doc: str, config_cls: type[DemoSettings], run_rank: Any, launch: Any,
+              title: str) -> None:
+    """``python -m perseus_<framework>.demo``: a torchrun worker (``--worker``) or the launcher."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--worker", metavar="OUT_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--stages", type=int, default=config_cls.stages)
+    parser.add_argument("--microbatches", type=int, default=config_cls.microbatches)
+    parser.add_argument("--max-steps", type=int, default=config_cls.max_steps)
+    parser.add_argument("--out", help="directory for per-rank results (default: a temporary one)")
+    args = parser.parse_args(argv)
+    if args.worker:
+        out = Path(args.worker)
+        run_rank(config_cls(**json.loads((out / "config.json").read_text())), out)
+        return
+    if not 2 <= args.stages <= 8:
+        raise SystemExit("--stages must be between 2 and 8 (one CPU process per stage)")
+    cfg = config_cls(stages=args.stages, microbatches=args.microbatches, max_steps=args.max_steps)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="perseus-demo-"))
+    started = time.perf_counter()
+    results = launch(cfg, out)
+    print(f"{title}, {cfg.stages} pipeline stages x {cfg.microbatches} microbatches, simulated "
+          f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s, results in {out})")
+    print(format_report(phase_table(results)))
 
 
 def _framework_demo(framework: str):

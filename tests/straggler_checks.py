@@ -8,8 +8,23 @@ records (phase label, time, energy, clock and counter at step begin) and the run
 
 from __future__ import annotations
 
+from pathlib import Path
 from statistics import median
 from typing import Any
+
+from perseus.demo import DEFAULT_PERSEUS
+
+STRAGGLER = {"dp_rank": 1, "factor": 1.3, "start": 3, "stop": 17}
+# check every 2 deployed iterations, act after 2 checks in a row: switch ~6 iterations in
+PERSEUS = {**DEFAULT_PERSEUS, "warmup_steps": 4, "straggler_period_steps": 2, "straggler_patience": 2,
+           "straggler_threshold": 0.12, "straggler_recover_threshold": 0.05}
+
+
+def run_straggler_demo(config_cls: Any, launch: Any, tmp_path: Path) -> list[dict[str, Any]]:
+    """A framework demo with 2 stages × DP 2, the full Perseus path, and ``STRAGGLER``."""
+    cfg = config_cls(stages=2, microbatches=4, dp_size=2, straggler=STRAGGLER, max_steps=80, deployed_steps=27,
+                     rebaseline_steps=6, perseus={**PERSEUS, "cache_dir": str(tmp_path / "cache")})
+    return launch(cfg, tmp_path / "run", timeout_s=600)
 
 
 def slowdown_by_step(result: dict[str, Any]) -> dict[int, float]:
@@ -39,7 +54,7 @@ def cycles(results: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     return out
 
 
-def check_straggler_run(results: list[dict[str, Any]], straggler: dict[str, Any]) -> None:
+def check_straggler_run(results: list[dict[str, Any]], straggler: dict[str, Any] = STRAGGLER) -> None:
     slow_dp = straggler["dp_rank"]
     others = [r for r in results if r["dp_rank"] != slow_dp]
     stragglers = [r for r in results if r["dp_rank"] == slow_dp]

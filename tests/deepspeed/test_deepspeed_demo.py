@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from perseus_deepspeed.demo import DemoConfig, format_report, launch, phase_table  # noqa: E402
+from perseus.demo import format_report, phase_table  # noqa: E402
+from perseus_deepspeed.demo import DemoConfig, launch  # noqa: E402
 
 
 @pytest.mark.distributed

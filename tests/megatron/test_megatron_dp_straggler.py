@@ -14,23 +14,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from straggler_checks import check_straggler_run  # noqa: E402
-
-from perseus.demo import DEFAULT_PERSEUS  # noqa: E402
+from straggler_checks import check_straggler_run, run_straggler_demo  # noqa: E402
 
 pytestmark = pytest.mark.distributed
-
-STRAGGLER = {"dp_rank": 1, "factor": 1.3, "start": 3, "stop": 17}
-PERSEUS = {**DEFAULT_PERSEUS, "warmup_steps": 4, "straggler_period_steps": 2, "straggler_patience": 2,
-           "straggler_threshold": 0.12, "straggler_recover_threshold": 0.05}
 
 
 def test_dp2_straggler_slows_the_other_pipeline_and_recovers(tmp_path):
     from perseus_megatron.demo import DemoConfig, launch
 
-    cfg = DemoConfig(stages=2, microbatches=4, dp_size=2, straggler=STRAGGLER, max_steps=80, deployed_steps=27,
-                     rebaseline_steps=6, perseus={**PERSEUS, "cache_dir": str(tmp_path / "cache")})
-    results = launch(cfg, tmp_path / "run", timeout_s=600)
+    results = run_straggler_demo(DemoConfig, launch, tmp_path)
     # megatron-core's rank layout (pipeline outermost): ranks 0,1 are replica 0/1 of stage 0
     assert sorted((r["stage"], r["dp_rank"]) for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    check_straggler_run(results, STRAGGLER)
+    check_straggler_run(results)
