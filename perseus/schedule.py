@@ -23,6 +23,9 @@ from perseus.errors import ScheduleError
 
 InstructionKind = Literal["forward", "backward"]
 KINDS: tuple[InstructionKind, ...] = ("forward", "backward")
+# Bumped whenever the dependency rules change (2: interleaved joint receives), so that plans
+# made under older rules are not reused from a cache.
+DAG_MODEL_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)

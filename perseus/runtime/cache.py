@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from perseus.errors import FrontierError, ProfileError
 from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_json
-from perseus.schedule import Schedule
+from perseus.schedule import DAG_MODEL_VERSION, Schedule
 
 log = logging.getLogger("perseus.runtime")
 
@@ -29,6 +29,7 @@ KEY_FILE = "key.json"
 PROFILE_FILE = "profile.json"
 FRONTIER_FILE = "frontier.json"
 CACHE_KEY_FIELD = "cache_key"
+DAG_MODEL_FIELD = "dag_model"
 
 
 def key_hash(key: Mapping[str, Any]) -> str:
@@ -83,46 +84,43 @@ class RunCache:
 
     def load_profile(self) -> Profile | None:
         """The cached profile, or None (with a warning when a file exists but is not usable)."""
-        path = self.profile_path
-        if not path.exists() or not self._key_ok():
-            return None
-        try:
-            profile = load_json(path)
-        except ProfileError as exc:
-            log.warning("perseus cache: %s is corrupt (%s); profiling again", path, exc)
-            return None
-        if profile.config.get(CACHE_KEY_FIELD) != self.hash:
-            log.warning(
-                "perseus cache: %s was written for cache key %r, not %r; profiling again",
-                path,
-                profile.config.get(CACHE_KEY_FIELD),
-                self.hash,
-            )
+        profile = self._load(self.profile_path, load_json, ProfileError, "profiling again")
+        if profile is None or not self._stamped(self.profile_path, profile.config, "profiling again"):
             return None
         return profile
 
     def load_frontier(self, schedule: Schedule) -> Frontier | None:
         """The cached frontier if it is for this key and this schedule, else None (with a warning)."""
         path = self.frontier_path
-        if not path.exists() or not self._key_ok():
-            return None
-        try:
-            frontier = load_frontier(path)
-        except FrontierError as exc:
-            log.warning("perseus cache: %s is corrupt (%s); planning again", path, exc)
-            return None
-        if frontier.metadata.get(CACHE_KEY_FIELD) != self.hash:
-            log.warning(
-                "perseus cache: %s was written for cache key %r, not %r; planning again",
-                path,
-                frontier.metadata.get(CACHE_KEY_FIELD),
-                self.hash,
-            )
+        frontier = self._load(path, load_frontier, FrontierError, "planning again")
+        if frontier is None or not self._stamped(path, frontier.metadata, "planning again"):
             return None
         if frontier.schedule != schedule:
             log.warning("perseus cache: %s holds a different schedule than this job; planning again", path)
             return None
+        if frontier.metadata.get(DAG_MODEL_FIELD) != DAG_MODEL_VERSION:
+            log.warning("perseus cache: %s was planned with an older model of the schedule's dependencies "
+                        "(version %r, now %r); planning again", path, frontier.metadata.get(DAG_MODEL_FIELD),
+                        DAG_MODEL_VERSION)
+            return None
         return frontier
+
+    def _load(self, path: Path, loader: Any, error: type[Exception], then: str) -> Any:
+        if not path.exists() or not self._key_ok():
+            return None
+        try:
+            return loader(path)
+        except error as exc:
+            log.warning("perseus cache: %s is corrupt (%s); %s", path, exc, then)
+            return None
+
+    def _stamped(self, path: Path, fields: Mapping[str, Any], then: str) -> bool:
+        """The file carries this entry's hash (it was not copied in from another key)."""
+        if fields.get(CACHE_KEY_FIELD) == self.hash:
+            return True
+        log.warning("perseus cache: %s was written for cache key %r, not %r; %s",
+                    path, fields.get(CACHE_KEY_FIELD), self.hash, then)
+        return False
 
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +141,7 @@ class RunCache:
     def save_frontier(self, frontier: Frontier) -> Path:
         self._prepare()
         frontier.metadata[CACHE_KEY_FIELD] = self.hash
+        frontier.metadata[DAG_MODEL_FIELD] = DAG_MODEL_VERSION
         data = frontier.to_json_dict()
         write_json_atomic(self.frontier_path, data, compact=True)
         return self.frontier_path

@@ -79,3 +79,17 @@ def test_frontier_for_other_schedule_is_rejected(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="perseus.runtime"):
         assert cache.load_frontier(build_schedule("1f1b", 2, 4)) is None
     assert "different schedule" in caplog.text
+
+
+def test_frontier_planned_under_older_dependency_rules_is_replanned(tmp_path, caplog):
+    sched = build_schedule("1f1b", 2, 4)
+    cache = RunCache(tmp_path, KEY)
+    cache.save_frontier(make_frontier(sched))
+    data = json.loads(cache.frontier_path.read_text())
+    data["metadata"]["dag_model"] = 1  # before interleaved joint receives were modelled
+    cache.frontier_path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="perseus.runtime"):
+        assert cache.load_frontier(sched) is None
+    assert "older model of the schedule's dependencies" in caplog.text
+    cache.save_frontier(make_frontier(sched))
+    assert cache.load_frontier(sched) is not None
