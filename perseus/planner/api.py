@@ -25,7 +25,7 @@ def plan_frontier(
     *,
     num_anchors: int = 48,
     num_deadlines: int = 1024,
-    improve_sweeps: int = 2,
+    improve_sweeps: int = 4,
     max_block: int = 2,
     improve_time_s: float = 3.0,
     search_time_s: float = 1.0,

@@ -10,6 +10,12 @@ v slows down"; for longer blocks it exchanges time between instructions several 
 across stages. Total energy as a function of δ is piecewise constant with breakpoints where a
 window equals an option's time, so each move is an exact one-dimensional minimisation over those
 breakpoints, done for a whole batch of plans (one row per deadline) at once.
+
+Besides same-stage blocks, ``neighbour_sets`` adds the blocks "all successors of v", "all
+predecessors of v" and "v with its successors". Shifting the successors of v later slows v and
+speeds up every one of its successors together (across stages), which no same-stage block can do:
+on small pipelines the discrete optimum often differs from a block-descent optimum by exactly
+such a fan-out trade.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ class _Move:
 class PotentialDescent:
     """Block coordinate descent over node start times for a batch of plans."""
 
-    def __init__(self, dag: InstructionDAG, options: NodeOptions, max_block: int = 3) -> None:
+    def __init__(
+        self, dag: InstructionDAG, options: NodeOptions, max_block: int = 3, neighbour_sets: bool = False
+    ) -> None:
         self.options = options
         self.n = dag.num_nodes
         self.preds = dag.predecessors
@@ -57,6 +65,13 @@ class PotentialDescent:
             for s in range(len(offsets) - 1):
                 for a in range(offsets[s], offsets[s + 1] - size + 1):
                     self.moves.append(self._make_move(list(range(a, a + size))))
+        if neighbour_sets:
+            seen = {tuple(move.block.tolist()) for move in self.moves}
+            for v in range(self.n):
+                for block in (sorted(self.succs[v]), sorted(self.preds[v]), sorted({v, *self.succs[v]})):
+                    if len(block) >= 2 and tuple(block) not in seen:
+                        seen.add(tuple(block))
+                        self.moves.append(self._make_move(block))
 
     def _make_move(self, block: list[int]) -> _Move:
         inside = set(block)
@@ -78,22 +93,30 @@ class PotentialDescent:
     def improve(
         self, starts: np.ndarray, deadlines: np.ndarray, sweeps: int = 3, time_limit_s: float = float("inf")
     ) -> np.ndarray:
-        """Apply improving block shifts until none improves, ``sweeps`` passes, or the time limit."""
+        """Apply improving block shifts until none improves, ``sweeps`` passes, or the time limit.
+
+        Rows that a whole pass left unchanged are at a local optimum and drop out of later passes.
+        """
         starts = starts.copy()
         deadlines = np.asarray(deadlines, dtype=float)
         stop_at = time.perf_counter() + time_limit_s
+        active = np.arange(starts.shape[0])
         for sweep in range(sweeps):
             moves = self.moves if sweep % 2 == 0 else self.moves[::-1]
-            changed = False
+            rows, limits = starts[active], deadlines[active]
+            changed = np.zeros(len(active), dtype=bool)
             for i, move in enumerate(moves):
-                changed |= self._apply(move, starts, deadlines)
+                changed |= self._apply(move, rows, limits)
                 if i % 64 == 0 and time.perf_counter() > stop_at:
-                    return starts
-            if not changed:
+                    break
+            starts[active] = rows
+            active = active[changed]
+            if not len(active) or time.perf_counter() > stop_at:
                 break
         return starts
 
-    def _apply(self, move: _Move, starts: np.ndarray, deadlines: np.ndarray) -> bool:
+    def _apply(self, move: _Move, starts: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Best shift of ``move`` per row, applied in place; rows it improved."""
         batch = starts.shape[0]
         bases = []
         cands = [np.zeros((batch, 1))]
@@ -118,11 +141,10 @@ class PotentialDescent:
         best = np.argmin(cost, axis=1)
         rows = np.arange(batch)
         better = cost[rows, best] < cost[:, 0] - 1e-9
-        if not better.any():
-            return False
-        shift = np.where(better, delta[rows, best], 0.0)
-        starts[:, move.block] += shift[:, None]
-        return True
+        if better.any():
+            shift = np.where(better, delta[rows, best], 0.0)
+            starts[:, move.block] += shift[:, None]
+        return better
 
     def plan(self, starts: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Option choice per node implied by start times (slowest option fitting each window)."""

@@ -125,20 +125,40 @@ def sweep(
     dense_rows = open_anchors  # the anchor rows of the dense plans
     if dag.num_nodes <= dense_improve_max_nodes:
         dense_rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
+    small = dag.num_nodes <= dense_improve_max_nodes
+    descent_until = time.perf_counter() + improve_time_s
+    descent = None
     if improve_sweeps > 0 and (len(open_anchors) or len(dense_rows)):
-        descent = PotentialDescent(dag, options, max_block=max_block)
+        descent = PotentialDescent(dag, options, max_block=max_block, neighbour_sets=small)
         anchor_plans = np.concatenate([plans[0][dense_rows], plans[1][open_anchors]])
-        anchor_deadlines = np.concatenate([deadlines[dense_rows], anchors[open_anchors]]) * (1 - DEADLINE_MARGIN)
-        durations = options.node_times(anchor_plans)
-        starts = graph.finish_times(durations)[:, : dag.num_nodes] - durations
-        starts = descent.improve(starts, anchor_deadlines, sweeps=improve_sweeps, time_limit_s=improve_time_s)
-        improved = chooser.fill_slack(descent.plan(starts, anchor_deadlines), anchor_deadlines)
+        anchor_deadlines = np.concatenate([deadlines[dense_rows], anchors[open_anchors]])
+        improved = _descend(descent, chooser, anchor_plans, anchor_deadlines, improve_sweeps, descent_until)
         found = pareto(evaluate(dag, options, np.concatenate([found.choices, improved]), p_blocking_w))
     progress(0.8)
     if search_time_s > 0:
         found = _search_windows(dag, options, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
+    if small and descent is not None:
+        # Carry every deadline's best plan so far (often found at a nearby deadline, by descent or
+        # a window) to the deadline itself: slack-fill it there and descend again.
+        rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
+        shrunk = deadlines[rows] * (1 - DEADLINE_MARGIN)
+        at = np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1
+        carried = chooser.fill_slack(found.choices[at], deadlines[rows])
+        improved = _descend(descent, chooser, carried, deadlines[rows], improve_sweeps, descent_until)
+        found = pareto(evaluate(dag, options, np.concatenate([found.choices, carried, improved]), p_blocking_w))
     progress(0.95)
     return found
+
+
+def _descend(
+    descent: PotentialDescent, chooser: LevelChooser, plans: np.ndarray, deadlines: np.ndarray, sweeps: int, until: float
+) -> np.ndarray:
+    """Block descent from the plans' earliest starts, then slack filling, at the given deadlines."""
+    limits = deadlines * (1 - DEADLINE_MARGIN)
+    durations = chooser.options.node_times(plans)
+    starts = chooser.graph.finish_times(durations)[:, : plans.shape[1]] - durations
+    starts = descent.improve(starts, limits, sweeps=sweeps, time_limit_s=max(until - time.perf_counter(), 0.0))
+    return chooser.fill_slack(descent.plan(starts, limits), limits)
 
 
 def _search_windows(

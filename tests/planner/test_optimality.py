@@ -15,7 +15,7 @@ from perseus.schedule import build_schedule
 from milp_oracle import exact_min_energy
 from synthetic import synthetic_profile
 
-GAP_LIMIT = 0.005  # 0.5 %: the target of 0.1 % is not reached on every instance (see docs/planner.md)
+GAP_LIMIT = 0.004  # 0.4 %: the 0.1 % target is not reached (worst measured 0.25 %, see docs/planner.md); time budgets make results vary a little under load
 
 
 def deadlines_across(frontier, count: int = 5) -> list[float]:
@@ -42,13 +42,7 @@ def check_against_milp(schedule, profile, count: int = 5) -> list[float]:
 
 @pytest.mark.parametrize(
     "seed",
-    [
-        0,
-        1,
-        2,
-        8,
-        9,
-    ],
+    [0, 1, 2, 3, 5, 6, 7, 8, 9],  # seed 4: the oracle's optimum is 9e-6 above a plan we find (MILP tolerance)
 )
 def test_3_stages_4_microbatches_40_frequencies(seed):
     check_against_milp(build_schedule("1f1b", 3, 4), synthetic_profile(3, 40, seed))
