@@ -34,7 +34,9 @@ def check_against_milp(schedule, profile, count: int = 5) -> list[float]:
         exact = exact_min_energy(dag, profile, deadline)
         gap = ours.energy_j / exact - 1
         gaps.append(gap)
-        assert gap >= -1e-9, "planner below the exact optimum: oracle or evaluation is wrong"
+        # The oracle is exact up to HiGHS's tolerances (mip_rel_gap 1e-6, feasibility 1e-7 s on
+        # start times); beyond them, a plan below it means the oracle or the evaluation is wrong.
+        assert gap >= -2e-5, "planner below the exact optimum: oracle or evaluation is wrong"
         assert gap <= GAP_LIMIT, f"deadline {deadline:.4f} s: {ours.energy_j:.3f} J vs optimum {exact:.3f} J"
     print(f"{schedule.name} {schedule.num_stages}x{schedule.num_microbatches}: gaps % " + " ".join(f"{100 * g:.3f}" for g in gaps))
     return gaps
@@ -42,7 +44,7 @@ def check_against_milp(schedule, profile, count: int = 5) -> list[float]:
 
 @pytest.mark.parametrize(
     "seed",
-    [0, 1, 2, 3, 5, 6, 7, 8, 9],  # seed 4: the oracle's optimum is 9e-6 above a plan we find (MILP tolerance)
+    range(10),
 )
 def test_3_stages_4_microbatches_40_frequencies(seed):
     check_against_milp(build_schedule("1f1b", 3, 4), synthetic_profile(3, 40, seed))
