@@ -95,13 +95,14 @@ class Schedule:
                     ps, pc = (v - 1) % self.num_stages, (v - 1) // self.num_stages
                     j = position[(ps, Instruction("backward", inst.microbatch, pc))]
                     edges.append(((s, i), (ps, j)))
-        inputs: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for src, dst in edges:
-            if src[0] != dst[0]:
-                inputs.setdefault(dst, []).append(src)
-        for s, pairs in enumerate(self.joint_receives):
-            for i, j in pairs:
-                edges.extend((src, (s, i)) for src in inputs.get((s, j), ()))
+        if self.joint_receives:
+            inputs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            for src, dst in edges:
+                if src[0] != dst[0]:
+                    inputs.setdefault(dst, []).append(src)
+            for s, pairs in enumerate(self.joint_receives):
+                for i, j in pairs:
+                    edges.extend((src, (s, i)) for src in inputs.get((s, j), ()))
         return edges
 
 

@@ -122,10 +122,10 @@ def sweep(
     open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap)
     # Between anchors, dense plans above the LP tangent bound are improved too, on small pipelines
     # only: each descent sweep is ~n Python-level moves, so on large ones it would dominate.
-    dense_rows = open_anchors  # the anchor rows of the dense plans
-    if dag.num_nodes <= dense_improve_max_nodes:
-        dense_rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
     small = dag.num_nodes <= dense_improve_max_nodes
+    dense_rows = open_anchors  # the anchor rows of the dense plans
+    if small:
+        dense_rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
     descent_until = time.perf_counter() + improve_time_s
     descent = None
     if improve_sweeps > 0 and (len(open_anchors) or len(dense_rows)):
@@ -142,7 +142,7 @@ def sweep(
         # a window) to the deadline itself: slack-fill it there and descend again.
         rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
         shrunk = deadlines[rows] * (1 - DEADLINE_MARGIN)
-        at = np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1
+        at = np.maximum(np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1, 0)
         carried = chooser.fill_slack(found.choices[at], deadlines[rows])
         improved = _descend(descent, chooser, carried, deadlines[rows], improve_sweeps, descent_until)
         found = pareto(evaluate(dag, options, np.concatenate([found.choices, carried, improved]), p_blocking_w))
