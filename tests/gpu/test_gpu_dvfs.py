@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 
 from perseus.gpu import PRESETS, DVFSModel, GPUInvalidArgumentError, get_preset
 
-DATA = Path("/work/shared/data/perseus-sosp24")
+# The public Perseus artifact's profiles, in ../shared beside the checkout when present.
+DATA = Path(os.environ.get("PERSEUS_ARTIFACT_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data" / "perseus-sosp24"))
 
 
 def _energy_curve(m: DVFSModel, alpha: float = 0.8) -> tuple[list[int], np.ndarray]:

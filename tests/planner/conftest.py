@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -7,7 +8,9 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
 
-A100_CSV = Path("/work/shared/data/perseus-sosp24/gpt3-175b+a100_sxm_bf16.csv")
+# The public Perseus artifact's profiles live in ../shared beside the checkout (never copied in).
+DATA = Path(os.environ.get("PERSEUS_ARTIFACT_DATA", HERE.resolve().parents[1].parent / "shared" / "data" / "perseus-sosp24"))
+A100_CSV = DATA / "gpt3-175b+a100_sxm_bf16.csv"
 A100_P_BLOCKING = 83.64
 
 
