@@ -8,6 +8,8 @@ energy of any plan whose longest path is at most the deadline (energy charged at
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
@@ -61,15 +63,17 @@ def exact_min_energy(dag: InstructionDAG, profile: Profile, deadline_s: float, t
     upper = np.full(num_cols, np.inf)
     upper[:nz] = 1.0
     upper[col_tau] = deadline_s
-    res = milp(
-        cost,
-        constraints=LinearConstraint(a, lo, hi),
-        integrality=integrality,
-        bounds=Bounds(lower, upper),
-        # mip_feasibility_tolerance 1e-9 (default 1e-6): with the default, HiGHS 1.x reported
-        # plans up to 0.01 % worse than a known feasible plan as proven optimal on these models.
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6, "mip_feasibility_tolerance": 1e-9},
-    )
+    with warnings.catch_warnings():  # scipy passes HiGHS-only options through with a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = milp(
+            cost,
+            constraints=LinearConstraint(a, lo, hi),
+            integrality=integrality,
+            bounds=Bounds(lower, upper),
+            # mip_feasibility_tolerance 1e-9 (default 1e-6): with the default, HiGHS 1.x reported
+            # plans up to 0.01 % worse than a known feasible plan as proven optimal on these models.
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6, "mip_feasibility_tolerance": 1e-9},
+        )
     if res.status != 0:
         raise RuntimeError(f"MILP did not reach a proven optimum: {res.message}")
     return float(res.fun)
