@@ -15,7 +15,8 @@ pipelines:
 
 1. all max frequency everywhere (no Perseus);
 2. intrinsic-only Perseus: the no-slowdown frontier point, then blocked until T_s;
-3. Perseus with straggler matching: the least-energy frontier point not slower than T_s.
+3. Perseus with straggler matching: the plan of least energy when paced to T_s (its energy plus
+   blocking power over its wait), among the frontier's plans not slower than T_s.
 
 Savings of (2) and (3) are relative to (1). Energies come from the frontier, i.e. simulated on
 measured profile values, never from a fitted model.
@@ -104,7 +105,7 @@ def emulate(frontier: Frontier, job: DataParallelJob, straggler_factor: float) -
     base_t, base_e = frontier.baseline_time_s, frontier.baseline_energy_j
     intrinsic = frontier.default_point()
     straggler_time = straggler_factor * base_t
-    matched = frontier.lookup(straggler_time)
+    matched = frontier.paced_lookup(straggler_time)
     # Nothing finishes before its own plan does (a frontier's fastest point can be marginally
     # slower than the all-max baseline when no plan reaches it exactly).
     iteration = max(straggler_time, intrinsic.time_s, matched.time_s)

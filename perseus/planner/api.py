@@ -10,7 +10,7 @@ from perseus.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner.options import build_node_options
-from perseus.planner.sweep import sweep
+from perseus.planner.sweep import own_pace, sweep
 from perseus.profile import Profile
 from perseus.schedule import Schedule
 from perseus.simulator import max_frequency_plan, simulate_plan
@@ -31,6 +31,11 @@ def plan_frontier(
     search_time_s: float = 1.0,
     search_gap: float = 2e-3,
     max_window: int = 10,
+    beam_width: int = 500,
+    beam_max_width: int = 8000,
+    beam_deadlines: int = 64,
+    beam_fill: int = 192,
+    beam_max_nodes: int = 48,
 ) -> Frontier:
     """Compute the iteration time–energy Pareto frontier of ``schedule`` on ``profile``.
 
@@ -51,18 +56,31 @@ def plan_frontier(
     - ``search_gap``: only plans more than this fraction above the LP lower bound are improved
       (block descent) or searched (windows); the bound comes free with the LP, so near-optimal
       pipelines pay nothing.
+    - ``beam_width``, ``beam_max_width``, ``beam_deadlines``, ``beam_fill``, ``beam_max_nodes``:
+      on pipelines of at most ``beam_max_nodes`` instructions, LP-guided beam search
+      (``planner.beam``) builds plans at the anchors plus ``beam_deadlines`` deadlines spaced
+      evenly in energy, starting at ``beam_width`` states per deadline and doubling up to
+      ``beam_max_width`` where wider beams keep finding better plans, then at ``beam_fill``
+      deadlines evenly spaced in time at ``beam_width``. ``beam_width=0`` disables it.
     """
     for name, value, low in (
         ("num_anchors", num_anchors, 2),
         ("num_deadlines", num_deadlines, 1),
         ("improve_sweeps", improve_sweeps, 0),
         ("max_block", max_block, 1),
+        ("beam_width", beam_width, 0),
+        ("beam_max_width", beam_max_width, 0),
+        ("beam_deadlines", beam_deadlines, 0),
+        ("beam_fill", beam_fill, 0),
+        ("beam_max_nodes", beam_max_nodes, 0),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise PerseusError(f"plan_frontier: {name} must be an integer >= {low}, got {value!r}")
     for name, number in (("improve_time_s", improve_time_s), ("search_time_s", search_time_s), ("search_gap", search_gap)):
         if not isinstance(number, (int, float)) or isinstance(number, bool) or not number >= 0:
             raise PerseusError(f"plan_frontier: {name} must be a number >= 0, got {number!r}")
+    if beam_width > beam_max_width:
+        raise PerseusError(f"plan_frontier: beam_max_width ({beam_max_width}) must be at least beam_width ({beam_width})")
     if not isinstance(max_window, int) or isinstance(max_window, bool) or max_window < 1:
         raise PerseusError(f"plan_frontier: max_window must be an integer >= 1, got {max_window!r}")
     started = time.perf_counter()
@@ -73,6 +91,7 @@ def plan_frontier(
     base_freqs = max_frequency_plan(dag, profile)
     base = simulate_plan(dag, profile, base_freqs)
     options = build_node_options(dag, profile, p_blocking)
+    beamed = beam_width > 0 and dag.num_nodes <= beam_max_nodes
 
     found = sweep(
         dag,
@@ -88,13 +107,20 @@ def plan_frontier(
         search_time_s=search_time_s,
         search_gap=search_gap,
         max_window=max_window,
+        beam_width=beam_width if beamed else 0,
+        beam_max_width=beam_max_width,
+        beam_deadlines=beam_deadlines,
+        beam_fill=beam_fill,
     )
 
     # Candidates were simulated (perseus.simulator.simulate_many) and Pareto-filtered in sweep.
     freqs = options.node_freqs(found.choices)
-    kept = [
+    as_points = [
         FrontierPoint(float(t), float(e), freqs[i]) for i, (t, e) in enumerate(zip(found.times_s, found.energies_j))
     ]
+    own = own_pace(found)
+    kept = [p for p, k in zip(as_points, own) if k]
+    paced = [p for p, k in zip(as_points, own) if not k]
     report(1.0)
     return Frontier(
         schedule=schedule,
@@ -102,10 +128,11 @@ def plan_frontier(
         baseline_time_s=base.time_s,
         baseline_energy_j=base.energy_j,
         points=kept,
+        paced_points=paced,
         gpu_name=profile.gpu_name,
         solve_time_s=time.perf_counter() - started,
         metadata={
-            "planner": "hull-lp+repair",
+            "planner": "hull-lp+repair" + ("+beam" if beamed else ""),
             "num_anchors": num_anchors,
             "num_deadlines": num_deadlines,
             "improve_sweeps": improve_sweeps,
@@ -114,6 +141,11 @@ def plan_frontier(
             "search_time_s": search_time_s,
             "search_gap": search_gap,
             "max_window": max_window,
+            "beam_width": beam_width,
+            "beam_max_width": beam_max_width,
+            "beam_deadlines": beam_deadlines,
+            "beam_fill": beam_fill,
+            "beam_max_nodes": beam_max_nodes,
         },
     )
 

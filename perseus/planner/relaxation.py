@@ -59,6 +59,7 @@ class HullRelaxation:
         self.sinks = sinks
         num_edges = len(dag.edge_src)
         num_rows = n + num_edges + len(sinks)
+        self._edge_rows = slice(n, n + num_edges)
         self._sink_rows = np.arange(n + num_edges, num_rows, dtype=np.int32)
 
         # Column-wise matrix: s_v (cols 0..n-1), f_v (n..2n-1), segments (2n..2n+m-1).
@@ -127,3 +128,12 @@ class HullRelaxation:
         """
         duals = np.asarray(self._highs.getSolution().row_dual)
         return float(duals[self._sink_rows].sum())
+
+    def edge_flows(self) -> np.ndarray:
+        """Optimal dual flow on every DAG edge (``dag.edge_src`` order) at the last solve, ≥ 0.
+
+        λ_uw is the LP's marginal cost of u finishing later relative to w starting: the prices
+        that make Σ c + Σ λ_uw·(finish_u − start_w) a Lagrangian lower bound (see planner.beam).
+        """
+        duals = np.asarray(self._highs.getSolution().row_dual)
+        return np.maximum(-duals[self._edge_rows], 0.0)

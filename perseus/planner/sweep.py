@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from perseus.dag import InstructionDAG
+from perseus.planner.beam import beam_plans
 from perseus.planner.neighbourhood import WindowSearch
 from perseus.planner.options import NodeOptions
 from perseus.planner.potentials import PotentialDescent
@@ -34,30 +35,53 @@ Progress = Callable[[float], None]
 
 @dataclass(frozen=True)
 class Candidates:
-    """Discrete plans (option indices) with their iteration times and energies."""
+    """Discrete plans (option indices) with their iteration times and energies, by time."""
 
     choices: np.ndarray  # (k, n)
     times_s: np.ndarray
     energies_j: np.ndarray
+    costs: np.ndarray  # energy minus blocking power over the iteration: what a wait cannot change
+
+    def best_within(self, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per limit: index of the least-energy plan no slower than it (−1 if none) and that
+        energy (+inf if none). Needs time-sorted candidates (``pareto`` output)."""
+        at = np.searchsorted(self.times_s, np.asarray(limits) * (1 + 1e-12), side="right") - 1
+        running = np.minimum.accumulate(self.energies_j)
+        best = np.maximum.accumulate(np.where(self.energies_j <= running, np.arange(len(running)), 0))
+        index = np.where(at >= 0, best[np.maximum(at, 0)], -1)
+        return index, np.where(at >= 0, running[np.maximum(at, 0)], np.inf)
 
 
 def evaluate(dag: InstructionDAG, options: NodeOptions, choices: np.ndarray, p_blocking_w: float) -> Candidates:
     """Every plan simulated on its measured option values (the one simulator, batched)."""
     result = simulate_many(dag, options.node_times(choices), options.node_energies(choices), p_blocking_w)
-    return Candidates(choices, result.time_s, result.energy_j)
+    idle_w = p_blocking_w * dag.schedule.num_stages
+    return Candidates(choices, result.time_s, result.energy_j, result.energy_j - idle_w * result.time_s)
 
 
 def pareto(c: Candidates) -> Candidates:
-    """Plans with strictly less energy than every faster plan, fastest first."""
-    order = np.lexsort((c.energies_j, c.times_s))
-    keep = []
-    best = np.inf
-    for i in order.tolist():
-        if c.energies_j[i] < best * (1 - 1e-12):
-            keep.append(i)
-            best = c.energies_j[i]
-    idx = np.asarray(keep, dtype=np.int64)
-    return Candidates(c.choices[idx], c.times_s[idx], c.energies_j[idx])
+    """Plans of strictly less cost than every faster plan, fastest first.
+
+    Cost (energy minus blocking power × stages × time) rather than energy: a plan that needs
+    more energy than a faster one at its own pace still needs less when both iterations last as
+    long as it (waiting for a straggler), so it stays a candidate. The plans with less energy
+    than every faster plan are a subset of these (``own_pace``).
+    """
+    order = np.lexsort((c.costs, c.times_s))
+    costs = c.costs[order]
+    keep = np.ones(len(order), dtype=bool)
+    if len(order) > 1:
+        keep[1:] = costs[1:] < np.minimum.accumulate(costs)[:-1] - 1e-12 * np.abs(costs[1:])
+    idx = order[keep]
+    return Candidates(c.choices[idx], c.times_s[idx], c.energies_j[idx], c.costs[idx])
+
+
+def own_pace(c: Candidates) -> np.ndarray:
+    """Mask of the (time-sorted) candidates with strictly less energy than every faster one."""
+    keep = np.ones(len(c.energies_j), dtype=bool)
+    if len(keep) > 1:
+        keep[1:] = c.energies_j[1:] < np.minimum.accumulate(c.energies_j)[:-1] * (1 - 1e-12)
+    return keep
 
 
 def sweep(
@@ -75,6 +99,11 @@ def sweep(
     search_gap: float = 1e-3,
     max_window: int = 10,
     dense_improve_max_nodes: int = 48,
+    beam_width: int = 0,
+    beam_max_width: int = 0,
+    beam_deadlines: int = 0,
+    beam_fill: int = 0,
+    beam_gap: float = 5e-4,
 ) -> Candidates:
     graph = dag.levels
     chooser = LevelChooser(graph, options)
@@ -117,12 +146,27 @@ def sweep(
     found = pareto(evaluate(dag, options, np.concatenate(plans), p_blocking_w))
     # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
     bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
+    small = dag.num_nodes <= dense_improve_max_nodes
+    beamed = beam_width > 0
+    if beamed:
+        # Strong rows (anchors and energy-spaced deadlines) double their width while it pays;
+        # fill rows, evenly spaced in time at the base width, cover the frontier between them
+        # (each row ends with many good plans just shorter than its deadline).
+        lp_floor = t_fast + 0.01 * (t_slow - t_fast)
+        strong = _beam_deadlines(anchors, bounds, beam_deadlines)
+        fill = np.linspace(t_fast, t_slow, beam_fill + 2)[1:-1]
+        for rows, max_width in ((strong, beam_max_width), (fill, beam_width)):
+            # Rows already within `beam_gap` of the LP bound are provably near-optimal: skip them.
+            rows = rows[_gaps_to_bound(found, anchors, lp_costs, lp_slopes, rows, p_blocking_w, dag) > beam_gap]
+            flows = _edge_flows(relaxation, rows, lp_floor)
+            built = beam_plans(dag, options, rows, flows, p_blocking_w, beam_width, max_width)
+            found = pareto(evaluate(dag, options, np.concatenate([found.choices, built]), p_blocking_w))
+    progress(0.75)
     # Local improvement only where the rounded plans are measurably above the LP bound: near-optimal
     # anchors (most of them on real profiles) cost nothing, so the work scales with what is left.
     open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap)
     # Between anchors, dense plans above the LP tangent bound are improved too, on small pipelines
     # only: each descent sweep is ~n Python-level moves, so on large ones it would dominate.
-    small = dag.num_nodes <= dense_improve_max_nodes
     dense_rows = open_anchors  # the anchor rows of the dense plans
     if small:
         dense_rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
@@ -135,7 +179,9 @@ def sweep(
         improved = _descend(descent, chooser, anchor_plans, anchor_deadlines, improve_sweeps, descent_until)
         found = pareto(evaluate(dag, options, np.concatenate([found.choices, improved]), p_blocking_w))
     progress(0.8)
-    if search_time_s > 0:
+    # Window MILPs re-optimise a few instructions around a plan; the beam already searched those
+    # combinations (and more), and the windows' wall-clock budget would make results vary.
+    if search_time_s > 0 and not beamed:
         found = _search_windows(dag, options, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
     if small and descent is not None:
         # Carry every deadline's best plan so far (often found at a nearby deadline, by descent or
@@ -207,17 +253,15 @@ def _search_windows(
 
 
 def _anchor_gaps(found: Candidates, anchors: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per anchor: index of the best found plan within its deadline (−1 if none) and that plan's
-    relative excess over the LP lower bound (−inf if none).
+    """Per anchor: index of the least-energy found plan within its deadline (−1 if none) and
+    that plan's relative excess over the LP lower bound (−inf if none).
 
     Any plan within anchor i's deadline ends at some anchor-bracketed time ≤ it, so its energy is
     at least about the least bound over anchors up to i (exact at anchor times).
     """
-    limits = anchors * (1 - DEADLINE_MARGIN)
-    at = np.searchsorted(found.times_s, limits * (1 + 1e-12), side="right") - 1
+    at, best = found.best_within(anchors * (1 - DEADLINE_MARGIN))
     least = np.minimum.accumulate(bounds)
-    gaps = np.where(at >= 0, found.energies_j[np.maximum(at, 0)] / least - 1, -np.inf)
-    return at, gaps
+    return at, np.where(at >= 0, best / least - 1, -np.inf)
 
 
 def _open_dense_rows(
@@ -230,17 +274,60 @@ def _open_dense_rows(
     dag: InstructionDAG,
     min_gap: float,
 ) -> np.ndarray:
-    """Rows of the dense deadlines whose best found energy is more than ``min_gap`` above a lower
-    bound: the LP value is convex in the deadline, so the tangents at the two neighbouring anchors
-    bound it from below (plus blocking energy at the deadline)."""
+    """Rows of ``deadlines`` that have a found plan more than ``min_gap`` above the LP bound."""
+    gaps = _gaps_to_bound(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag)
+    return np.flatnonzero(np.isfinite(gaps) & (gaps > min_gap))
+
+
+def _gaps_to_bound(
+    found: Candidates,
+    anchors: np.ndarray,
+    lp_costs: np.ndarray,
+    lp_slopes: np.ndarray,
+    deadlines: np.ndarray,
+    p_blocking_w: float,
+    dag: InstructionDAG,
+) -> np.ndarray:
+    """Relative excess of the best found plan at each deadline over the LP lower bound there
+    (``_tangent_bounds`` plus blocking energy); +inf where no found plan meets the deadline."""
     shrunk = deadlines * (1 - DEADLINE_MARGIN)
+    bound = _tangent_bounds(shrunk, anchors, lp_costs, lp_slopes) + p_blocking_w * dag.schedule.num_stages * shrunk
+    return found.best_within(shrunk)[1] / bound - 1
+
+
+def _tangent_bounds(limits: np.ndarray, anchors: np.ndarray, lp_costs: np.ndarray, lp_slopes: np.ndarray) -> np.ndarray:
+    """Lower bounds on the LP value (Σ effective cost) at any deadlines ``limits``: the LP value
+    is convex and non-increasing in the deadline, so the tangents at the two neighbouring
+    anchors bound it from below, and so does its value at the slowest anchor."""
     solved = anchors * (1 - DEADLINE_MARGIN)
-    hi = np.minimum(np.searchsorted(solved, shrunk, side="left"), len(anchors) - 1)
+    hi = np.minimum(np.searchsorted(solved, limits, side="left"), len(anchors) - 1)
     lo = np.maximum(hi - 1, 0)
     tangent = np.maximum(
-        lp_costs[lo] + lp_slopes[lo] * (shrunk - solved[lo]), lp_costs[hi] + lp_slopes[hi] * (shrunk - solved[hi])
+        lp_costs[lo] + lp_slopes[lo] * (limits - solved[lo]), lp_costs[hi] + lp_slopes[hi] * (limits - solved[hi])
     )
-    bound = np.maximum(tangent, lp_costs[-1]) + p_blocking_w * dag.schedule.num_stages * shrunk
-    at = np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1
-    best = np.where(at >= 0, found.energies_j[np.maximum(at, 0)], np.inf)
-    return np.flatnonzero(np.isfinite(best) & (best / bound - 1 > min_gap))
+    return np.maximum(tangent, lp_costs[-1])
+
+
+def _beam_deadlines(anchors: np.ndarray, bounds: np.ndarray, count: int) -> np.ndarray:
+    """The anchors plus ``count`` deadlines evenly spaced in *energy* along the LP bound.
+
+    The frontier falls steeply near the fastest time and flattens towards the slowest, so equal
+    energy steps put the beam's deadlines where consecutive optimal plans differ most.
+    """
+    envelope = np.minimum.accumulate(bounds)  # non-increasing in the deadline
+    levels = np.linspace(envelope[0], envelope[-1], count)
+    spaced = np.interp(-levels, -envelope, anchors)  # np.interp needs increasing x
+    return np.unique(np.concatenate([anchors, spaced]))
+
+
+def _edge_flows(relaxation: HullRelaxation, deadlines: np.ndarray, lp_floor: float) -> np.ndarray:
+    """LP dual edge flows at every deadline (the beam's prices).
+
+    At the fastest deadline the LP is degenerate (its slope is unbounded there and the duals are
+    arbitrary), so deadlines closer to it than ``lp_floor`` take the flows at ``lp_floor``.
+    """
+    flows = []
+    for deadline in deadlines:
+        relaxation.solve(max(float(deadline) * (1 - DEADLINE_MARGIN), lp_floor))
+        flows.append(relaxation.edge_flows())
+    return np.asarray(flows)

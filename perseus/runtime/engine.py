@@ -432,9 +432,13 @@ class PerseusRuntime:
         base = self.frontier.default_point().time_s
         if self._external is not None:
             kind, value = self._external
-            return self.frontier.lookup(value if kind == "time" else base * value)
+            if kind == "time":
+                return self.frontier.lookup(value)
+            return self.frontier.paced_lookup(base * value)
         if self._policy.ratio > 1.0:
-            return self.frontier.lookup(base * self._policy.ratio)
+            # The iteration lasts as long as the straggler's whatever we run: least energy when
+            # paced to it, not at our own pace (a slower plan waits less at blocking power).
+            return self.frontier.paced_lookup(base * self._policy.ratio)
         return self.frontier.default_point()
 
     def _set_point(self, point: FrontierPoint) -> None:
@@ -530,7 +534,8 @@ class PerseusRuntime:
         self._target_dirty = True
 
     def set_target_slowdown(self, ratio: float) -> None:
-        """Run at most ``ratio`` × the default plan's iteration time (e.g. 1.2 to match a straggler)."""
+        """Iterations will last ``ratio`` × the default plan's time anyway (e.g. 1.2 behind a straggler):
+        run the plan of least energy when paced to that time."""
         if not ratio >= 1.0:
             raise ConfigError(f"target slowdown must be >= 1.0 (a ratio of iteration times), got {ratio!r}")
         self._external = ("slowdown", float(ratio))

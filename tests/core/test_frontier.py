@@ -64,3 +64,33 @@ def test_malformed_frontier_files_are_clear_errors(tmp_path):
     path.write_text("[]")
     with pytest.raises(FrontierError, match="not a perseus frontier"):
         load_frontier(path)
+
+
+def test_paced_lookup_prefers_the_plan_that_waits_less():
+    # 2 stages at 80 W blocking: stretched to 13 s, the 10 s plan pays 2·80·3 = 480 J of waiting
+    # (580 J in all), the 12.5 s plan 80 J (95 + 80 = 175 J), though at its own pace it needs more
+    # energy than the 11 s point (95 J vs 90 J) and so is not on `points`.
+    f = make_frontier()
+    slow = FrontierPoint(12.5, 95.0, np.full(f.schedule.num_instructions, 900, dtype=np.int64))
+    g = Frontier(f.schedule, 80.0, 10.0, 120.0, f.points[:2], paced_points=[slow])
+    assert g.lookup(13.0).time_s == 11.0  # own pace: least energy
+    assert g.paced_lookup(13.0) is slow  # paced: least energy including the wait
+    assert g.paced_energy_j(slow, 13.0) == pytest.approx(175.0)
+    assert g.paced_energy_j(g.lookup(13.0), 13.0) == pytest.approx(90.0 + 2 * 80.0 * 2.0)
+    assert g.paced_lookup(12.0).time_s == 11.0  # the slow plan does not fit
+    assert g.paced_lookup(1.0).time_s == 10.0
+
+
+def test_paced_points_round_trip_and_are_optional(tmp_path):
+    f = make_frontier()
+    slow = FrontierPoint(12.5, 95.0, np.full(f.schedule.num_instructions, 900, dtype=np.int64))
+    g = Frontier(f.schedule, 80.0, 10.0, 120.0, f.points[:2], paced_points=[slow])
+    g.save(tmp_path / "g.json")
+    back = load_frontier(tmp_path / "g.json")
+    assert [p.time_s for p in back.paced_points] == [12.5]
+    assert back.paced_lookup(13.0).energy_j == 95.0
+    data = g.to_json_dict()
+    del data["paced_points"]  # files written before paced points existed
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_frontier(tmp_path / "old.json")
+    assert old.paced_points == [] and old.paced_lookup(13.0).time_s == 11.0

@@ -15,7 +15,7 @@ from perseus.schedule import build_schedule
 from milp_oracle import exact_min_energy
 from synthetic import synthetic_profile
 
-GAP_LIMIT = 0.004  # 0.4 %: the 0.1 % target is not reached (worst measured 0.25 %, see docs/planner.md); time budgets make results vary a little under load
+GAP_LIMIT = 0.001  # 0.1 %: the target; measured worst is printed (pytest -s) and in docs/planner.md
 
 
 def deadlines_across(frontier, count: int = 5) -> list[float]:
@@ -24,11 +24,11 @@ def deadlines_across(frontier, count: int = 5) -> list[float]:
     return [frontier.baseline_time_s, frontier.slowest.time_s, *inner.tolist()]
 
 
-def check_against_milp(schedule, profile, count: int = 5) -> list[float]:
+def check_against_milp(schedule, profile, count: int = 5, deadlines=None) -> list[float]:
     frontier = plan_frontier(schedule, profile)
     dag = InstructionDAG.from_schedule(schedule)
     gaps = []
-    for deadline in deadlines_across(frontier, count):
+    for deadline in deadlines_across(frontier, count) if deadlines is None else deadlines(frontier):
         ours = frontier.lookup(deadline)
         assert ours.time_s <= deadline * (1 + 1e-12)
         exact = exact_min_energy(dag, profile, deadline)
@@ -61,3 +61,13 @@ def test_interleaved_2_stages_2_chunks():
 
 def test_real_a100_profile_slice(a100_slice):
     check_against_milp(build_schedule("1f1b", 3, 4), a100_slice(3))
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_random_deadlines_between_the_tested_ones(seed):
+    # The frontier must be near-optimal at every deadline, not only at evenly spaced ones: a
+    # deadline just before a missing Pareto step is where a sparse frontier loses.
+    def random_deadlines(frontier):
+        return np.random.default_rng(seed).uniform(frontier.fastest.time_s, frontier.slowest.time_s, 8).tolist()
+
+    check_against_milp(build_schedule("1f1b", 3, 4), synthetic_profile(3, 40, seed), deadlines=random_deadlines)

@@ -86,8 +86,24 @@ def test_bad_options_and_missing_p_blocking_are_clear_errors():
         plan_frontier(schedule, profile, num_deadlines=0)
     with pytest.raises(PerseusError, match="improve_time_s"):
         plan_frontier(schedule, profile, improve_time_s=-1)
+    with pytest.raises(PerseusError, match="beam_max_width"):
+        plan_frontier(schedule, profile, beam_width=1000, beam_max_width=500)
     no_pb = Profile(dict(profile.entries), None)
     with pytest.raises(ProfileError, match="P_blocking"):
         plan_frontier(schedule, no_pb)
     with pytest.raises(ProfileError, match="stages"):
         plan_frontier(build_schedule("1f1b", 3, 2), profile)
+
+
+def test_paced_lookup_is_the_least_energy_when_stretched(solved):
+    schedule, profile, frontier = solved
+    plans = frontier.points + frontier.paced_points
+    assert frontier.paced_points, "a wait at blocking power makes some slower plans worth keeping"
+    dag = InstructionDAG.from_schedule(schedule)
+    for point in frontier.paced_points:  # simulated like every point
+        assert simulate_plan(dag, profile, point.freqs_mhz).energy_j == point.energy_j
+    for target in np.linspace(frontier.fastest.time_s, 1.3 * frontier.slowest.time_s, 25):
+        chosen = frontier.paced_lookup(target)
+        assert chosen.time_s <= target * (1 + 1e-12)
+        fitting = [p for p in plans if p.time_s <= target * (1 + 1e-12)]
+        assert frontier.paced_energy_j(chosen, target) <= min(frontier.paced_energy_j(p, target) for p in fitting) + 1e-9
