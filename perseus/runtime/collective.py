@@ -113,25 +113,38 @@ def encode_frontier(frontier: Frontier) -> dict[str, Any]:
         "gpu_name": frontier.gpu_name,
         "solve_time_s": frontier.solve_time_s,
         "metadata": dict(frontier.metadata),
-        "times": np.array([p.time_s for p in frontier.points], dtype=np.float64),
-        "energies": np.array([p.energy_j for p in frontier.points], dtype=np.float64),
-        "freqs": np.stack([np.asarray(p.freqs_mhz, dtype=np.int32) for p in frontier.points]),
+        "points": _encode_points(frontier.points, s.num_instructions),
+        "paced_points": _encode_points(frontier.paced_points, s.num_instructions),
     }
 
 
 def decode_frontier(data: dict[str, Any]) -> Frontier:
     name, stages, microbatches, chunks = data["schedule"]
-    points = [
-        FrontierPoint(float(t), float(e), f.astype(np.int64))
-        for t, e, f in zip(data["times"], data["energies"], data["freqs"])
-    ]
     return Frontier(
         schedule=build_schedule(name, stages, microbatches, chunks),
         p_blocking_w=data["p_blocking_w"],
         baseline_time_s=data["baseline"][0],
         baseline_energy_j=data["baseline"][1],
-        points=points,
+        points=_decode_points(data["points"]),
         gpu_name=data["gpu_name"],
         solve_time_s=data["solve_time_s"],
         metadata=data["metadata"],
+        paced_points=_decode_points(data["paced_points"]),
     )
+
+
+def _encode_points(points: list[FrontierPoint], num_instructions: int) -> dict[str, np.ndarray]:
+    return {
+        "times": np.array([p.time_s for p in points], dtype=np.float64),
+        "energies": np.array([p.energy_j for p in points], dtype=np.float64),
+        "freqs": np.array([np.asarray(p.freqs_mhz, dtype=np.int32) for p in points], dtype=np.int32).reshape(
+            len(points), num_instructions
+        ),
+    }
+
+
+def _decode_points(data: dict[str, np.ndarray]) -> list[FrontierPoint]:
+    return [
+        FrontierPoint(float(t), float(e), f.astype(np.int64))
+        for t, e, f in zip(data["times"], data["energies"], data["freqs"])
+    ]

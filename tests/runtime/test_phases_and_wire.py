@@ -26,10 +26,13 @@ def test_frontier_encoding_roundtrip_is_compact():
     sched = build_schedule("interleaved", 2, 4, 2)
     n = sched.num_instructions
     pts = [FrontierPoint(1.0 + i / 10, 10.0 - i, np.full(n, 1400 - 15 * i)) for i in range(50)]
-    front = Frontier(sched, 70.0, 1.0, 10.0, pts, gpu_name="X", metadata={"cache_key": "abc"})
+    paced = [FrontierPoint(7.0, 4.0, np.full(n, 600))]  # more energy than the 5.9 s point, waits less
+    front = Frontier(sched, 70.0, 1.0, 10.0, pts, gpu_name="X", metadata={"cache_key": "abc"}, paced_points=paced)
     data = encode_frontier(front)
     back = decode_frontier(pickle.loads(pickle.dumps(data)))
     assert back.schedule == sched and len(back.points) == 50
+    # Every rank must see the paced plans: the straggler policy runs on all of them.
+    assert len(back.paced_points) == 1 and back.paced_lookup(7.5).time_s == 7.0 == front.paced_lookup(7.5).time_s
     assert back.stage_plan(back.points[7], 1) == front.stage_plan(front.points[7], 1)
     assert back.lookup(1.25).energy_j == front.lookup(1.25).energy_j
     assert len(pickle.dumps(data)) < len(str(front.to_json_dict())) / 4
