@@ -146,6 +146,7 @@ def sweep(
     found = pareto(evaluate(dag, options, np.concatenate(plans), p_blocking_w))
     # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
     bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
+    lp_bound = _LPBound(anchors, lp_costs, lp_slopes, p_blocking_w * dag.schedule.num_stages)
     small = dag.num_nodes <= dense_improve_max_nodes
     beamed = beam_width > 0
     if beamed:
@@ -157,7 +158,7 @@ def sweep(
         fill = np.linspace(t_fast, t_slow, beam_fill + 2)[1:-1]
         for rows, max_width in ((strong, beam_max_width), (fill, beam_width)):
             # Rows already within `beam_gap` of the LP bound are provably near-optimal: skip them.
-            rows = rows[_gaps_to_bound(found, anchors, lp_costs, lp_slopes, rows, p_blocking_w, dag) > beam_gap]
+            rows = rows[lp_bound.gaps(found, rows) > beam_gap]
             flows = _edge_flows(relaxation, rows, lp_floor)
             built = beam_plans(dag, options, rows, flows, p_blocking_w, beam_width, max_width)
             found = pareto(evaluate(dag, options, np.concatenate([found.choices, built]), p_blocking_w))
@@ -169,7 +170,7 @@ def sweep(
     # only: each descent sweep is ~n Python-level moves, so on large ones it would dominate.
     dense_rows = open_anchors  # the anchor rows of the dense plans
     if small:
-        dense_rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
+        dense_rows = lp_bound.open_rows(found, deadlines, search_gap)
     descent_until = time.perf_counter() + improve_time_s
     descent = None
     if improve_sweeps > 0 and (len(open_anchors) or len(dense_rows)):
@@ -186,7 +187,7 @@ def sweep(
     if small and descent is not None:
         # Carry every deadline's best plan so far (often found at a nearby deadline, by descent or
         # a window) to the deadline itself: slack-fill it there and descend again.
-        rows = _open_dense_rows(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag, search_gap)
+        rows = lp_bound.open_rows(found, deadlines, search_gap)
         shrunk = deadlines[rows] * (1 - DEADLINE_MARGIN)
         at = np.maximum(np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1, 0)
         carried = chooser.fill_slack(found.choices[at], deadlines[rows])
@@ -264,48 +265,38 @@ def _anchor_gaps(found: Candidates, anchors: np.ndarray, bounds: np.ndarray) -> 
     return at, np.where(at >= 0, best / least - 1, -np.inf)
 
 
-def _open_dense_rows(
-    found: Candidates,
-    anchors: np.ndarray,
-    lp_costs: np.ndarray,
-    lp_slopes: np.ndarray,
-    deadlines: np.ndarray,
-    p_blocking_w: float,
-    dag: InstructionDAG,
-    min_gap: float,
-) -> np.ndarray:
-    """Rows of ``deadlines`` that have a found plan more than ``min_gap`` above the LP bound."""
-    gaps = _gaps_to_bound(found, anchors, lp_costs, lp_slopes, deadlines, p_blocking_w, dag)
-    return np.flatnonzero(np.isfinite(gaps) & (gaps > min_gap))
+@dataclass(frozen=True)
+class _LPBound:
+    """Lower bounds on the energy of any plan meeting a deadline, from the LP at the anchors.
 
+    The LP value is convex and non-increasing in the deadline, so the tangents at the two
+    neighbouring anchors bound it from below, and so does its value at the slowest anchor;
+    blocking power over the deadline is added on top.
+    """
 
-def _gaps_to_bound(
-    found: Candidates,
-    anchors: np.ndarray,
-    lp_costs: np.ndarray,
-    lp_slopes: np.ndarray,
-    deadlines: np.ndarray,
-    p_blocking_w: float,
-    dag: InstructionDAG,
-) -> np.ndarray:
-    """Relative excess of the best found plan at each deadline over the LP lower bound there
-    (``_tangent_bounds`` plus blocking energy); +inf where no found plan meets the deadline."""
-    shrunk = deadlines * (1 - DEADLINE_MARGIN)
-    bound = _tangent_bounds(shrunk, anchors, lp_costs, lp_slopes) + p_blocking_w * dag.schedule.num_stages * shrunk
-    return found.best_within(shrunk)[1] / bound - 1
+    anchors: np.ndarray
+    lp_costs: np.ndarray
+    lp_slopes: np.ndarray
+    idle_w: float  # P_blocking × stages
 
+    def energy(self, limits: np.ndarray) -> np.ndarray:
+        solved = self.anchors * (1 - DEADLINE_MARGIN)
+        hi = np.minimum(np.searchsorted(solved, limits, side="left"), len(solved) - 1)
+        lo = np.maximum(hi - 1, 0)
+        costs, slopes = self.lp_costs, self.lp_slopes
+        tangent = np.maximum(costs[lo] + slopes[lo] * (limits - solved[lo]), costs[hi] + slopes[hi] * (limits - solved[hi]))
+        return np.maximum(tangent, costs[-1]) + self.idle_w * limits
 
-def _tangent_bounds(limits: np.ndarray, anchors: np.ndarray, lp_costs: np.ndarray, lp_slopes: np.ndarray) -> np.ndarray:
-    """Lower bounds on the LP value (Σ effective cost) at any deadlines ``limits``: the LP value
-    is convex and non-increasing in the deadline, so the tangents at the two neighbouring
-    anchors bound it from below, and so does its value at the slowest anchor."""
-    solved = anchors * (1 - DEADLINE_MARGIN)
-    hi = np.minimum(np.searchsorted(solved, limits, side="left"), len(anchors) - 1)
-    lo = np.maximum(hi - 1, 0)
-    tangent = np.maximum(
-        lp_costs[lo] + lp_slopes[lo] * (limits - solved[lo]), lp_costs[hi] + lp_slopes[hi] * (limits - solved[hi])
-    )
-    return np.maximum(tangent, lp_costs[-1])
+    def gaps(self, found: Candidates, deadlines: np.ndarray) -> np.ndarray:
+        """Relative excess of the best found plan at each deadline over the bound there; +inf
+        where no found plan meets the deadline."""
+        shrunk = deadlines * (1 - DEADLINE_MARGIN)
+        return found.best_within(shrunk)[1] / self.energy(shrunk) - 1
+
+    def open_rows(self, found: Candidates, deadlines: np.ndarray, min_gap: float) -> np.ndarray:
+        """Rows of ``deadlines`` that have a found plan more than ``min_gap`` above the bound."""
+        gaps = self.gaps(found, deadlines)
+        return np.flatnonzero(np.isfinite(gaps) & (gaps > min_gap))
 
 
 def _beam_deadlines(anchors: np.ndarray, bounds: np.ndarray, count: int) -> np.ndarray:
