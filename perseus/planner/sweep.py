@@ -1,4 +1,4 @@
-"""Deadline sweep: LP anchors, discrete repair, local improvement, Pareto filtering.
+"""Deadline sweep: LP anchors, discrete repair, beam search, local improvement, filtering.
 
 1. Solve the hull LP at ``num_anchors`` deadlines spread over [fastest, slowest] plus the
    all-max-frequency time (warm-started dual simplex; only the deadline changes).
@@ -7,12 +7,14 @@
    curve), giving ``num_deadlines`` continuous targets in total.
 3. Round every target to options with carry, forward and backward, then fill slack — all
    deadlines at once, one topological level per numpy step.
-4. Improve the anchor plans by block potential descent.
-5. Keep the Pareto-optimal (time, energy) plans over all candidates (simulated by
-   ``perseus.simulator.simulate_many``).
-6. Exact window search on the anchor plans farthest above the LP bound (time-boxed).
+4. Small pipelines: LP-guided beam search (``planner.beam``) at strong and fill deadlines.
+5. Improve plans above the LP bound by block potential descent (and, on small pipelines, carry
+   each deadline's best plan to it and descend again).
+6. Exact window search on the anchor plans farthest above the LP bound (time-boxed; only where
+   the beam did not run).
+7. Keep the plans of less cost than every faster plan over all candidates (simulated by
+   ``perseus.simulator.simulate_many``): the frontier's points and paced points.
 """
-
 from __future__ import annotations
 
 import time
