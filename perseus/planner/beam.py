@@ -159,19 +159,29 @@ class BeamSearch:
             short_idx, short_val = _prefix_shortlists(offsets, self.options_per_parent)  # (d, k+1, m)
             m = short_idx.shape[2]
             at = rows * (k + 1) + fits  # (d, b): row of the flattened shortlists
-            score = bound[:, :, None] + short_val.reshape(-1, m)[at.ravel()].reshape(d, b, m)
+            # Flat np.take gathers: several times faster than fancy indexing on (d, b, ·) arrays.
+            score = np.take(short_val.reshape(-1, m), at.ravel(), axis=0).reshape(d, b, m)
+            score += bound[:, :, None]
             flat = score.reshape(d, b * m)
             if b * m > width:
                 pick = np.argpartition(flat, width - 1, axis=1)[:, :width]
             else:
                 pick = np.broadcast_to(np.arange(b * m), (d, b * m))
             parent, slot = np.divmod(pick, m)
-            alive = np.isfinite(np.take_along_axis(flat, pick, axis=1))
-            chosen = np.maximum(short_idx.reshape(-1, m)[at[rows, parent], slot], 0)  # dead: −1
-            chosen_finish = start[rows, parent] + times[chosen]
-            cost = np.where(alive, cost[rows, parent] + costs[chosen], np.inf)
-            span = np.maximum(span[rows, parent], chosen_finish)
-            x = np.concatenate([x[rows, parent], chosen_finish[:, :, None]], axis=2)[:, :, list(step.keep)]
+            picked = (rows * (b * m) + pick).ravel()
+            by_parent = (rows * b + parent).ravel()  # flat index of each child's parent
+            w = pick.shape[1]
+            alive = np.isfinite(np.take(flat.ravel(), picked)).reshape(d, w)
+            chosen = np.maximum(np.take(short_idx, np.take(at.ravel(), by_parent) * m + slot.ravel()), 0)
+            chosen = chosen.reshape(d, w)  # option per child (dead children picked −1: clamped)
+            chosen_finish = np.take(start.ravel(), by_parent).reshape(d, w) + times[chosen]
+            cost = np.where(alive, np.take(cost.ravel(), by_parent).reshape(d, w) + costs[chosen], np.inf)
+            span = np.maximum(np.take(span.ravel(), by_parent).reshape(d, w), chosen_finish)
+            old_x = np.take(x.reshape(d * b, w_old), by_parent, axis=0)
+            x = np.empty((d * w, len(step.keep)))
+            for new_column, column in enumerate(step.keep):
+                x[:, new_column] = old_x[:, column] if column < w_old else chosen_finish.ravel()
+            x = x.reshape(d, w, len(step.keep))
             parents.append(parent)
             picks.append(chosen)
         energy = cost + p_blocking_w * num_stages * span
