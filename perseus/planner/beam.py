@@ -237,13 +237,13 @@ def beam_plans(
     return np.concatenate(found) if found else np.empty((0, dag.num_nodes), dtype=np.int64)
 
 
-def _row_pareto(span: np.ndarray, energy: np.ndarray) -> np.ndarray:
-    """Per row, states with less ``energy`` (any cost) than every state of equal or shorter makespan."""
-    order = np.lexsort((energy, span), axis=1)
-    sorted_energy = np.take_along_axis(energy, order, axis=1)
-    before = np.minimum.accumulate(sorted_energy, axis=1)
-    better = np.isfinite(sorted_energy)
-    better[:, 1:] &= sorted_energy[:, 1:] < before[:, :-1] * (1 - 1e-12)
+def _row_pareto(span: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per row, states of less ``value`` than every state of equal or shorter makespan."""
+    order = np.lexsort((value, span), axis=1)
+    sorted_value = np.take_along_axis(value, order, axis=1)
+    before = np.minimum.accumulate(sorted_value, axis=1)
+    better = np.isfinite(sorted_value)
+    better[:, 1:] &= sorted_value[:, 1:] < before[:, :-1] - 1e-12 * np.abs(sorted_value[:, 1:])
     mask = np.zeros_like(better)
     np.put_along_axis(mask, order, better, axis=1)
     return mask
