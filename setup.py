@@ -12,7 +12,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["perseus", "perseus.*", "perseus_megatron", "perseus_megatron.*", "perseus_deepspeed", "perseus_deepspeed.*"]),
+    packages=find_packages(include=["perseus", "perseus.*", "perseus_megatron", "perseus_megatron.*", "perseus_deepspeed",
+                                    "perseus_deepspeed.*", "perseus_demo", "perseus_demo.*"]),
     package_data={"perseus.examples": ["*.csv"]},
     install_requires=[
         "numpy>=1.24",
@@ -29,5 +30,8 @@ setup(
         "bench": ["lowtime==0.3.0"],
         "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.17", "deepspeed>=0.19,<0.20"],
     },
-    entry_points={"console_scripts": ["perseus=perseus.cli:main"]},
+    entry_points={
+        "console_scripts": ["perseus=perseus.cli:main"],
+        "perseus.commands": ["demo=perseus_demo.cli:add_demo_command"],
+    },
 )

@@ -1,4 +1,4 @@
-"""The ``perseus`` command: plan, show, plot, export, emulate, demo.
+"""The ``perseus`` command: plan, show, plot, export, emulate (and ``demo``, from ``perseus_demo``).
 
 Each subcommand is a thin shell over the library (planner, frontier, plot, export, emulator).
 Every user error — bad arguments, unreadable or malformed files, impossible configurations — is
@@ -283,13 +283,6 @@ def _emulate_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from perseus.demo import run_demo
-
-    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out)))
-    return 0
-
-
 # ---------------------------------------------------------------- parser
 
 MAIN_EPILOG = """\
@@ -404,20 +397,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
 
-    p = sub.add_parser(
-        "demo",
-        help="end-to-end demo: a real Megatron (or DeepSpeed) pipeline on CPU with simulated GPUs",
-        description="Train a tiny model with a real framework pipeline on CPU (torchrun, gloo), one "
-        "simulated GPU per stage: baseline steps, online profiling, planning, deployed plan. Prints "
-        "iteration time and energy per phase and draws frontier.png and timeline.png.",
-    )
-    p.add_argument("--framework", choices=["megatron", "deepspeed"], default="megatron")
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default: 4)")
-    p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
-    p.add_argument("--max-steps", type=int, default=60, help="give up if the plan is not deployed by then")
-    p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
-    p.set_defaults(handler=cmd_demo)
+    _add_plugin_commands(sub)
     return parser
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands that other installed packages add through the ``perseus.commands`` entry points.
+
+    ``perseus demo`` comes this way from ``perseus_demo``, so the library never imports the demo.
+    """
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group="perseus.commands"), key=lambda e: e.name):
+        entry.load()(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from types import MethodType
 from typing import Any, Callable, Iterator
 
 from perseus.errors import PerseusError
-from perseus.runtime.events import InstructionListener
+from perseus.runtime import InstructionListener
 from perseus.schedule import InstructionKind
 from perseus_deepspeed.compat import UnsupportedDeepSpeedFeature, check_engine, deepspeed_version, load_pipe_modules
 

@@ -14,8 +14,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import InstructionListener, PipelineJob
+from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
 from perseus_deepspeed.compat import check_engine, load_pipe_modules
 from perseus_deepspeed.hooks import HookHandle, install_hooks
 from perseus_deepspeed.job import SECTION, job_from_engine, perseus_section, raw_config
@@ -111,20 +110,8 @@ def resolve_config(engine: Any, perseus: PerseusConfig | Mapping[str, Any] | Non
     raise ConfigError(f"perseus_deepspeed.initialize: perseus= must be a PerseusConfig or a mapping, got {type(perseus).__name__}")
 
 
-def _with_sim_device(config: PerseusConfig, job: PipelineJob) -> PerseusConfig:
-    """Simulated GPUs are files named by index: without ``device_index`` every rank would share GPU 0.
-
-    NVML's default (the process's current CUDA device) is already right, so only "sim" changes.
-    """
-    from perseus.gpu.factory import resolve_kind
-
-    if config.device_index is None and resolve_kind(config.gpu) == "sim":
-        return config.replace(device_index=job.rank)
-    return config
-
-
 def _default_runtime_factory() -> RuntimeFactory:
-    from perseus.runtime.engine import PerseusRuntime
+    from perseus.runtime import PerseusRuntime
 
     return PerseusRuntime
 
@@ -142,7 +129,6 @@ def attach(
     engine_module, _ = load_pipe_modules()
     check_engine(engine, engine_module)
     job = job_from_engine(engine, model_config)
-    config = _with_sim_device(config, job)
     factory = runtime_factory or _default_runtime_factory()
     runtime = factory(job, config, process_group=process_group)
     handle = DeepSpeedPerseus(engine, job, config, runtime)

@@ -6,8 +6,7 @@ import hashlib
 from typing import Any, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
+from perseus.runtime import PerseusConfig, PipelineJob
 
 SECTION = "perseus"
 

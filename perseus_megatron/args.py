@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from perseus.errors import ConfigError
-from perseus.runtime.config import MODES, PerseusConfig
+from perseus.runtime import MODES, PerseusConfig
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import warnings
 from typing import Any, Callable, TypeVar
 
 from perseus.errors import PerseusError
-from perseus.runtime.events import InstructionListener
+from perseus.runtime import InstructionListener
 from perseus_megatron.tracker import ListenerForStep, ScheduleTracker, StepInfo
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -13,8 +13,7 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import InstructionListener, PipelineJob
+from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
 from perseus_megatron.hooks import HookHandle, install_hooks
 from perseus_megatron.tracker import StepInfo
 
@@ -83,7 +82,7 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
 
 
 def _default_runtime_factory() -> RuntimeFactory:
-    from perseus.runtime.engine import PerseusRuntime
+    from perseus.runtime import PerseusRuntime
 
     return PerseusRuntime
 

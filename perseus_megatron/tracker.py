@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
 from perseus.errors import PerseusError
-from perseus.runtime.events import InstructionListener
+from perseus.runtime import InstructionListener
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -66,7 +66,7 @@ def main() -> None:
     import perseus_deepspeed
 
     if args.cpu:
-        from perseus_deepspeed.cpu import init_cpu_distributed
+        from perseus_demo.deepspeed_cpu import init_cpu_distributed
 
         init_cpu_distributed()  # gloo, and no 2-minute shm op compile
     else:

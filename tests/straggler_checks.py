@@ -1,7 +1,7 @@
 """What a data-parallel straggler run must show, for either framework's demo results.
 
-Each result is one rank's ``rankN.json`` from ``perseus_megatron.demo`` or
-``perseus_deepspeed.demo`` run with ``dp_size=2`` and a ``perseus.demo.Straggler``: per-iteration
+Each result is one rank's ``rankN.json`` from ``perseus_demo.megatron_demo`` or
+``perseus_demo.deepspeed_demo`` run with ``dp_size=2`` and a ``perseus_demo.common.Straggler``: per-iteration
 records (phase label, time, energy, clock and counter at step begin) and the runtime summary
 (events with the step they took effect).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from perseus.demo import DEFAULT_PERSEUS
+from perseus_demo.common import DEFAULT_PERSEUS
 
 STRAGGLER = {"dp_rank": 1, "factor": 1.3, "start": 3, "stop": 17}
 # check every 2 deployed iterations, act after 2 checks in a row: switch ~6 iterations in

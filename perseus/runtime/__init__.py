@@ -6,14 +6,14 @@ the event vocabulary or the configuration (CLI, planners, adapter tests) should 
 
 from typing import TYPE_CHECKING, Any
 
-from perseus.runtime.config import PerseusConfig
+from perseus.runtime.config import MODES, PerseusConfig
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
 from perseus.runtime.phases import Phase
 
 if TYPE_CHECKING:
     from perseus.runtime.engine import PerseusRuntime
 
-__all__ = ["InstructionListener", "PerseusConfig", "PerseusRuntime", "Phase", "PipelineJob", "RecordingListener"]
+__all__ = ["MODES", "InstructionListener", "PerseusConfig", "PerseusRuntime", "Phase", "PipelineJob", "RecordingListener"]
 
 
 def __getattr__(name: str) -> Any:

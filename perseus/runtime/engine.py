@@ -121,7 +121,7 @@ class PerseusRuntime:
         port = gpu
         if port is None:
             try:
-                port = GPUPort.open(self.config.gpu, self.config.device_index, self.config.sim_gpu, control=control)
+                port = GPUPort.open(self.config.gpu, self._device_index(), self.config.sim_gpu, control=control)
             except PerseusError as exc:
                 error = exc
         if not self.collective.all_true(error is None):
@@ -130,6 +130,16 @@ class PerseusRuntime:
             raise error or ConfigError("perseus: another rank could not open its GPU or control its clocks (see its log)")
         assert port is not None
         return port
+
+    def _device_index(self) -> int | None:
+        """The configured index; simulated GPUs default to the global rank (they are files named by
+        index, so every rank would otherwise share GPU 0). NVML's default, the current CUDA
+        device, is already right."""
+        from perseus.gpu.factory import resolve_kind
+
+        if self.config.device_index is None and resolve_kind(self.config.gpu) == "sim":
+            return self.job.rank
+        return self.config.device_index
 
     def _cache_key(self) -> dict[str, Any]:
         c = self.config
@@ -545,6 +555,16 @@ class PerseusRuntime:
         """Back to the straggler policy / no-slowdown default at the next step."""
         self._external = None
         self._target_dirty = True
+
+    def restore_default_clocks(self) -> None:
+        """Stop changing clocks and wait until the GPU is back at default clocks.
+
+        For A/B comparisons (the demo re-measures default clocks after the plan): the requests
+        already sent reach the controller first, so no planned clock lands after this returns.
+        """
+        self._hot = _HOT_IDLE
+        if self.enabled and not self._closed:
+            self.gpu.reset()
 
     @property
     def phase(self) -> Phase:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from perseus.demo import NoListener, SimulatedCompute, Straggler, format_report, phase_table
+from perseus_demo.common import NoListener, SimulatedCompute, Straggler, format_report, phase_table
 from perseus.errors import PerseusError
 
 

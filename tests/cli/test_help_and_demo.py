@@ -30,9 +30,9 @@ def test_demo_help_and_framework_errors(capsys, monkeypatch):
     assert exc.value.code == 0
     assert "--framework" in capsys.readouterr().out
     # A framework whose package is missing: one line saying what to install, exit 2.
-    import perseus.demo
+    import perseus_demo.cli
 
-    monkeypatch.setitem(perseus.demo.FRAMEWORKS, "megatron", "perseus_no_such_module.demo")
+    monkeypatch.setitem(perseus_demo.cli.FRAMEWORKS, "megatron", "perseus_no_such_module.demo")
     assert main(["demo", "--framework", "megatron"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install" in err[0] and "[megatron]" in err[0]

@@ -17,7 +17,7 @@ def dist_world(tmp_path_factory):
     deepspeed = pytest.importorskip("deepspeed")
     import torch.distributed as dist
 
-    from perseus_deepspeed.cpu import skip_shm_comm_op
+    from perseus_demo.deepspeed_cpu import skip_shm_comm_op
 
     skip_shm_comm_op()
     store = tmp_path_factory.mktemp("gloo") / "store"

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from perseus.demo import format_report, phase_table  # noqa: E402
-from perseus_deepspeed.demo import DemoConfig, launch  # noqa: E402
+from perseus_demo.common import format_report, phase_table  # noqa: E402
+from perseus_demo.deepspeed_demo import DemoConfig, launch  # noqa: E402
 
 
 @pytest.mark.distributed

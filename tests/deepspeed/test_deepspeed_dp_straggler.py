@@ -20,7 +20,7 @@ pytestmark = pytest.mark.distributed
 
 
 def test_dp2_straggler_slows_the_other_pipeline_and_recovers(tmp_path):
-    from perseus_deepspeed.demo import DemoConfig, launch
+    from perseus_demo.deepspeed_demo import DemoConfig, launch
 
     results = run_straggler_demo(DemoConfig, launch, tmp_path)
     # DeepSpeed's PipeDataParallelTopology: data-parallel innermost, so ranks 0 and 1 hold stage 0

@@ -21,9 +21,9 @@ from perseus.runtime.events import RecordingListener  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 from perseus_deepspeed import compat  # noqa: E402
 from perseus_deepspeed.compat import DeepSpeedVersionError, UnsupportedDeepSpeedFeature  # noqa: E402
-from perseus_deepspeed.cpu import shm_comm_op_skipped  # noqa: E402
+from perseus_demo.deepspeed_cpu import shm_comm_op_skipped  # noqa: E402
 from perseus_deepspeed.hooks import HooksAlreadyInstalled, install_hooks, installed_handle  # noqa: E402
-from perseus_deepspeed.tiny_pipe import (  # noqa: E402
+from perseus_demo.tiny_pipe import (  # noqa: E402
     TinyPipeShape,
     build_pipeline,
     client_optimizer,

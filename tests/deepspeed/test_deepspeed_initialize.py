@@ -21,7 +21,7 @@ from perseus.runtime.config import PerseusConfig  # noqa: E402
 from perseus.runtime.events import RecordingListener  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 from perseus_deepspeed import UnsupportedDeepSpeedFeature, get_handle, initialize, installed_handle  # noqa: E402
-from perseus_deepspeed.tiny_pipe import (  # noqa: E402
+from perseus_demo.tiny_pipe import (  # noqa: E402
     TinyPipeShape,
     build_pipeline,
     client_optimizer,
@@ -67,7 +67,6 @@ def test_section_configures_the_runtime_and_the_hooks_drive_it(dist_world):
     runtime = handle.runtime
     assert isinstance(runtime, FakeRuntime)
     assert runtime.config.mode == "profile" and runtime.config.warmup_steps == 3
-    assert runtime.config.device_index == 0  # a simulated GPU per rank: index = rank
     job = runtime.job
     assert (job.num_stages, job.num_microbatches, job.stage, job.dp_size, job.tp_size) == (1, MICROBATCHES, 0, 1, 1)
     assert job.model_config["micro_batch_size"] == SHAPE.micro_batch_size

@@ -22,7 +22,7 @@ def run_case(spec: str, world: int) -> dict[str, Any]:
 
     from perseus.runtime.events import RecordingListener
     from perseus_megatron.hooks import install_hooks
-    from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
+    from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
     _, schedule, chunks_text, microbatches_text, *extra = spec.split(":")
     chunks, microbatches = int(chunks_text), int(microbatches_text)
@@ -43,7 +43,7 @@ def run_enable(world: int, out: Path) -> dict[str, Any]:
     """enable() with the real runtime (simulated GPU, measure-only): the job it builds and its steps."""
     import perseus_megatron
     from perseus.runtime.events import RecordingListener
-    from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
+    from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
     rank = int(os.environ["RANK"])
     os.environ.setdefault("PERSEUS_SIM_GPU_DIR", str(out / "sim-gpus"))
@@ -96,7 +96,7 @@ def run_enable(world: int, out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from perseus_megatron.cpu import cpu_execution
+    from perseus_demo.megatron_cpu import cpu_execution
 
     out = Path(sys.argv[1])
     world = int(os.environ["WORLD_SIZE"])

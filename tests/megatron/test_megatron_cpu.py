@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perseus_megatron.cpu import cpu_execution
+from perseus_demo.megatron_cpu import cpu_execution
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU harness refuses to run next to a GPU")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.demo import format_report, phase_table
-from perseus_megatron.demo import DemoConfig, launch
+from perseus_demo.common import format_report, phase_table
+from perseus_demo.megatron_demo import DemoConfig, launch
 
 pytestmark = pytest.mark.distributed
 

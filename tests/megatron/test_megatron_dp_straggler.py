@@ -20,7 +20,7 @@ pytestmark = pytest.mark.distributed
 
 
 def test_dp2_straggler_slows_the_other_pipeline_and_recovers(tmp_path):
-    from perseus_megatron.demo import DemoConfig, launch
+    from perseus_demo.megatron_demo import DemoConfig, launch
 
     results = run_straggler_demo(DemoConfig, launch, tmp_path)
     # megatron-core's rank layout (pipeline outermost): ranks 0,1 are replica 0/1 of stage 0

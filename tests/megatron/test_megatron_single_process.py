@@ -25,9 +25,9 @@ from megatron.core.pipeline_parallel import schedules  # noqa: E402
 from perseus.runtime.events import RecordingListener  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 from perseus_megatron import hooks  # noqa: E402
-from perseus_megatron.cpu import cpu_execution  # noqa: E402
+from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
 from perseus_megatron.hooks import install_hooks  # noqa: E402
-from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel  # noqa: E402
+from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "patches" / "megatron-core-schedules.patch"

@@ -120,3 +120,13 @@ def test_cache_key_changes_with_microbatches(tmp_path):
     a = RunCache(tmp_path, {"microbatches": 2})
     b = RunCache(tmp_path, {"microbatches": 4})
     assert a.dir != b.dir
+
+
+def test_simulated_gpu_defaults_to_the_ranks_own_index(tmp_path):
+    # Simulated GPUs are files named by index: without device_index, rank 3 must not share GPU 0.
+    device = SimulatedGPU(3, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+    job = PipelineJob(num_stages=1, num_microbatches=2, stage=0, rank=3, world_size=4)
+    cfg = config(tmp_path, mode="measure-only").replace(device_index=None)
+    with PerseusRuntime(job, cfg) as rt:
+        assert rt.gpu.device.index == 3
+    device.close()

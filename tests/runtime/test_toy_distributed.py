@@ -19,7 +19,7 @@ from perseus.gpu.simstate import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
 from perseus.runtime import engine  # noqa: E402
 from perseus.runtime.sweep import profiling_iterations  # noqa: E402
-from perseus.runtime.toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
+from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 

@@ -16,7 +16,7 @@ from perseus.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile
-from perseus.runtime.toy_pipeline import ToyConfig
+from toy_pipeline import ToyConfig
 from perseus.schedule import build_schedule
 from perseus.simulator import simulate_plan
 

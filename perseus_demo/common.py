@@ -1,13 +1,13 @@
-"""``perseus demo``: a real framework pipeline on CPU with simulated GPUs, end to end.
+"""What both frameworks' demos share: simulated compute, the phase loop, torchrun launch, results.
 
-Runs the chosen framework's demo (baseline steps → online profiling → planning → deployed plan)
-under torchrun, prints measured iteration time and energy per phase, and draws the frontier the
-runtime planned and the deployed plan's pipeline timeline from the runtime's cache.
+A demo runs a real framework pipeline on CPU under torchrun (baseline steps → online profiling →
+planning → deployed plan → default clocks again) and reports measured iteration time and energy
+per phase. ``perseus_demo.megatron_demo`` and ``perseus_demo.deepspeed_demo`` are the per-rank
+bodies; ``perseus_demo.cli`` picks one and draws the pictures.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -19,10 +19,7 @@ from statistics import median
 from typing import Any
 
 from perseus.errors import PerseusError
-from perseus.frontier import load_frontier
-from perseus.profile import load_json
 
-FRAMEWORKS = {"megatron": "perseus_megatron.demo", "deepspeed": "perseus_deepspeed.demo"}
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
 DEFAULT_PERSEUS = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6, "iters_per_freq": 2,
                    "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None}
@@ -169,7 +166,7 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, se
         # Same model, padding and simulated GPU, but default clocks and no runtime in the loop.
         for c in compute:
             c.listener, c.phase_override, c.phase_suffix, c.slow_factor = NoListener(), "baseline again", "", 1.0
-        handle.runtime.gpu.reset()
+        handle.runtime.restore_default_clocks()
         for _ in range(settings.rebaseline_steps):
             train_step()
     records = [{**it, "step": i, "phase": "startup" if i < settings.startup_steps else it["phase"]}
@@ -283,49 +280,3 @@ def demo_main(argv: list[str] | None, *, doc: str, config_cls: type[DemoSettings
     print(f"{title}, {cfg.stages} pipeline stages x {cfg.microbatches} microbatches, simulated "
           f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s, results in {out})")
     print(format_report(phase_table(results)))
-
-
-def _framework_demo(framework: str):
-    try:
-        return importlib.import_module(FRAMEWORKS[framework])
-    except KeyError:
-        raise PerseusError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}") from None
-    except ImportError as exc:
-        extra = "megatron" if framework == "megatron" else "deepspeed"
-        raise PerseusError(
-            f"the {framework} demo needs {exc.name}: pip install -e '.[{extra}]' (after pip install torch==2.13.0)"
-        ) from None
-
-
-def draw_pictures(cache_dir: Path, out_dir: Path) -> list[Path]:
-    """Frontier and deployed-plan timeline pictures from the runtime's cached frontier and profile."""
-    from perseus import plot
-
-    frontiers = sorted(cache_dir.glob("*/frontier.json"))
-    if not frontiers:
-        return []
-    frontier = load_frontier(frontiers[-1])
-    profile = load_json(frontiers[-1].with_name("profile.json"))
-    written = [out_dir / "frontier.png", out_dir / "timeline.png"]
-    plot.plot_frontier(frontier, written[0])
-    plot.plot_timeline(frontier, frontier.default_point(), "deployed (no slowdown)", profile, written[1])
-    return written
-
-
-def run_demo(framework: str, stages: int, microbatches: int, max_steps: int, out_dir: Path) -> str:
-    """Run the demo and return the printable report."""
-    module = _framework_demo(framework)
-    cfg = module.DemoConfig(stages=stages, microbatches=microbatches, max_steps=max_steps)
-    cfg.perseus = {**cfg.perseus, "cache_dir": str((out_dir / "cache").resolve())}
-    started = time.perf_counter()
-    results = module.launch(cfg, out_dir)
-    lines = [
-        f"{framework} pipeline on CPU: {stages} stages x {microbatches} microbatches, simulated "
-        f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s)",
-        format_report(phase_table(results)),
-    ]
-    pictures = draw_pictures(out_dir / "cache", out_dir)
-    if pictures:
-        lines.append("pictures: " + ", ".join(str(p) for p in pictures))
-    lines.append(f"per-rank results and the runtime cache (profile.json, frontier.json) are in {out_dir}")
-    return "\n".join(lines)

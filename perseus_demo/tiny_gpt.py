@@ -3,7 +3,7 @@
 Used by the adapter tests (real schedules, recorded orders) and the demo. Everything is real
 megatron-core — ``GPTModel`` with the local layer spec, ``get_forward_backward_func`` and its
 p2p communication — only sized so that a 4-stage pipeline trains in seconds on a laptop CPU.
-Call these inside :func:`perseus_megatron.cpu.cpu_execution` after ``init_cpu_distributed()``.
+Call these inside :func:`perseus_demo.megatron_cpu.cpu_execution` after ``init_cpu_distributed()``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, s
     """megatron-core parallel state on the gloo world: TP = 1, DP = world size / pipeline size."""
     from megatron.core import parallel_state
 
-    from perseus_megatron.cpu import init_cpu_distributed, init_cpu_rng
+    from perseus_demo.megatron_cpu import init_cpu_distributed, init_cpu_rng
 
     init_cpu_distributed()
     if parallel_state.model_parallel_is_initialized():

@@ -1,6 +1,6 @@
 """End-to-end demo: a real DeepSpeed ``PipelineEngine`` on CPU with Perseus and simulated GPUs.
 
-    python -m perseus_deepspeed.demo            # 4 pipeline stages under torchrun, prints a table
+    python -m perseus_demo.deepspeed_demo            # 4 pipeline stages under torchrun, prints a table
     perseus demo --framework deepspeed          # the same, plus frontier and timeline pictures
 
 Each torchrun rank is one pipeline stage of a small ``PipelineModule`` (Linear layers) trained
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perseus.demo import DemoSettings, SimulatedCompute, demo_main, launch_demo, run_phases, save_rank_result
+from perseus_demo.common import DemoSettings, SimulatedCompute, demo_main, launch_demo, run_phases, save_rank_result
 
 
 @dataclass
@@ -31,9 +31,9 @@ class DemoConfig(DemoSettings):
 def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     """Body of one torchrun rank: train until the plan has run ``deployed_steps`` iterations."""
     from perseus.gpu.simulated import SimulatedGPU
-    from perseus_deepspeed.cpu import init_cpu_distributed
+    from perseus_demo.deepspeed_cpu import init_cpu_distributed
     from perseus_deepspeed.integration import get_handle, initialize
-    from perseus_deepspeed.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config
+    from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config
 
     rank = int(os.environ["RANK"])
     init_cpu_distributed()
@@ -65,7 +65,7 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
 
 def launch(cfg: DemoConfig, out_dir: Path, timeout_s: float = 900) -> list[dict[str, Any]]:
     """Run the demo under torchrun (one process per stage and replica) and collect every rank's result."""
-    return launch_demo("perseus_deepspeed.demo", cfg, out_dir, {"DS_ACCELERATOR": "cpu"}, timeout_s)
+    return launch_demo("perseus_demo.deepspeed_demo", cfg, out_dir, {"DS_ACCELERATOR": "cpu"}, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:

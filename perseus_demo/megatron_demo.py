@@ -1,6 +1,6 @@
 """End-to-end demo: a real megatron-core GPT pipeline on CPU with Perseus and simulated GPUs.
 
-    python -m perseus_megatron.demo            # 4 pipeline stages under torchrun, prints a table
+    python -m perseus_demo.megatron_demo            # 4 pipeline stages under torchrun, prints a table
 
 Each torchrun rank is one pipeline stage of a tiny ``GPTModel`` trained with megatron-core's own
 1F1B schedule over gloo. Every forward/backward runs inside a busy section of a simulated GPU
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perseus.demo import DemoSettings, SimulatedCompute, demo_main, launch_demo, run_phases, save_rank_result
+from perseus_demo.common import DemoSettings, SimulatedCompute, demo_main, launch_demo, run_phases, save_rank_result
 
 
 @dataclass
@@ -33,9 +33,9 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     from megatron.core import parallel_state
 
     from perseus.gpu.simulated import SimulatedGPU
-    from perseus_megatron.cpu import cpu_execution
+    from perseus_demo.megatron_cpu import cpu_execution
     from perseus_megatron.integration import enable
-    from perseus_megatron.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
+    from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
     rank = int(os.environ["RANK"])
     shape = TinyGPTShape(num_layers=cfg.stages * cfg.chunks, hidden_size=cfg.hidden_size, seq_length=cfg.seq_length,
@@ -63,7 +63,7 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
 
 def launch(cfg: DemoConfig, out_dir: Path, timeout_s: float = 900) -> list[dict[str, Any]]:
     """Run the demo under torchrun (one process per stage and replica) and collect every rank's result."""
-    return launch_demo("perseus_megatron.demo", cfg, out_dir, timeout_s=timeout_s)
+    return launch_demo("perseus_demo.megatron_demo", cfg, out_dir, timeout_s=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:

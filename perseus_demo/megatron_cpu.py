@@ -55,7 +55,7 @@ def cpu_execution() -> Iterator[None]:
     training off the GPU.
     """
     if torch.cuda.is_available():
-        raise PerseusError("perseus_megatron.cpu.cpu_execution is for CPU-only machines; CUDA is available here")
+        raise PerseusError("perseus_demo.megatron_cpu.cpu_execution is for CPU-only machines; CUDA is available here")
     saved = torch.cuda.current_device, torch.cuda.synchronize
     torch.cuda.current_device = lambda: 0  # type: ignore[assignment]  # mapped to the CPU by the mode
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]

@@ -1,0 +1,83 @@
+"""``perseus demo``: added to the ``perseus`` command through the ``perseus.commands`` entry point."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from pathlib import Path
+
+from perseus.errors import PerseusError
+from perseus.frontier import load_frontier
+from perseus.profile import load_json
+from perseus_demo.common import format_report, phase_table
+
+FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo"}
+
+
+def _framework_demo(framework: str):
+    try:
+        return importlib.import_module(FRAMEWORKS[framework])
+    except KeyError:
+        raise PerseusError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}") from None
+    except ImportError as exc:
+        extra = "megatron" if framework == "megatron" else "deepspeed"
+        raise PerseusError(
+            f"the {framework} demo needs {exc.name}: pip install -e '.[{extra}]' (after pip install torch==2.13.0)"
+        ) from None
+
+
+def draw_pictures(cache_dir: Path, out_dir: Path) -> list[Path]:
+    """Frontier and deployed-plan timeline pictures from the runtime's cached frontier and profile."""
+    from perseus import plot
+
+    frontiers = sorted(cache_dir.glob("*/frontier.json"))
+    if not frontiers:
+        return []
+    frontier = load_frontier(frontiers[-1])
+    profile = load_json(frontiers[-1].with_name("profile.json"))
+    written = [out_dir / "frontier.png", out_dir / "timeline.png"]
+    plot.plot_frontier(frontier, written[0])
+    plot.plot_timeline(frontier, frontier.default_point(), "deployed (no slowdown)", profile, written[1])
+    return written
+
+
+def run_demo(framework: str, stages: int, microbatches: int, max_steps: int, out_dir: Path) -> str:
+    """Run the demo and return the printable report."""
+    module = _framework_demo(framework)
+    cfg = module.DemoConfig(stages=stages, microbatches=microbatches, max_steps=max_steps)
+    cfg.perseus = {**cfg.perseus, "cache_dir": str((out_dir / "cache").resolve())}
+    started = time.perf_counter()
+    results = module.launch(cfg, out_dir)
+    lines = [
+        f"{framework} pipeline on CPU: {stages} stages x {microbatches} microbatches, simulated "
+        f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s)",
+        format_report(phase_table(results)),
+    ]
+    pictures = draw_pictures(out_dir / "cache", out_dir)
+    if pictures:
+        lines.append("pictures: " + ", ".join(str(p) for p in pictures))
+    lines.append(f"per-rank results and the runtime cache (profile.json, frontier.json) are in {out_dir}")
+    return "\n".join(lines)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out)))
+    return 0
+
+
+def add_demo_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``demo`` on the ``perseus`` command's subparsers."""
+    p = sub.add_parser(
+        "demo",
+        help="end-to-end demo: a real Megatron (or DeepSpeed) pipeline on CPU with simulated GPUs",
+        description="Train a tiny model with a real framework pipeline on CPU (torchrun, gloo), one "
+        "simulated GPU per stage: baseline steps, online profiling, planning, deployed plan. Prints "
+        "iteration time and energy per phase and draws frontier.png and timeline.png.",
+    )
+    p.add_argument("--framework", choices=["megatron", "deepspeed"], default="megatron")
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default: 4)")
+    p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
+    p.add_argument("--max-steps", type=int, default=60, help="give up if the plan is not deployed by then")
+    p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
+    p.set_defaults(handler=cmd_demo)
