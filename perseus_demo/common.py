@@ -38,14 +38,18 @@ class SimulatedCompute:
     """Listener in front of the runtime: each instruction is a busy section of a simulated GPU.
 
     The runtime sees the instruction begin first (it may change the clock); the simulated GPU then
-    times the work at that clock, padded to ``nominal_s`` per kind (the kernel time at the max
-    clock, so CPU noise on a shared machine does not drown the clock's effect), and stretches it
-    on the way out before the runtime records the end. Each iteration is measured from step begin
+    takes ``nominal_s`` per kind as the work's time at the max clock (or the CPU time, if the work
+    took longer), so CPU noise on a shared machine does not drown the clock's effect, and waits
+    out the stretched duration on the way out before the runtime records the end. Each iteration is measured from step begin
     to step end into ``iterations``, with the clock and energy counter at step begin (the data-
     parallel gradient sync after a step is outside it, so a cycle is begin to next begin);
     ``phase`` labels them (the runtime's phase unless a demo overrides it). ``slow_factor`` > 1
     makes this GPU a straggler (its kernels take that much longer). Swapping ``listener`` for
     ``NoListener()`` keeps the compute, drops Perseus.
+
+    Every iteration also lists its instructions as ``[kind, microbatch, chunk, clock]``, the clock
+    being the SM clock the GPU held when the instruction's work ended: what tests check against
+    the plan and account for in the simulator, independent of how busy the machine was.
     """
 
     def __init__(self, listener: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
@@ -57,18 +61,20 @@ class SimulatedCompute:
         self.slow_factor = 1.0
         self._t0 = self._step_t0 = self._step_e0 = 0.0
         self._phase = ""
+        self._instructions: list[list[Any]] = []
 
     def on_step_begin(self) -> None:
         self.listener.on_step_begin()
         phase = getattr(self.listener, "phase", None)
         self._phase = (self.phase_override or (phase.value if phase is not None else "")) + self.phase_suffix
+        self._instructions = []
         self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()
 
     def on_step_end(self) -> None:
         self.iterations.append({"phase": self._phase, "time_s": time.perf_counter() - self._step_t0,
                                 "energy_j": self.gpu.total_energy_j() - self._step_e0,
                                 "begin_s": self._step_t0, "begin_energy_j": self._step_e0,
-                                "slow_factor": self.slow_factor})
+                                "slow_factor": self.slow_factor, "instructions": self._instructions})
         self.listener.on_step_end()
 
     def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
@@ -77,10 +83,11 @@ class SimulatedCompute:
         self._t0 = time.perf_counter()
 
     def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
-        pad = self.nominal_s.get(kind, 0.0) * self.slow_factor - (time.perf_counter() - self._t0)
-        if pad > 0:
-            time.sleep(pad)
-        self.gpu.end_busy()
+        # The kernel's max-clock time: the nominal one, or the CPU work if that took longer. The
+        # simulated GPU then waits out the stretched duration in one sleep.
+        t_max = max(self.nominal_s.get(kind, 0.0) * self.slow_factor, time.perf_counter() - self._t0)
+        self.gpu.end_busy(t_max)
+        self._instructions.append([kind, microbatch, chunk, self.gpu.locked_sm_clock_mhz()])
         self.listener.on_instruction_end(kind, microbatch, chunk)
 
 
@@ -98,10 +105,13 @@ class Straggler:
     factor: float = 1.3
     start: int = 3
     stop: int = 17
+    # After the planned deployed iterations, keep training (at most this many more) while any
+    # rank still runs a slowed-down plan: recovery takes as many checks as the noise demands.
+    recovery_steps: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.factor >= 1.0 and 0 <= self.start < self.stop):
-            raise PerseusError(f"straggler: need factor >= 1 and 0 <= start < stop, got {self}")
+        if not (self.factor >= 1.0 and 0 <= self.start < self.stop and self.recovery_steps >= 0):
+            raise PerseusError(f"straggler: need factor >= 1, 0 <= start < stop and recovery_steps >= 0, got {self}")
 
     def apply(self, compute: list[SimulatedCompute], dp_rank: int, deployed: int) -> None:
         """Set this rank's slowness and labels for the next iteration (``deployed`` so far)."""
@@ -125,7 +135,7 @@ class DemoSettings:
     # time as the plan, so machine load that drifts during the run does not fake a saving.
     rebaseline_steps: int = 6
     startup_steps: int = 2  # first iterations (allocator, lazy init) are slow: left out of the baseline
-    # Nominal kernel time at the max clock: each instruction's real CPU work is padded up to it,
+    # Nominal kernel time at the max clock: each instruction's real CPU work is stretched up to it,
     # so that CPU noise on a shared machine does not drown the clock's effect (0: CPU time only).
     forward_ms: float = 10.0
     backward_ms: float = 20.0
@@ -161,9 +171,16 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, se
             straggler.apply(compute, dp_rank, deployed)
         train_step()
         deployed += iterations()[-1]["phase"].startswith("deployed")
+    if straggler is not None and deployed:
+        for _ in range(straggler.recovery_steps):
+            if not _any_rank(handle.summary()["slowdown"] > 1.0):
+                break
+            straggler.apply(compute, dp_rank, deployed)
+            train_step()
+            deployed += 1
     summary = handle.summary()
     if deployed:
-        # Same model, padding and simulated GPU, but default clocks and no runtime in the loop.
+        # Same model, nominal times and simulated GPU, but default clocks and no runtime in the loop.
         for c in compute:
             c.listener, c.phase_override, c.phase_suffix, c.slow_factor = NoListener(), "baseline again", "", 1.0
         handle.runtime.restore_default_clocks()
@@ -172,6 +189,16 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, se
     records = [{**it, "step": i, "phase": "startup" if i < settings.startup_steps else it["phase"]}
                for i, it in enumerate(iterations())]
     return records, summary
+
+
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (all ranks must call it together)."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def save_rank_result(out_dir: Path, rank: int, stage: int, dp_rank: int, records: list[dict[str, Any]],

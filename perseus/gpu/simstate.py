@@ -32,7 +32,7 @@ from pathlib import Path
 from perseus.gpu.errors import GPUError, GPUNotFoundError
 
 MAGIC = b"PSG1"
-VERSION = 1
+VERSION = 2
 FILE_SIZE = 4096
 _HEADER = struct.Struct("<4sI")  # magic, version
 _PARAMS_OFFSET = 512  # u32 length + JSON
@@ -64,11 +64,13 @@ class SimState:
     n_lock: int = 0  # number of applied clock locks (observability for tests/benchmarks)
     n_reset: int = 0  # number of applied clock resets
     wall_time: float = 0.0  # time.time() of the last write, for humans
+    last_busy_start: float = 0.0  # CLOCK_MONOTONIC start of the last finished instruction
+    last_busy_s: float = 0.0  # its simulated duration (what a CUDA event pair would have timed)
 
 
-_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "d")
+_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d")
 _NAMES = tuple(f.name for f in fields(SimState))
-assert len(_NAMES) == 20 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
+assert len(_NAMES) == 22 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
 
 
 def _values(state: SimState) -> tuple[object, ...]:

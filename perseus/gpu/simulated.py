@@ -341,32 +341,49 @@ class SimulatedGPU(GPUDevice):
             self._refresh_power(st)
 
     def end_busy(self, cpu_elapsed_s: float | None = None) -> float:
-        """End the instruction; sleep the extra time the clock costs; return its simulated duration.
+        """End the instruction: sleep until its simulated duration has passed; return that duration.
 
-        ``cpu_elapsed_s`` is the real work time, taken as the duration at the max clock; ``None``
-        uses the wall time since ``begin_busy``. Clock changes during the interval are weighted
-        by time.
+        ``cpu_elapsed_s`` is the instruction's duration at the max clock; ``None`` uses the wall
+        time since ``begin_busy``. The simulated duration stretches it by the clock in force
+        (changes during the interval are weighted by time), and this call returns once that much
+        time has passed since ``begin_busy``: one sleep, whatever the caller did before, so a
+        busy machine's wake-up delays are paid once per instruction.
         """
         with self._file.update() as st:
             if not st.busy or st.busy_pid != os.getpid():
                 raise GPUError(f"end_busy() on simulated GPU {self._index} without a matching begin_busy()")
             now = self._clock()
             self._settle(st, now)
-            wall = now - st.busy_start
+            start = st.busy_start
+            wall = now - start
             mean_slow = (st.slow_integral / wall if wall > 0
                          else self.model.slowdown(self._effective_clock(st), st.compute_fraction))
         cpu = wall if cpu_elapsed_s is None else float(cpu_elapsed_s)
         if cpu < 0:
             raise GPUInvalidArgumentError(f"cpu_elapsed_s must be >= 0, got {cpu}")
         duration = cpu * mean_slow
-        extra = duration - cpu
+        extra = duration - wall
         if extra > 0:
             self._sleep(extra)
         with self._file.update() as st:
-            self._settle(st, self._clock())
+            # The kernel ended at start + duration even if this process woke up later (a busy
+            # host): busy power up to then, blocking power after, as on a real GPU.
+            now = self._clock()
+            self._settle(st, min(now, start + duration))
             st.busy, st.busy_pid = 0, 0
+            st.last_busy_start, st.last_busy_s = start, duration
             self._refresh_power(st)
+            self._settle(st, now)
         return duration
+
+    def last_busy_interval(self) -> tuple[float, float]:
+        """(start, simulated duration) of the last finished instruction; start is CLOCK_MONOTONIC.
+
+        The simulated GPU's own timing of its kernels, as CUDA events are a real GPU's: free of
+        the host's scheduling noise (``SimulatedKernelTimer`` uses it for profiling).
+        """
+        st = self._file.read()
+        return st.last_busy_start, st.last_busy_s
 
     @contextmanager
     def busy(self, activity: float = 1.0, compute_fraction: float = 0.8) -> Iterator[BusyResult]:

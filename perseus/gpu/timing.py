@@ -74,6 +74,44 @@ class CPUInstructionTimer(InstructionTimer):
         return done
 
 
+class SimulatedKernelTimer(InstructionTimer):
+    """Kernel times as a simulated GPU ran them, the way CUDA events time a real GPU's kernels.
+
+    The host's view of an instruction adds what is not the kernel: hook cost, sleep overshoot,
+    the process descheduled on a busy machine. The simulated GPU knows each busy section's start
+    and stretched duration, so that is what profiling records. An instruction that ran no busy
+    section (work outside the simulated GPU) is timed with host timestamps. Both clocks are
+    ``CLOCK_MONOTONIC`` (``time.monotonic``), the energy poller's too on Linux.
+    """
+
+    def __init__(self, device: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self._device = device
+        self._clock = clock
+        self._open: tuple[Hashable, float] | None = None
+        self._done: list[TimedInstruction] = []
+
+    def begin(self, key: Hashable) -> None:
+        if self._open is not None:
+            raise GPUError(f"instruction {key!r} began while {self._open[0]!r} is still open")
+        self._open = (key, self._clock())
+
+    def end(self) -> None:
+        t = self._clock()
+        if self._open is None:
+            raise GPUError("end() without a matching begin()")
+        key, t0 = self._open
+        self._open = None
+        start, duration = self._device.last_busy_interval()
+        if t0 <= start <= t:
+            self._done.append(TimedInstruction(key, start, start + duration))
+        else:
+            self._done.append(TimedInstruction(key, t0, t))
+
+    def resolve(self) -> list[TimedInstruction]:
+        done, self._done = self._done, []
+        return done
+
+
 class CUDAInstructionTimer(InstructionTimer):
     """CUDA events on the current stream, recycled from a pool; resolved lazily per step.
 

@@ -18,7 +18,7 @@ import logging
 import signal
 import threading
 import weakref
-from statistics import fmean
+from statistics import fmean, median
 from time import perf_counter
 from typing import Any
 
@@ -496,7 +496,9 @@ class PerseusRuntime:
 
     def _periodic_check(self) -> None:
         """Every K steps: all-gather per-rank numbers; straggler policy; spread a plan mismatch."""
-        nat = fmean(t for t, _ in self._window)
+        # Median, not mean: one iteration slowed by something else on the node (a checkpoint, a
+        # noisy neighbour) must not look like a straggler or hide a recovery.
+        nat = median(t for t, _ in self._window)
         energy = sum(e for _, e in self._window)
         steps = len(self._window)
         self._window = []
@@ -529,6 +531,7 @@ class PerseusRuntime:
                 self._event("fallback", self._fallback_problem)
             return
         before = self._policy.ratio
+        self._event("slowdown_seen", slowdown)
         ratio = self._policy.observe(slowdown)
         if ratio != before:
             self._event("straggler", ratio)

@@ -106,10 +106,13 @@ class GPUPort:
         return isinstance(self.device, SimulatedGPU)
 
     def instruction_timer(self) -> Any:
-        """CUDA-event timer on a real GPU (kernels are asynchronous), host clock on a simulated one."""
-        from perseus.gpu.timing import make_instruction_timer
+        """CUDA-event timer on a real GPU (kernels are asynchronous), the simulated GPU's own
+        kernel timing on a simulated one."""
+        from perseus.gpu.timing import SimulatedKernelTimer, make_instruction_timer
 
-        return make_instruction_timer(prefer_cuda=not self.is_simulated)
+        if self.is_simulated:
+            return SimulatedKernelTimer(self.device)
+        return make_instruction_timer(prefer_cuda=True)
 
     def energy_poller(self, interval_s: float) -> Any:
         """Background thread recording when the coarse energy counter advances."""

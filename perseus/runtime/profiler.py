@@ -9,7 +9,12 @@ that clock's iterations,
 
     ΔE_interval = Σ_kind P_kind × overlap(kind, interval) + P_blocking × idle(interval)
 
-for the average power of each (chunk, kind); energy per instruction = power × mean duration.
+for the average power of each (chunk, kind); energy per instruction = power × typical duration.
+
+The typical duration is the *median* over the clock's instructions of that key, not the mean:
+one instruction stretched by something outside the GPU (the process descheduled on a busy node,
+a garbage-collection pause, the first call after a collective) must not make a clock look slow
+and expensive, which would steer the plan off the critical path's real costs.
 
 Fallback when the regression cannot be solved (too few counter updates in a short window, kinds
 not separable): per-step attribution from step-boundary counter readings,
@@ -18,6 +23,7 @@ not separable): per-step attribution from step-boundary counter readings,
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Sequence
 
 from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
@@ -73,9 +79,25 @@ class SweepRecorder:
                 self.fallback_reasons.append(f"{freq_mhz} MHz: {exc}")
         if not result:
             result = {k: (t / n, e / n) for k, (t, e, n) in step_sums.items() if n}  # type: ignore[misc]
+        typical = _median_durations(timed)
+        result = {k: _at_typical(t, e, typical.get(k)) for k, (t, e) in result.items()}
         energies: dict[Key, float] = {}
         for key, (time_s, energy_j) in result.items():
             if key in self.measurements:
                 self.measurements[key][freq_mhz] = (time_s, energy_j)
                 energies[key] = energy_j
         return energies
+
+
+def _median_durations(timed: Sequence[TimedInstruction]) -> dict[Key, float]:
+    by_key: dict[Key, list[float]] = {}
+    for t in timed:
+        by_key.setdefault(t.key, []).append(t.duration_s)
+    return {k: median(v) for k, v in by_key.items()}
+
+
+def _at_typical(mean_time_s: float, energy_j: float, typical_s: float | None) -> tuple[float, float]:
+    """(time, energy) at the typical duration, keeping the measured average power."""
+    if typical_s is None or mean_time_s <= 0:
+        return mean_time_s, energy_j
+    return typical_s, energy_j * typical_s / mean_time_s

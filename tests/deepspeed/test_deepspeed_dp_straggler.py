@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from straggler_checks import check_straggler_run, run_straggler_demo  # noqa: E402
+from demo_checks import check_straggler_run, run_straggler_demo  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.distributed
 def test_dp2_straggler_slows_the_other_pipeline_and_recovers(tmp_path):
     from perseus_demo.deepspeed_demo import DemoConfig, launch
 
-    results = run_straggler_demo(DemoConfig, launch, tmp_path)
+    results, cfg = run_straggler_demo(DemoConfig, launch, tmp_path)
     # DeepSpeed's PipeDataParallelTopology: data-parallel innermost, so ranks 0 and 1 hold stage 0
     assert [(r["rank"], r["stage"], r["dp_rank"]) for r in results] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     # the runtime's job (from the engine's grid) agrees; its straggler checks saw both pipelines
@@ -30,4 +30,4 @@ def test_dp2_straggler_slows_the_other_pipeline_and_recovers(tmp_path):
         s = r["summary"]
         assert (s["stage"], s["dp_rank"]) == (r["stage"], r["dp_rank"])
         assert sorted(map(int, s["job"]["pipeline_natural_time_s"])) == [0, 1]
-    check_straggler_run(results)
+    check_straggler_run(results, cfg)

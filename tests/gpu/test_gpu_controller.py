@@ -54,6 +54,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
+HANG_S = 60.0  # hang guards only: how long a step may take on a busy machine before the test fails
+
+
 def _wait_until(cond, timeout_s: float) -> float:
     t0 = time.monotonic()
     while not cond():
@@ -96,10 +99,9 @@ def _start_trainer(sim_dir, *args: str) -> tuple[subprocess.Popen[str], int]:
 def test_sigkilled_trainer_gets_clocks_reset_by_the_controller(sim_dir):
     p, ctl_pid = _start_trainer(sim_dir)
     p.send_signal(signal.SIGKILL)
-    p.wait(timeout=10)
-    waited = _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, 2.0)
-    assert waited < 2.0
-    _wait_until(lambda: _gone(ctl_pid), 2.0)  # and the controller exits
+    p.wait(timeout=HANG_S)
+    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, HANG_S)
+    _wait_until(lambda: _gone(ctl_pid), HANG_S)  # and the controller exits
 
 
 def test_forked_child_neither_hides_the_trainers_death_nor_resets_its_clocks(sim_dir):
@@ -110,8 +112,8 @@ def test_forked_child_neither_hides_the_trainers_death_nor_resets_its_clocks(sim
     time.sleep(0.3)
     assert read_sim_state(0, sim_dir).locked == 1  # the parent's controller is untouched
     p.send_signal(signal.SIGKILL)
-    p.wait(timeout=10)
-    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, 2.0)
+    p.wait(timeout=HANG_S)
+    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, HANG_S)
 
 
 def test_leaked_pipe_fd_falls_back_to_parent_pid_polling(sim_dir):
@@ -119,9 +121,9 @@ def test_leaked_pipe_fd_falls_back_to_parent_pid_polling(sim_dir):
     child = int(p.stdout.readline())  # holds a dup of the request pipe: no EOF on trainer death
     _SPAWNED.append(child)
     p.send_signal(signal.SIGKILL)
-    p.wait(timeout=10)
-    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, 2.0)
-    _wait_until(lambda: _gone(ctl_pid), 2.0)
+    p.wait(timeout=HANG_S)
+    _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, HANG_S)
+    _wait_until(lambda: _gone(ctl_pid), HANG_S)
 
 
 def _kill_quietly(pid: int) -> None:
@@ -138,15 +140,15 @@ def _kill_quietly(pid: int) -> None:
 def test_sigterm_resets_synchronously_then_dies_by_the_signal(sim_dir):
     p, ctl_pid = _start_trainer(sim_dir)
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=10) == -signal.SIGTERM  # chained to the default action
+    assert p.wait(timeout=HANG_S) == -signal.SIGTERM  # chained to the default action
     assert read_sim_state(0, sim_dir).locked == 0  # reset happened before the trainer exited
-    _wait_until(lambda: _gone(ctl_pid), 2.0)
+    _wait_until(lambda: _gone(ctl_pid), HANG_S)
 
 
 def test_sigterm_chains_to_the_previous_handler(sim_dir):
     p, _ = _start_trainer(sim_dir, "--own-handler")
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=10) == 7
+    assert p.wait(timeout=HANG_S) == 7
     assert "own handler ran" in p.stdout.read()
     assert read_sim_state(0, sim_dir).locked == 0
 
@@ -154,7 +156,7 @@ def test_sigterm_chains_to_the_previous_handler(sim_dir):
 def test_sigint_resets_and_raises_keyboardinterrupt(sim_dir):
     p, _ = _start_trainer(sim_dir)
     p.send_signal(signal.SIGINT)
-    assert p.wait(timeout=10) != 0
+    assert p.wait(timeout=HANG_S) != 0
     assert "KeyboardInterrupt" in p.stderr.read()
     assert read_sim_state(0, sim_dir).locked == 0
 
@@ -190,7 +192,7 @@ def test_dead_controller_warns_once_and_training_continues_at_default(sim_dir):
     assert len(died) == 1 and "continues at default GPU clocks" in str(died[0].message)
     assert died[0].filename == __file__  # points at the training code's call site
     assert not c.alive and c.flush() is None
-    _wait_until(lambda: not g.is_clock_locked(), 2.0)  # background reset of the leftover lock
+    _wait_until(lambda: not g.is_clock_locked(), HANG_S)  # background reset of the leftover lock
     c.close()
 
 
@@ -256,14 +258,18 @@ def test_invalid_frequency_and_missing_privileges(sim_dir):
     assert null.requests == 2 and null.flush() is None and not locked.is_clock_locked()
 
 
-def test_request_overhead_on_the_training_thread(sim_dir):
+def test_requests_never_block_the_training_thread_even_when_the_controller_stalls(sim_dir):
+    # The controller process stopped (SIGSTOP: a stalled NVML call, a descheduled process): far
+    # more requests than the pipe holds still return, and once it runs again the latest is applied.
+    # What a request costs in time is measured by benchmarks/bench_controller.py.
     g = SimulatedGPU(0, reset_state=True)
     with FrequencyController(g.spec(), install_signal_handlers=False) as c:
-        per_batch = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for i in range(2000):
+        os.kill(c.pid, signal.SIGSTOP)
+        try:
+            for i in range(50_000):
                 c.set_frequency(1005 if i % 2 else 1200)
-            per_batch.append((time.perf_counter() - t) / 2000)
+        finally:
+            os.kill(c.pid, signal.SIGCONT)
+        c.set_frequency(900)
         c.flush()
-    assert sorted(per_batch)[2] < 20e-6
+        assert g.locked_sm_clock_mhz() == 900

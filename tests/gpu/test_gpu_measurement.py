@@ -17,6 +17,7 @@ from perseus.gpu.measurement import (
 )
 from perseus.gpu.timing import (
     CPUInstructionTimer,
+    SimulatedKernelTimer,
     TimedInstruction,
     cuda_timing_available,
     make_instruction_timer,
@@ -164,6 +165,32 @@ def test_cpu_timer_and_timer_choice():
     assert t.resolve() == []
     assert cuda_timing_available() is False  # this machine: CPU torch, no GPU
     assert isinstance(make_instruction_timer(), CPUInstructionTimer)
+
+
+def test_simulated_kernel_timer_times_the_kernel_not_the_host(sim_dir):
+    # Host delays around the kernel (hook cost, a descheduled process) are not the kernel's time;
+    # the simulated GPU's own busy section is, as CUDA events would see on a real GPU.
+    vc = VirtualClock()
+    gpu = SimulatedGPU(0, energy_update_period_s=0.0, reset_state=True, clock=vc.now, sleep=vc.sleep)
+    timer = SimulatedKernelTimer(gpu, clock=vc.now)
+    gpu.set_locked_sm_clock(900)
+    timer.begin("f")
+    vc.sleep(0.003)  # host work before the kernel
+    gpu.begin_busy()
+    kernel_start = vc.now()
+    vc.sleep(0.001)  # the CPU work: shorter than the 6 ms max-clock time it stands for
+    duration = gpu.end_busy(0.006)
+    assert duration == pytest.approx(0.006 * A100.slowdown(900, 0.8))
+    assert vc.now() - kernel_start == pytest.approx(duration)  # one wait: start + stretched duration
+    vc.sleep(0.004)  # host work after it
+    timer.end()
+    timer.begin("host-only")  # no busy section: host timestamps
+    vc.sleep(0.002)
+    timer.end()
+    (kernel, host) = timer.resolve()
+    assert kernel.start_s == kernel_start and kernel.duration_s == pytest.approx(duration)
+    assert host.key == "host-only" and host.duration_s == pytest.approx(0.002)
+    gpu.close()
 
 
 def test_cuda_timer_refuses_without_cuda():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from straggler_checks import check_straggler_run, run_straggler_demo  # noqa: E402
+from demo_checks import check_straggler_run, run_straggler_demo  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.distributed
 def test_dp2_straggler_slows_the_other_pipeline_and_recovers(tmp_path):
     from perseus_demo.megatron_demo import DemoConfig, launch
 
-    results = run_straggler_demo(DemoConfig, launch, tmp_path)
+    results, cfg = run_straggler_demo(DemoConfig, launch, tmp_path)
     # megatron-core's rank layout (pipeline outermost): ranks 0,1 are replica 0/1 of stage 0
     assert sorted((r["stage"], r["dp_rank"]) for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    check_straggler_run(results)
+    check_straggler_run(results, cfg)

@@ -59,3 +59,20 @@ def test_falls_back_to_step_attribution_when_counter_too_coarse():
     fwd_t, fwd_e = rec.measurements[(0, "forward")][1200]
     assert fwd_e == pytest.approx(mean_busy_power * fwd_t)
     assert set(energies) == set(POWER)
+
+
+def test_one_stretched_instruction_does_not_make_a_clock_look_slow():
+    # Nine 4 ms forwards and one stretched to 160 ms (the process descheduled on a busy node): the
+    # recorded time is the typical 4 ms, and the energy is the measured power over that time.
+    rec = SweepRecorder([(0, "forward")])
+    timed, t = [], 0.0
+    for d in [0.004] * 4 + [0.160] + [0.004] * 5:
+        timed.append(TimedInstruction((0, "forward"), t, t + d))
+        t += d + 0.001
+    power = 200.0
+    busy = sum(i.duration_s for i in timed)
+    rec.add_step(timed, t, power * busy + P_BLOCK * (t - busy), P_BLOCK)
+    rec.finish_frequency(1410, None, P_BLOCK)
+    fwd_t, fwd_e = rec.measurements[(0, "forward")][1410]
+    assert fwd_t == pytest.approx(0.004)
+    assert fwd_e == pytest.approx(power * 0.004)

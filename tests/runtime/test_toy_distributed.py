@@ -12,13 +12,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from demo_checks import cached_frontier, find_point, replay_policy, slowdown_bound  # noqa: E402
 from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile  # noqa: E402
 
+from perseus.dag import InstructionDAG  # noqa: E402
 from perseus.gpu.dvfs import get_preset  # noqa: E402
 from perseus.gpu.simstate import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
 from perseus.runtime import engine  # noqa: E402
 from perseus.runtime.sweep import profiling_iterations  # noqa: E402
+from perseus.simulator import max_frequency_plan, simulate_plan  # noqa: E402
 from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -45,18 +49,22 @@ def run_end_to_end(tmp_path):
     return cfg, ok(launch(cfg, tmp_path / "run", timeout_s=90))
 
 
-def assert_saving(results):
-    """Deployed plan: less energy per iteration (all GPUs) than the warm-up baseline, same time.
-
-    Medians per rank, so a step disturbed by other load on the machine does not decide.
-    """
-    base = sum(r["summary"]["baseline"]["energy_j"] for r in results)
-    dep = sum(r["summary"]["phases"]["deployed"]["median_energy_j"] for r in results)
-    base_t = max(r["summary"]["baseline"]["time_s"] for r in results)
-    dep_t = max(r["summary"]["phases"]["deployed"]["median_time_s"] for r in results)
-    assert dep < base * 0.99, f"deployed energy {dep:.2f} J not below baseline {base:.2f} J"
-    assert dep_t < base_t * 1.10, f"deployed time {dep_t:.4f} s vs baseline {base_t:.4f} s"
-    return 1 - dep / base
+def assert_saving(results, cfg, cache_dir):
+    """The deployed no-slowdown plan, on the simulated GPU's exact model: less energy than all-max
+    clocks, and no slower than the measured profile's errors allow (``demo_checks``). Wall-clock
+    energy and time depend on the machine's load; ``benchmarks/bench_demo.py`` reports those."""
+    frontier = cached_frontier(cache_dir)
+    point = frontier.default_point()
+    for r in results:
+        assert find_point(frontier, **r["summary"]["point"]) is point
+    truth = toy_profile(cfg, FREQS)
+    dag = InstructionDAG.from_schedule(frontier.schedule)
+    plan = simulate_plan(dag, truth, point.freqs_mhz)
+    base = simulate_plan(dag, truth, max_frequency_plan(dag, truth))
+    bound = slowdown_bound(load_json(next(Path(cache_dir).glob("*/profile.json"))), truth)
+    assert plan.energy_j < base.energy_j * 0.99, f"plan {plan.energy_j:.2f} J vs all-max {base.energy_j:.2f} J"
+    assert plan.time_s <= base.time_s * (1 + bound) + 1e-12, (plan.time_s, base.time_s, bound)
+    return 1 - plan.energy_j / base.energy_j
 
 
 def test_profile_plan_deploy_end_to_end(tmp_path):
@@ -76,9 +84,11 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
     assert executed >= cfg.steps
     assert sum("step" in x and "phase" in x for x in lines) == executed
     assert any(x.get("event") == "phase" and x["data"] == "deployed" for x in lines)
-    # The online profile matches the simulated GPU's model. Power (energy / time) is compared
-    # tightly: it checks the attribution of coarse-counter energy to instructions and stays exact
-    # when other load on the machine stretches instructions. Times only loosely, for that reason.
+    # The online profile matches the simulated GPU's model. Times exactly: the simulated GPU's
+    # kernel timer is what profiling reads (as CUDA events on a real GPU), whatever the load.
+    # Power (energy / time) checks the attribution of coarse-counter energy to instructions; it
+    # rests on when the polling thread saw each counter update, which a busy machine delays by a
+    # few ms: up to 11 % error seen with six busy processes on the two cores, so 20 %.
     (profile_file,) = (tmp_path / "cache").glob("*/profile.json")
     measured, truth = load_json(profile_file), toy_profile(cfg, FREQS)
     model = get_preset(cfg.sim_preset)
@@ -86,19 +96,19 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
         got = measured.entries[key]
         assert got.freqs_mhz == entry.freqs_mhz
         for f, t, e, t_true in zip(got.freqs_mhz, got.times_s, got.energies_j, entry.times_s):
-            assert e / t == pytest.approx(model.busy_power_w(f, cfg.activity), rel=0.1), (key, f)
-            assert t == pytest.approx(t_true, rel=0.5), (key, f)
+            assert e / t == pytest.approx(model.busy_power_w(f, cfg.activity), rel=0.2), (key, f)
+            assert t == pytest.approx(t_true, rel=1e-6), (key, f)
     if results[0]["summary"]["frontier"]["points"] < 2:
         pytest.skip("planner placeholder: the frontier has a single (all-max) point, no saving possible yet")
-    assert_saving(results)
+    assert_saving(results, cfg, tmp_path / "cache")
 
 
-def test_measured_saving_with_stand_in_planner(tmp_path, monkeypatch):
+def test_saving_with_stand_in_planner(tmp_path, monkeypatch):
     """Same run with a simple greedy planner (ranks are forked, so the patch reaches them)."""
     monkeypatch.setattr(engine, "plan_frontier", greedy_frontier)
-    _, results = run_end_to_end(tmp_path)
+    cfg, results = run_end_to_end(tmp_path)
     assert results[0]["summary"]["frontier"]["points"] == 2
-    assert assert_saving(results) > 0.02
+    assert assert_saving(results, cfg, tmp_path / "cache") > 0.02
 
 
 def test_straggler_slows_others_and_recovers(tmp_path):
@@ -107,12 +117,13 @@ def test_straggler_slows_others_and_recovers(tmp_path):
     frontier = stage_uniform_frontier(cfg, FREQS)
     frontier.save(tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
-                   "straggler_period_steps": 3, "straggler_patience": 2, "straggler_threshold": 0.12,
-                   "straggler_recover_threshold": 0.05}
+                   "straggler_period_steps": 3, "straggler_patience": 2, "straggler_threshold": 0.15,
+                   "straggler_recover_threshold": 0.08}
     results = ok(launch(cfg, tmp_path / "run", timeout_s=90))
     for r in results:
         s = r["summary"]
         switches = [data for _, what, data in s["events"] if what == "straggler"]
+        assert switches == replay_policy(s["events"], cfg.perseus)  # decisions follow the observations
         if r["summary"]["dp_rank"] == 0:
             assert len(switches) >= 2, switches
             assert 1.15 < switches[0] < 1.6, switches  # matched the 1.3x straggler
