@@ -97,7 +97,7 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
         assert got.freqs_mhz == entry.freqs_mhz
         for f, t, e, t_true in zip(got.freqs_mhz, got.times_s, got.energies_j, entry.times_s):
             assert e / t == pytest.approx(model.busy_power_w(f, cfg.activity), rel=0.2), (key, f)
-            assert t == pytest.approx(t_true, rel=1e-6), (key, f)
+            assert t == pytest.approx(t_true, rel=1e-6), (key, f, t, t_true)
     if results[0]["summary"]["frontier"]["points"] < 2:
         pytest.skip("planner placeholder: the frontier has a single (all-max) point, no saving possible yet")
     assert_saving(results, cfg, tmp_path / "cache")
