@@ -6,6 +6,7 @@ import it freely.
 """
 
 from perseus.gpu.controller import (
+    ClockController,
     ControllerDiedWarning,
     ControllerStats,
     FrequencyController,
@@ -51,6 +52,7 @@ __all__ = [
     "BusyResult",
     "CPUInstructionTimer",
     "CUDAInstructionTimer",
+    "ClockController",
     "ControllerDiedWarning",
     "ControllerStats",
     "CounterUpdate",

@@ -31,7 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from perseus.gpu import errors as gpu_errors
 from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
@@ -56,6 +56,27 @@ class ControllerStats:
     received: int = 0  # requests read from the pipe (after trainer-side dedup)
     current: int | None = None  # clock the controller believes is set (None = default)
     history: list[int | None] = field(default_factory=list)  # applied clocks, in order
+
+
+class ClockController(Protocol):
+    """What the runtime asks of a clock controller: fire-and-forget requests, a wait, a close.
+
+    Two implementations: ``FrequencyController`` (a process that changes clocks) and
+    ``NullController`` (measure-only mode: records requests, never touches clocks).
+    """
+
+    enabled: bool
+
+    def set_frequency(self, mhz: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def flush(self, timeout_s: float = 5.0) -> ControllerStats | None: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def close(self, timeout_s: float = 5.0) -> bool: ...
 
 
 class NullController:
@@ -405,6 +426,6 @@ class FrequencyController:
             os.kill(os.getpid(), signum)
 
 
-def make_controller(spec: GPUSpec, *, enabled: bool = True, **kwargs: Any) -> FrequencyController | NullController:
+def make_controller(spec: GPUSpec, *, enabled: bool = True, **kwargs: Any) -> ClockController:
     """``enabled=False`` → measure-only ``NullController`` (no process, no privileges)."""
     return FrequencyController(spec, **kwargs) if enabled else NullController()
