@@ -388,7 +388,7 @@ class PerseusRuntime:
     def _plan_worker(self) -> None:
         try:
             assert self._profile is not None
-            frontier = plan_frontier(self.schedule, self._profile, **self.config.planner_options)
+            frontier = plan_frontier(self.schedule, self._profile, self.config.planner_options)
             self._plan_result = frontier
         except Exception as exc:  # noqa: BLE001 - reported to every rank as a warning
             self._plan_error = f"{type(exc).__name__}: {exc}"
