@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from perseus.gpu import errors as gpu_errors
 from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
+from perseus.gpu.factory import open_spec
 from perseus.gpu.spec import GPUSpec
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ class FrequencyController:
     def _background_reset(self) -> None:
         """Undo a lock the dead controller may have left, off the training thread."""
         try:
-            dev = self.spec.open()
+            dev = open_spec(self.spec)
             try:
                 dev.reset_locked_sm_clock()
             finally:

@@ -25,6 +25,7 @@ from typing import Any
 
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError
+from perseus.gpu.factory import open_spec
 from perseus.gpu.spec import GPUSpec
 
 MSG = struct.Struct("<ii")
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status_fd = args.status_fd
     try:
-        dev = GPUSpec.from_json(args.spec).open()
+        dev = open_spec(GPUSpec.from_json(args.spec))
         if not dev.can_set_clocks():
             dev.set_locked_sm_clock(dev.default_sm_clock_mhz())  # raises the typed permission error
     except GPUError as exc:

@@ -92,7 +92,7 @@ class GPUPort:
 
     @property
     def is_simulated(self) -> bool:
-        from perseus.gpu.simulated import SimulatedGPU
+        from perseus.gpu.sim.device import SimulatedGPU
 
         return isinstance(self.device, SimulatedGPU)
 

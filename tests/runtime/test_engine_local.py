@@ -8,7 +8,7 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.gpu.controller import NullController
-from perseus.gpu.simulated import SimulatedGPU
+from perseus.gpu.sim.device import SimulatedGPU
 from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.cache import RunCache

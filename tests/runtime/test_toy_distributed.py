@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile  # noqa: E402
 
-from perseus.gpu.dvfs import get_preset  # noqa: E402
-from perseus.gpu.simstate import read_sim_state  # noqa: E402
+from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
+from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
 from perseus.runtime import engine  # noqa: E402
 from perseus.runtime.sweep import profiling_iterations  # noqa: E402

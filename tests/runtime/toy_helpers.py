@@ -14,7 +14,7 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.gpu.dvfs import get_preset
+from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile
 from toy_pipeline import ToyConfig
 from perseus.schedule import build_schedule
