@@ -2,7 +2,7 @@
 
 Why: Perseus changes the clock before every forward/backward instruction, so the request must
 cost microseconds and never block. The training thread only writes an 8-byte request into a
-non-blocking pipe; a separate controller process (``controller_proc``, started with
+non-blocking pipe; a separate controller process (``controller_proc.main``, started with
 ``subprocess`` — fork+exec, never a bare fork of a process with torch threads) owns the device
 and applies requests.
 
@@ -41,6 +41,9 @@ from perseus.gpu.spec import GPUSpec
 
 log = logging.getLogger(__name__)
 _DEFAULT = -1  # marker for "default clocks" in the trainer-side dedup
+# The controller process's entry: an explicit call, not ``-m perseus.gpu.controller_proc``, which
+# runpy warns about (the package already imports that module) on every start.
+_CONTROLLER_MAIN = "import sys; from perseus.gpu.controller_proc import main; sys.exit(main())"
 
 
 class ControllerDiedWarning(RuntimeWarning):
@@ -167,7 +170,7 @@ class FrequencyController:
         env = dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "perseus.gpu.controller_proc", "--spec", self.spec.to_json(),
+        cmd = [sys.executable, "-c", _CONTROLLER_MAIN, "--spec", self.spec.to_json(),
                "--req-fd", str(req_r), "--status-fd", str(status_w), "--parent-pid", str(os.getpid()),
                "--poll-s", str(self._parent_poll)]
         try:

@@ -1,4 +1,5 @@
-"""The frequency-controller process (``python -m perseus.gpu.controller_proc``).
+"""The frequency-controller process (``main``; ``FrequencyController`` runs it with ``python -c``
+and an explicit call, since ``-m`` on a module its package already imported makes runpy warn).
 
 Why a separate process: clock changes take milliseconds of driver time and can block; doing them
 on the training thread would slow training, and a thread would compete for the GIL. This process
@@ -125,7 +126,7 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="perseus-controller", description=__doc__)
     ap.add_argument("--spec", required=True, help="GPUSpec as JSON")
     ap.add_argument("--req-fd", type=int, required=True)
     ap.add_argument("--status-fd", type=int, required=True)
