@@ -45,7 +45,7 @@ def open_gpu(kind: str = "auto", index: int | None = None, **sim_kwargs: Any) ->
         return SimulatedGPU(0 if index is None else index, **sim_kwargs)
     if sim_kwargs:
         raise GPUInvalidArgumentError(
-            f"Simulated-GPU options {sorted(sim_kwargs)} were given for an NVML GPU; "
+            f"Simulated-GPU settings {sorted(sim_kwargs)} were given for an NVML GPU; "
             "use kind='sim' (or PERSEUS_GPU=sim)"
         )
     from perseus.gpu.nvml import NVMLGPU

@@ -165,7 +165,7 @@ def search_deadlines(
     # anchors (most of them on real profiles) cost nothing, so the work scales with what is left.
     open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap)
     # Between anchors, dense plans above the LP tangent bound are improved too, on small pipelines
-    # only: each descent sweep is ~n Python-level moves, so on large ones it would dominate.
+    # only: each descent pass is ~n Python-level moves, so on large ones it would dominate.
     dense_rows = open_anchors  # the anchor rows of the dense plans
     if small:
         dense_rows = lp_bound.open_rows(found, deadlines, search_gap)

@@ -7,7 +7,7 @@ segments in order, so d_v = t_v0 + Σ_k y_vk is a point on the hull. Its optimum
 bound on every discrete plan and its durations guide the discrete repair.
 
 Only the deadline (right-hand side of the sink rows) changes between solves, so one HiGHS
-model is kept and re-solved with dual simplex from the previous basis: a sweep over deadlines
+model is kept and re-solved with dual simplex from the previous basis: a search over deadlines
 costs a few pivots per deadline.
 """
 

@@ -1,6 +1,6 @@
 """Discrete repair: turn continuous target durations into feasible choices.
 
-All functions work on a batch of plans at once (one row per deadline) and sweep the DAG one
+All functions work on a batch of plans at once (one row per deadline) and walk the DAG one
 topological level at a time.
 
 ``round_with_carry`` walks forward: a node may take the slowest choice that finishes by its
@@ -10,9 +10,9 @@ earlier), so a chain of nodes whose target lies between two choices ends up with
 the two, like error diffusion. Every step keeps "chosen prefix + targets for the rest" within the
 deadline, so the result always meets it.
 
-``fill_slack`` then alternates backward and forward sweeps that slow each node into whatever
+``fill_slack`` then alternates backward and forward passes that slow each node into whatever
 float remains, until no node can be slowed alone. Slower choices are always cheaper (choices are
-filtered that way), so each sweep can only lower energy.
+filtered that way), so each pass can only lower energy.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class LevelChooser:
     def fill_slack(self, choice: np.ndarray, deadlines: np.ndarray, max_rounds: int = 4) -> np.ndarray:
         """Alternate backward/forward fills until no node can be slowed alone.
 
-        Rows that a round left unchanged are final, so later rounds only sweep the others.
+        Rows that a round left unchanged are final, so later rounds only revisit the others.
         """
         choice = choice.copy()
         deadlines = np.broadcast_to(np.asarray(deadlines, dtype=float), (choice.shape[0],))

@@ -1,7 +1,7 @@
 """``PerseusRuntime``: the stateful engine adapters drive with step and instruction events.
 
 One object per training process. It walks the phases (``phases.py``): warm-up at default clocks
-(baseline), online profiling (``sweep.py``, ``profiler.py``), planning on rank 0 in a background
+(baseline), online profiling (``clock_sweep.py``, ``profiler.py``), planning on rank 0 in a background
 thread while training continues, then deployment of the frontier's default point
 (``deploy.py``), with straggler matching (``straggler.py``) and external targets on top.
 
@@ -37,7 +37,7 @@ from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.profiler import SweepRecorder, instruction_keys
 from perseus.runtime.report import Reporter, StepRecord
 from perseus.runtime.straggler import StragglerPolicy, natural_time, slowdown_against_slowest
-from perseus.runtime.sweep import FrequencySweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.runtime.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
 from perseus.schedule import InstructionKind
 
 log = logging.getLogger("perseus.runtime")
@@ -82,7 +82,7 @@ class PerseusRuntime:
         self._keys = instruction_keys(self._stage_instructions)
         self.timer = self.gpu.instruction_timer()
         self._poller: Any = None
-        self.sweep: FrequencySweep | None = None
+        self.sweep: ClockSweep | None = None
         self.recorder: SweepRecorder | None = None
         self._prev_energies: dict[Any, float] | None = None
         self.p_blocking_w: float | None = None
@@ -300,7 +300,7 @@ class PerseusRuntime:
     def _start_profiling(self) -> None:
         c = self.config
         freqs = select_frequencies(self.gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
-        self.sweep = FrequencySweep(freqs, c.iters_per_freq, c.early_stop_patience)
+        self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience)
         self.recorder = SweepRecorder(self._keys)
         self.p_blocking_w = c.p_blocking_w if c.p_blocking_w is not None else self._measure_p_blocking()
         if self.is_root:

@@ -44,13 +44,13 @@ class GPUPort:
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, backend: str, device_index: int | None, sim_options: dict[str, Any], *, control: bool) -> GPUPort:
+    def open(cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool) -> GPUPort:
         """Open the configured GPU with its controller: a process when clocks may change
         (``control``), the measure-only ``NullController`` otherwise."""
         from perseus.gpu.controller import make_controller
         from perseus.gpu.factory import open_gpu
 
-        device = open_gpu(backend, device_index, **sim_options)
+        device = open_gpu(backend, device_index, **sim_gpu)
         if control and not device.can_set_clocks():
             device.close()
             raise ConfigError(

@@ -223,7 +223,7 @@ def test_power_integrator_fallback_without_energy_counter(fake_nvml):
     gpu.close()
 
 
-def test_open_gpu_nvml_rejects_sim_options(fake_nvml):
+def test_open_gpu_nvml_rejects_sim_settings(fake_nvml):
     with pytest.raises(GPUInvalidArgumentError, match="kind='sim'"):
         open_gpu("nvml", 0, preset="A40")
     gpu = open_gpu("nvml", 0)

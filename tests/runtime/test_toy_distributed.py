@@ -18,7 +18,7 @@ from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
 from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
 from perseus.runtime import engine  # noqa: E402
-from perseus.runtime.sweep import profiling_iterations  # noqa: E402
+from perseus.runtime.clock_sweep import profiling_iterations  # noqa: E402
 from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
 
 pytestmark = pytest.mark.distributed
