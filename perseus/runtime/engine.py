@@ -1,12 +1,12 @@
 """``PerseusRuntime``: the stateful engine adapters drive with step and instruction events.
 
 One object per training process. It keeps the hot path and the phase transitions (``phases.py``):
-warm-up at default clocks (baseline), online profiling (``clock_sweep.py``, ``profiler.py``),
-planning on rank 0 in a background thread while training continues (``planning.py``), then
-deployment of the frontier's default point (``deploy.py``), with straggler matching
-(``job_check.py``, ``straggler.py``) and external targets on top. Where the plan comes from
-(``sources.py``), the summary (``report.py``) and closing at process exit (``lifecycle.py``) are
-small pieces of their own that return values.
+warm-up at default clocks (baseline), online profiling (``profiling.py``: the clock sweep of
+``clock_sweep.py`` measured by ``profiler.py``), planning on rank 0 in a background thread while
+training continues (``planning.py``), then deployment of the frontier's default point
+(``deploy.py``), with straggler matching (``job_check.py``, ``straggler.py``) and external targets
+on top. Where the plan comes from (``sources.py``), the summary (``report.py``) and closing at
+process exit (``lifecycle.py``) are small pieces of their own that return values.
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
 non-blocking request to the frequency controller. Everything that talks to other ranks
@@ -23,8 +23,8 @@ from typing import Any
 from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
-from perseus.runtime.aggregate import RankMeasurements, aggregate_profile
-from perseus.runtime.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.runtime.aggregate import aggregate_profile
+from perseus.runtime.clock_sweep import profiling_iterations
 from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import PlanFollower
@@ -34,7 +34,8 @@ from perseus.runtime.job_check import check_job
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
 from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.planning import BackgroundPlanner, share_outcome
-from perseus.runtime.profiler import SweepRecorder, instruction_keys
+from perseus.runtime.profiler import instruction_keys
+from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
 from perseus.runtime.sources import cache_key, open_cache, share_sources
 from perseus.runtime.straggler import StragglerPolicy, natural_time
@@ -79,10 +80,7 @@ class PerseusRuntime:
         self._stage_instructions = self.schedule.stages[job.stage]
         self._keys = instruction_keys(self._stage_instructions)
         self.timer = self.gpu.instruction_timer()
-        self._poller: Any = None
-        self.sweep: ClockSweep | None = None
-        self.recorder: SweepRecorder | None = None
-        self._prev_energies: dict[Any, float] | None = None
+        self._profiling: ProfilingRun | None = None
         self.p_blocking_w: float | None = None
         self.frontier: Frontier | None = None
         self.point: FrontierPoint | None = None
@@ -191,8 +189,8 @@ class PerseusRuntime:
         span = max(self._last_end - self._step_t0, 1e-9)
         phase = self.phases.phase
         record = StepRecord(self.step, phase.value, step_time, energy)
-        if phase is Phase.PROFILING and self.sweep is not None:
-            record.freq_mhz = self.sweep.current_mhz
+        if phase is Phase.PROFILING and self._profiling is not None:
+            record.freq_mhz = self._profiling.sweep.current_mhz
         if phase is Phase.DEPLOYED and self.point is not None:
             record.target_time_s = self.point.time_s
             record.slowdown = self._slowdown
@@ -245,10 +243,9 @@ class PerseusRuntime:
 
     def _start_profiling(self) -> None:
         c = self.config
-        freqs = select_frequencies(self.gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
-        self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience)
-        self.recorder = SweepRecorder(self._keys)
+        run = self._profiling = ProfilingRun(self.gpu, self.collective, c, self._keys)
         self.p_blocking_w = c.p_blocking_w if c.p_blocking_w is not None else self._measure_p_blocking()
+        freqs = run.sweep.frequencies
         if self.is_root:
             log.info(
                 "perseus: profiling %d clocks %d..%d MHz, %d iterations each (at most %d iterations incl. warm-up); "
@@ -258,8 +255,7 @@ class PerseusRuntime:
             )
         self._enter(Phase.PROFILING)
         self.timer.resolve()
-        self._poller = self.gpu.energy_poller(c.energy_poll_s)
-        self.gpu.apply(self.sweep.current_mhz)
+        run.start(self.p_blocking_w)
 
     def _measure_p_blocking(self) -> float:
         """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps."""
@@ -272,50 +268,23 @@ class PerseusRuntime:
             return self.gpu.sample_idle_power(seconds)
 
     def _profiling_step(self, step_time: float, energy: float) -> None:
-        sweep, recorder = self.sweep, self.recorder
-        assert sweep is not None and recorder is not None and self.p_blocking_w is not None
-        freq = sweep.current_mhz
-        recorder.add_step(self.timer.resolve(), step_time, energy, self.p_blocking_w)
-        if not sweep.count_iteration():
-            return
-        updates = self._poller.updates() if self._poller is not None else None
-        energies = recorder.finish_frequency(freq, updates, self.p_blocking_w)
-        rising = self.collective.all_true(energy_rose(self._prev_energies, energies))
-        self._prev_energies = energies
-        nxt = sweep.next_frequency(rising)
-        if self.is_root:
-            log.info("perseus: profiled %d MHz (%d/%d clocks)%s", freq, len(sweep.visited), len(sweep.frequencies),
-                     "; energy rises at lower clocks, sweep stops early" if sweep.stopped_early else "")
-        if nxt is not None:
-            self.gpu.apply(nxt)
-            return
-        self.gpu.reset()
-        if self._poller is not None:
-            self._poller.stop()
-            self._poller = None
-        if recorder.fallback_reasons and self.is_root:
-            log.warning(
-                "perseus: energy attribution fell back to per-step counter readings for %d clock(s) (%s); "
-                "run more iters_per_freq for counter-interval regression",
-                len(recorder.fallback_reasons), recorder.fallback_reasons[0],
-            )
-        self._finish_profiling()
+        assert self._profiling is not None
+        if self._profiling.step(self.timer.resolve(), step_time, energy):
+            self._finish_profiling()
 
     def _finish_profiling(self) -> None:
-        assert self.recorder is not None
-        mine = RankMeasurements(
-            self.job.stage, self.job.tp_rank, self.job.dp_rank, self.recorder.measurements, self.p_blocking_w, self.gpu.name
-        )
-        gathered = self.collective.gather_to_root(mine)
+        run = self._profiling
+        assert run is not None
+        gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.is_root:
             assert gathered is not None
-            config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(self.sweep.visited)}  # type: ignore[union-attr]
+            config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
             self._profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, config)
             if self.cache is not None:
                 path = self.cache.save_profile(self._profile)
                 log.info("perseus: profile saved to %s", path)
         self._have_profile = True
-        self._event("profiled", list(self.sweep.visited))  # type: ignore[union-attr]
+        self._event("profiled", list(run.sweep.visited))
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
@@ -493,6 +462,7 @@ class PerseusRuntime:
         if not self.enabled:
             return {"enabled": False}
         c = self.config
+        sweep = self._profiling.sweep if self._profiling is not None else None
         return summarize(
             self.reporter,
             rank=self.rank,
@@ -507,9 +477,9 @@ class PerseusRuntime:
             clock_mhz=self.gpu.current_mhz,
             events=self.events,
             job_numbers=self.job_numbers,
-            sweep=self.sweep,
+            sweep=sweep,
             profiling_iterations=(
-                profiling_iterations(c.warmup_steps, c.iters_per_freq, len(self.sweep.visited)) if self.sweep else None
+                profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited)) if sweep else None
             ),
             frontier=self.frontier,
             point=self.point,
@@ -523,8 +493,8 @@ class PerseusRuntime:
         self._hot = _HOT_IDLE
         if not self.enabled:
             return
-        if self._poller is not None:
-            self._poller.stop()
+        if self._profiling is not None:
+            self._profiling.stop()
         try:
             self.gpu.close()
         finally:
