@@ -19,6 +19,7 @@ from perseus.errors import ConfigError
 if TYPE_CHECKING:
     from perseus.gpu.controller import ClockController
     from perseus.gpu.device import GPUDevice
+    from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.timing import InstructionTimer
 
 log = logging.getLogger("perseus.runtime")
@@ -102,7 +103,7 @@ class GPUPort:
 
         return make_instruction_timer(prefer_cuda=not self.is_simulated)
 
-    def energy_poller(self, interval_s: float) -> Any:
+    def energy_poller(self, interval_s: float) -> EnergyPoller:
         """Background thread recording when the coarse energy counter advances."""
         from perseus.gpu.measurement import EnergyPoller
 

@@ -8,7 +8,7 @@ object for all of it and the run can be read afterwards (visited clocks, early s
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.runtime.aggregate import RankMeasurements
 from perseus.runtime.clock_sweep import ClockSweep, energy_rose, select_frequencies
@@ -17,6 +17,9 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
 from perseus.runtime.profiler import Key, SweepRecorder
+
+if TYPE_CHECKING:
+    from perseus.gpu.measurement import EnergyPoller
 
 log = logging.getLogger("perseus.runtime")
 
@@ -33,7 +36,7 @@ class ProfilingRun:
         self._gpu = gpu
         self._collective = collective
         self._poll_s = c.energy_poll_s
-        self._poller: Any = None
+        self._poller: EnergyPoller | None = None
         self._prev_energies: dict[Any, float] | None = None
 
     def start(self, p_blocking_w: float) -> None:
