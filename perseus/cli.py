@@ -108,7 +108,7 @@ def _progress_bar(enabled: bool | None, label: str) -> Iterator[Callable[[float]
 def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
     s = schedule
     with _progress_bar(show_progress, f"planning {s.num_stages}x{s.num_microbatches}") as progress:
-        return plan_frontier(schedule, profile, progress)
+        return plan_frontier(schedule, profile, progress=progress)
 
 
 def _number_list(kind: type) -> Callable[[str], list]:

@@ -30,7 +30,7 @@ class DemoConfig(DemoSettings):
 
 def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     """Body of one torchrun rank: train until the plan has run ``deployed_steps`` iterations."""
-    from perseus.gpu.simulated import SimulatedGPU
+    from perseus.gpu.sim.device import SimulatedGPU
     from perseus_demo.deepspeed_cpu import init_cpu_distributed
     from perseus_deepspeed.integration import get_handle, initialize
     from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config

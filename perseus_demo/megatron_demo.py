@@ -32,7 +32,7 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     """Body of one torchrun rank: baseline, profiling, planning, the deployed plan, baseline again."""
     from megatron.core import parallel_state
 
-    from perseus.gpu.simulated import SimulatedGPU
+    from perseus.gpu.sim.device import SimulatedGPU
     from perseus_demo.megatron_cpu import cpu_execution
     from perseus_megatron.integration import enable
     from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel

@@ -37,7 +37,7 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
-from perseus.gpu.dvfs import get_preset
+from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile, load_json
 from perseus.runtime.straggler import StragglerPolicy
 from perseus.simulator import max_frequency_plan, simulate_plan

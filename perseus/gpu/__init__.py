@@ -1,11 +1,14 @@
-"""GPU layer: one device interface (NVML or simulated), an asynchronous frequency controller
-process, and per-instruction time/energy measurement.
+"""GPU layer: one device interface (``device``) with two backends (``nvml``, and the simulator in
+``sim/``), chosen in one place (``factory``); an asynchronous frequency controller process
+(``controller``, ``controller_proc``); per-instruction time/energy measurement (``measurement``,
+``timing``).
 
 Nothing here imports torch or pynvml at import time (numpy/scipy only, scipy lazily), so planning code and CPU-only machines can
 import it freely.
 """
 
 from perseus.gpu.controller import (
+    ClockController,
     ControllerDiedWarning,
     ControllerStats,
     FrequencyController,
@@ -13,7 +16,6 @@ from perseus.gpu.controller import (
     make_controller,
 )
 from perseus.gpu.device import BusyResult, GPUDevice
-from perseus.gpu.dvfs import PRESETS, DVFSModel, get_preset
 from perseus.gpu.errors import (
     GPUError,
     GPUInvalidArgumentError,
@@ -22,7 +24,7 @@ from perseus.gpu.errors import (
     GPUNotSupportedError,
     GPUPermissionError,
 )
-from perseus.gpu.factory import open_gpu
+from perseus.gpu.factory import open_gpu, open_spec
 from perseus.gpu.measurement import (
     AttributionResult,
     BlockingPowerResult,
@@ -34,8 +36,7 @@ from perseus.gpu.measurement import (
     measure_blocking_power,
     measure_blocking_power_p2p,
 )
-from perseus.gpu.simstate import SimState, read_sim_state, state_path
-from perseus.gpu.simulated import SimulatedGPU, VirtualClock
+from perseus.gpu.sim import PRESETS, DVFSModel, SimState, SimulatedGPU, VirtualClock, get_preset, read_sim_state, state_path
 from perseus.gpu.spec import GPUSpec
 from perseus.gpu.timing import (
     CPUInstructionTimer,
@@ -51,6 +52,7 @@ __all__ = [
     "BusyResult",
     "CPUInstructionTimer",
     "CUDAInstructionTimer",
+    "ClockController",
     "ControllerDiedWarning",
     "ControllerStats",
     "CounterUpdate",
@@ -81,6 +83,7 @@ __all__ = [
     "VirtualClock",
     "get_preset",
     "open_gpu",
+    "open_spec",
     "read_sim_state",
     "state_path",
 ]

@@ -2,7 +2,7 @@
 
 Why: Perseus changes the clock before every forward/backward instruction, so the request must
 cost microseconds and never block. The training thread only writes an 8-byte request into a
-non-blocking pipe; a separate controller process (``controller_proc``, started with
+non-blocking pipe; a separate controller process (``controller_proc.main``, started with
 ``subprocess`` — fork+exec, never a bare fork of a process with torch threads) owns the device
 and applies requests.
 
@@ -31,15 +31,19 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from perseus.gpu import errors as gpu_errors
 from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
+from perseus.gpu.factory import open_spec
 from perseus.gpu.spec import GPUSpec
 
 log = logging.getLogger(__name__)
 _DEFAULT = -1  # marker for "default clocks" in the trainer-side dedup
+# The controller process's entry: an explicit call, not ``-m perseus.gpu.controller_proc``, which
+# runpy warns about (the package already imports that module) on every start.
+_CONTROLLER_MAIN = "import sys; from perseus.gpu.controller_proc import main; sys.exit(main())"
 
 
 class ControllerDiedWarning(RuntimeWarning):
@@ -56,6 +60,27 @@ class ControllerStats:
     received: int = 0  # requests read from the pipe (after trainer-side dedup)
     current: int | None = None  # clock the controller believes is set (None = default)
     history: list[int | None] = field(default_factory=list)  # applied clocks, in order
+
+
+class ClockController(Protocol):
+    """What the runtime asks of a clock controller: fire-and-forget requests, a wait, a close.
+
+    Two implementations: ``FrequencyController`` (a process that changes clocks) and
+    ``NullController`` (measure-only mode: records requests, never touches clocks).
+    """
+
+    enabled: bool
+
+    def set_frequency(self, mhz: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def flush(self, timeout_s: float = 5.0) -> ControllerStats | None: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def close(self, timeout_s: float = 5.0) -> bool: ...
 
 
 class NullController:
@@ -145,7 +170,7 @@ class FrequencyController:
         env = dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "perseus.gpu.controller_proc", "--spec", self.spec.to_json(),
+        cmd = [sys.executable, "-c", _CONTROLLER_MAIN, "--spec", self.spec.to_json(),
                "--req-fd", str(req_r), "--status-fd", str(status_w), "--parent-pid", str(os.getpid()),
                "--poll-s", str(self._parent_poll)]
         try:
@@ -268,7 +293,7 @@ class FrequencyController:
     def _background_reset(self) -> None:
         """Undo a lock the dead controller may have left, off the training thread."""
         try:
-            dev = self.spec.open()
+            dev = open_spec(self.spec)
             try:
                 dev.reset_locked_sm_clock()
             finally:
@@ -405,6 +430,6 @@ class FrequencyController:
             os.kill(os.getpid(), signum)
 
 
-def make_controller(spec: GPUSpec, *, enabled: bool = True, **kwargs: Any) -> FrequencyController | NullController:
+def make_controller(spec: GPUSpec, *, enabled: bool = True, **kwargs: Any) -> ClockController:
     """``enabled=False`` → measure-only ``NullController`` (no process, no privileges)."""
     return FrequencyController(spec, **kwargs) if enabled else NullController()

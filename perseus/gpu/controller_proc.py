@@ -1,4 +1,5 @@
-"""The frequency-controller process (``python -m perseus.gpu.controller_proc``).
+"""The frequency-controller process (``main``; ``FrequencyController`` runs it with ``python -c``
+and an explicit call, since ``-m`` on a module its package already imported makes runpy warn).
 
 Why a separate process: clock changes take milliseconds of driver time and can block; doing them
 on the training thread would slow training, and a thread would compete for the GIL. This process
@@ -25,6 +26,7 @@ from typing import Any
 
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError
+from perseus.gpu.factory import open_spec
 from perseus.gpu.spec import GPUSpec
 
 MSG = struct.Struct("<ii")
@@ -124,7 +126,7 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="perseus-controller", description=__doc__)
     ap.add_argument("--spec", required=True, help="GPUSpec as JSON")
     ap.add_argument("--req-fd", type=int, required=True)
     ap.add_argument("--status-fd", type=int, required=True)
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status_fd = args.status_fd
     try:
-        dev = GPUSpec.from_json(args.spec).open()
+        dev = open_spec(GPUSpec.from_json(args.spec))
         if not dev.can_set_clocks():
             dev.set_locked_sm_clock(dev.default_sm_clock_mhz())  # raises the typed permission error
     except GPUError as exc:

@@ -13,12 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from perseus.gpu.errors import GPUInvalidArgumentError
-
-if TYPE_CHECKING:
-    from perseus.gpu.spec import GPUSpec
+from perseus.gpu.spec import GPUSpec
 
 
 @dataclass

@@ -1,4 +1,9 @@
-"""``open_gpu``: the single place that decides NVML vs. simulated GPU."""
+"""``open_gpu`` / ``open_spec``: the single place that maps a GPU kind to its backend class.
+
+Why here and not on ``GPUSpec``: the backends import the spec (to describe themselves), so the
+spec must not import them; this module is the only one that imports the backends, lazily, so
+opening an NVML GPU never loads the simulator and vice versa.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import Any
 
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUInvalidArgumentError, GPULibraryMissingError
+from perseus.gpu.spec import GPUSpec
 
 KINDS = ("auto", "nvml", "sim")
 ENV_KIND = "PERSEUS_GPU"
@@ -34,12 +40,12 @@ def open_gpu(kind: str = "auto", index: int | None = None, **sim_kwargs: Any) ->
     """
     resolved = resolve_kind(kind)
     if resolved == "sim":
-        from perseus.gpu.simulated import SimulatedGPU
+        from perseus.gpu.sim.device import SimulatedGPU
 
         return SimulatedGPU(0 if index is None else index, **sim_kwargs)
     if sim_kwargs:
         raise GPUInvalidArgumentError(
-            f"Simulated-GPU options {sorted(sim_kwargs)} were given for an NVML GPU; "
+            f"Simulated-GPU settings {sorted(sim_kwargs)} were given for an NVML GPU; "
             "use kind='sim' (or PERSEUS_GPU=sim)"
         )
     from perseus.gpu.nvml import NVMLGPU
@@ -52,3 +58,9 @@ def open_gpu(kind: str = "auto", index: int | None = None, **sim_kwargs: Any) ->
                 f"No NVIDIA GPU could be opened automatically ({exc.what})"
             ) from exc
         raise
+
+
+def open_spec(spec: GPUSpec) -> GPUDevice:
+    """Open the device a spec describes (attaching, for a simulated GPU): the controller process
+    and the clock reset after a controller death open their own handle this way."""
+    return open_gpu(spec.kind, spec.index, **spec.sim)

@@ -1,17 +1,15 @@
 """A picklable, JSON-able description of which GPU to open.
 
 The controller process cannot inherit a device object (NVML handles and mmaps don't cross
-``exec``), so it receives this spec and opens its own device.
+``exec``), so it receives this spec and opens its own device with ``factory.open_spec``. The spec
+is plain data and imports no backend: the backends import it, so it must not import them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from perseus.gpu.device import GPUDevice
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,12 +19,6 @@ class GPUSpec:
     kind: str
     index: int | None = None
     sim: dict[str, Any] = field(default_factory=dict)
-
-    def open(self) -> GPUDevice:
-        """Open the device this spec describes (attaching, for a simulated GPU)."""
-        from perseus.gpu.factory import open_gpu
-
-        return open_gpu(self.kind, self.index, **self.sim)
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "index": self.index, "sim": self.sim}, sort_keys=True)

@@ -9,7 +9,7 @@ Instructions are placed in a fixed topological order (by start time in the all-f
 schedule). A *state* is a placed prefix, summarised by the finish times of the placed
 instructions that still have unplaced successors (its "open" instructions: at most 4 for 3
 stages of 1F1B), the prefix's Σ effective cost, and its latest finish so far. A state is kept
-only if the unplaced instructions, all at their fastest option, can still meet the deadline,
+only if the unplaced instructions, all at their fastest choice, can still meet the deadline,
 so every completed state is a feasible plan.
 
 Ranking uses the hull LP's optimal dual flow λ on the precedence edges (Lagrangian relaxation
@@ -20,8 +20,8 @@ of those edges). For any state,
 is a lower bound on the effective cost of every completion: flow conservation cancels the start
 times of unplaced instructions, and each contributes min_d c(d) + λ_v·d. Each deadline keeps
 its ``width`` states of least bound; the bound of a state is exact once it is complete. A child's
-bound is its parent's plus the option's reduced cost c_k + λ_v·t_k, so a state only expands into
-the ``options_per_parent`` options of least reduced cost among those that still fit (a parent
+bound is its parent's plus the choice's reduced cost c_k + λ_v·t_k, so a state only expands into
+the ``choices_per_parent`` choices of least reduced cost among those that still fit (a parent
 rarely places more children among the best states; 8 loses nothing measurable, 4 does).
 
 Two directions fail on different deadlines, so both run: forward on the DAG, and backward on the
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perseus.dag import InstructionDAG
-from perseus.planner.options import NodeOptions
+from perseus.planner.choices import NodeChoices
 
 _FIT = 1 + 1e-12  # relative tolerance of the latest-finish check (see repair.FIT_TOLERANCE)
 _MAX_STATES = 400_000  # rows × width per batch: bounds memory (~25 MB per candidate array)
@@ -54,7 +54,7 @@ class _Step:
 
 @dataclass(frozen=True)
 class BeamResult:
-    """Completed plans (option index per node), each at most its row's deadline."""
+    """Completed plans (choice index per node), each at most its row's deadline."""
 
     choices: np.ndarray  # (k, n)
     row: np.ndarray  # (k,) index of the deadline each plan was built for
@@ -65,17 +65,17 @@ class BeamSearch:
     """Beam search in one direction over one instruction order, for many deadlines at once."""
 
     def __init__(
-        self, dag: InstructionDAG, options: NodeOptions, reverse: bool = False, options_per_parent: int = 8
+        self, dag: InstructionDAG, node_choices: NodeChoices, reverse: bool = False, choices_per_parent: int = 8
     ) -> None:
-        if options_per_parent < 1:
-            raise ValueError("options_per_parent must be at least 1")
-        self.options = options
-        self.options_per_parent = options_per_parent
+        if choices_per_parent < 1:
+            raise ValueError("choices_per_parent must be at least 1")
+        self.node_choices = node_choices
+        self.choices_per_parent = choices_per_parent
         self.n = dag.num_nodes
         edges = list(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
         preds = [list(p) for p in dag.predecessors]
         succs = [list(s) for s in dag.successors]
-        fast = options.fastest_times()
+        fast = node_choices.fastest_times()
         finish = dag.levels.finish_times(fast[None])[0, : self.n]
         if reverse:  # walk the reversed DAG; an edge keeps its index (and so its LP flow)
             edges = [(w, u) for u, w in edges]
@@ -84,7 +84,7 @@ class BeamSearch:
         else:
             key = finish - fast  # earliest starting first
         order = _order_by(key, preds, succs)
-        # Earliest start of every node at fastest options, in this direction's time: a node
+        # Earliest start of every node at fastest choices, in this direction's time: a node
         # must finish by deadline − (longest fastest path from its end), i.e. its latest finish.
         self._tail = _fastest_tails(order, succs, fast)
         edge_index = {e: i for i, e in enumerate(edges)}
@@ -124,7 +124,7 @@ class BeamSearch:
     def _run_batch(
         self, deadlines: np.ndarray, flows: np.ndarray, width: int, p_blocking_w: float, num_stages: int
     ) -> BeamResult:
-        opts = self.options
+        opts = self.node_choices
         d = len(deadlines)
         rows = np.arange(d)[:, None]
         latest = deadlines[:, None] * _FIT - self._tail[None, :]  # (d, n) latest finish
@@ -135,11 +135,11 @@ class BeamSearch:
         picks: list[np.ndarray] = []
         for step in self.steps:
             table = opts.node_table[step.node]
-            k = opts.num_options[table]
+            k = opts.num_choices[table]
             b = cost.shape[1]
             start = x[:, :, list(step.pred_slots)].max(axis=2) if step.pred_slots else np.zeros((d, b))
             # Lagrangian bound of a child: the parent's cost and flow-weighted open finishes,
-            # plus the option's reduced cost c_k + λ_v·t_k (λ_v: flow on v's outgoing edges).
+            # plus the choice's reduced cost c_k + λ_v·t_k (λ_v: flow on v's outgoing edges).
             bound = cost.copy()
             own_price = np.zeros(d)
             w_old = x.shape[2]
@@ -153,10 +153,10 @@ class BeamSearch:
             times = opts.times[table, :k]
             costs = opts.costs[table, :k]
             offsets = costs[None, :] + own_price[:, None] * times[None, :]  # (d, k)
-            # Options fit a prefix of the (fastest-first) table: a parent whose slack admits
-            # the first j options only ever considers the best few of those j.
+            # Choices fit a prefix of the (fastest-first) table: a parent whose slack admits
+            # the first j choices only ever considers the best few of those j.
             fits = np.searchsorted(times, latest[:, step.node][:, None] - start, side="right")  # (d, b)
-            short_idx, short_val = _prefix_shortlists(offsets, self.options_per_parent)  # (d, k+1, m)
+            short_idx, short_val = _prefix_shortlists(offsets, self.choices_per_parent)  # (d, k+1, m)
             m = short_idx.shape[2]
             at = rows * (k + 1) + fits  # (d, b): row of the flattened shortlists
             # Flat np.take gathers: several times faster than fancy indexing on (d, b, ·) arrays.
@@ -173,7 +173,7 @@ class BeamSearch:
             w = pick.shape[1]
             alive = np.isfinite(np.take(flat.ravel(), picked)).reshape(d, w)
             chosen = np.maximum(np.take(short_idx, np.take(at.ravel(), by_parent) * m + slot.ravel()), 0)
-            chosen = chosen.reshape(d, w)  # option per child (dead children picked −1: clamped)
+            chosen = chosen.reshape(d, w)  # choice per child (dead children picked −1: clamped)
             chosen_finish = np.take(start.ravel(), by_parent).reshape(d, w) + times[chosen]
             cost = np.where(alive, np.take(cost.ravel(), by_parent).reshape(d, w) + costs[chosen], np.inf)
             span = np.maximum(np.take(span.ravel(), by_parent).reshape(d, w), chosen_finish)
@@ -191,15 +191,15 @@ class BeamSearch:
         r, c = np.nonzero(keep)
         choices = np.empty((len(r), self.n), dtype=np.int64)
         current = c
-        for step, parent, option in zip(reversed(self.steps), reversed(parents), reversed(picks)):
-            choices[:, step.node] = option[r, current]
+        for step, parent, choice in zip(reversed(self.steps), reversed(parents), reversed(picks)):
+            choices[:, step.node] = choice[r, current]
             current = parent[r, current]
         return BeamResult(choices, r, energy[r, c])
 
 
 def beam_plans(
     dag: InstructionDAG,
-    options: NodeOptions,
+    node_choices: NodeChoices,
     deadlines: np.ndarray,
     edge_flows: np.ndarray,
     p_blocking_w: float,
@@ -207,14 +207,14 @@ def beam_plans(
     max_width: int,
     min_gain: float = 1e-4,
     patience: int = 2,
-    options_per_parent: int = 8,
+    choices_per_parent: int = 8,
 ) -> np.ndarray:
     """Candidate plans (k, n) from forward and backward beams at every deadline.
 
     Starts at ``width`` and doubles up to ``max_width``; a row stops once ``patience``
     doublings in a row did not improve its best plan by more than ``min_gain`` (relative).
     """
-    searches = [BeamSearch(dag, options, reverse, options_per_parent) for reverse in (False, True)]
+    searches = [BeamSearch(dag, node_choices, reverse, choices_per_parent) for reverse in (False, True)]
     stages = dag.schedule.num_stages
     deadlines = np.asarray(deadlines, dtype=float)
     best = np.full(len(deadlines), np.inf)
@@ -274,7 +274,7 @@ def _fastest_tails(order: list[int], succs: list[list[int]], fast: np.ndarray) -
 
 
 def _prefix_shortlists(offsets: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """For every row and prefix length j (0..k): the ≤ m options of least offset among options
+    """For every row and prefix length j (0..k): the ≤ m choices of least offset among choices
     [0, j), best first, as indices (−1 padded) and offsets (+inf padded); each (rows, k + 1, m)."""
     d, k = offsets.shape
     m = min(m, k)

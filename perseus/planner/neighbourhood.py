@@ -3,14 +3,14 @@
 Rounding and block shifts change one or two instructions at a time; the last fraction of a
 percent to the discrete optimum needs several instructions changed together. A *window* is the
 set of nodes at consecutive topological depths [a, b] (at most ``max_window`` of them). With
-every other node's option fixed, the window's problem is exact and small:
+every other node's choice fixed, the window's problem is exact and small:
 
 - nodes shallower than ``a`` are never descendants of the window, so their earliest finishes
   are constants (their own ancestors are fixed too);
 - nodes deeper than ``b`` are never ancestors of the window, so their latest starts under the
   deadline are constants.
 
-So the window is a MILP over its own nodes only: a binary per (node, option), a start time per
+So the window is a MILP over its own nodes only: a binary per (node, choice), a start time per
 node, precedence inside the window, start ≥ earliest finish of outside predecessors, finish ≤
 latest start of outside successors (or the deadline). Minimising the window's Σ effective cost
 minimises the plan's energy at that deadline over every plan that differs only inside the window.
@@ -27,7 +27,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from perseus.dag import InstructionDAG
-from perseus.planner.options import NodeOptions
+from perseus.planner.choices import NodeChoices
 
 _IMPROVEMENT = 1e-9  # relative: smaller changes are solver noise
 
@@ -35,16 +35,16 @@ _IMPROVEMENT = 1e-9  # relative: smaller changes are solver noise
 class WindowSearch:
     """Slides depth-band windows over the DAG and solves each exactly."""
 
-    def __init__(self, dag: InstructionDAG, options: NodeOptions, max_window: int = 16) -> None:
+    def __init__(self, dag: InstructionDAG, node_choices: NodeChoices, max_window: int = 16) -> None:
         self.dag = dag
-        self.options = options
+        self.node_choices = node_choices
         self.graph = dag.levels
         self.preds = dag.predecessors
         self.succs = dag.successors
         self.windows = _depth_windows([len(level.nodes) for level in self.graph.levels], max_window)
 
     def improve(self, choice: np.ndarray, deadline: float, time_limit_s: float, rounds: int = 2) -> np.ndarray:
-        """Better option choice (n,) within ``deadline`` by window MILPs, until a pass finds nothing."""
+        """Better choice (n,) within ``deadline`` by window MILPs, until a pass finds nothing."""
         stop_at = time.perf_counter() + time_limit_s
         choice = choice.copy()
         for _ in range(rounds):
@@ -60,7 +60,7 @@ class WindowSearch:
         return choice
 
     def _solve_window(self, choice: np.ndarray, deadline: float, first: int, last: int, budget_s: float) -> np.ndarray | None:
-        opts, g = self.options, self.graph
+        opts, g = self.node_choices, self.graph
         n = g.num_nodes
         durations = opts.node_times(choice)
         # Times in units of 1e-4 × deadline: HiGHS's absolute feasibility tolerance (1e-7) then
@@ -71,7 +71,7 @@ class WindowSearch:
         nodes = np.concatenate([level.nodes for level in g.levels[first : last + 1]])
         position = {v: i for i, v in enumerate(nodes.tolist())}
         tables = opts.node_table[nodes]
-        counts = opts.num_options[tables]
+        counts = opts.num_choices[tables]
         offsets = np.concatenate([[0], np.cumsum(counts)])
         num_binary = int(offsets[-1])
         k = len(nodes)
@@ -100,7 +100,7 @@ class WindowSearch:
             upper.append(rhs)
 
         for i, v in enumerate(nodes.tolist()):
-            r = len(lower)  # exactly one option
+            r = len(lower)  # exactly one choice
             rows.extend([r] * counts[i])
             cols.extend(range(offsets[i], offsets[i + 1]))
             vals.extend([1.0] * counts[i])

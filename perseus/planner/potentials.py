@@ -1,6 +1,6 @@
 """Local improvement by shifting start times ("potentials") of blocks of instructions.
 
-Fix every node's start time s_v. Each node then takes the slowest (cheapest) option that fits its
+Fix every node's start time s_v. Each node then takes the slowest (cheapest) choice that fits its
 window, from s_v to the earliest start among its successors (the deadline for sinks), so a plan
 is determined by its start times. Shifting the starts of a block X of consecutive instructions of
 one stage by δ moves time across the block's boundary: nodes feeding X from outside get a
@@ -8,7 +8,7 @@ shorter (or longer) window, nodes of X feeding outside get a longer (or shorter)
 windows inside X stay the same. For one node this is "start v earlier: its predecessors speed up,
 v slows down"; for longer blocks it exchanges time between instructions several steps apart,
 across stages. Total energy as a function of δ is piecewise constant with breakpoints where a
-window equals an option's time, so each move is an exact one-dimensional minimisation over those
+window equals a choice's time, so each move is an exact one-dimensional minimisation over those
 breakpoints, done for a whole batch of plans (one row per deadline) at once.
 
 Besides same-stage blocks, ``neighbour_sets`` adds the blocks "all successors of v", "all
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perseus.dag import InstructionDAG
-from perseus.planner.options import NodeOptions
+from perseus.planner.choices import NodeChoices
 
 _TOL = 1e-12
 _DEADLINE = -1
@@ -50,15 +50,15 @@ class PotentialDescent:
     """Block coordinate descent over node start times for a batch of plans."""
 
     def __init__(
-        self, dag: InstructionDAG, options: NodeOptions, max_block: int = 3, neighbour_sets: bool = False
+        self, dag: InstructionDAG, node_choices: NodeChoices, max_block: int = 3, neighbour_sets: bool = False
     ) -> None:
-        self.options = options
+        self.node_choices = node_choices
         self.n = dag.num_nodes
         self.preds = dag.predecessors
         self.succs = dag.successors
-        self.tables = options.node_table.tolist()
-        self.rows = [options.times[k, : options.num_options[k]] for k in range(len(options.tables))]
-        self.cost_rows = [options.costs[k, : options.num_options[k]] for k in range(len(options.tables))]
+        self.tables = node_choices.node_table.tolist()
+        self.rows = [node_choices.times[k, : node_choices.num_choices[k]] for k in range(len(node_choices.tables))]
+        self.cost_rows = [node_choices.costs[k, : node_choices.num_choices[k]] for k in range(len(node_choices.tables))]
         self.moves: list[_Move] = []
         offsets = dag.stage_offsets.tolist()
         for size in range(1, max_block + 1):
@@ -147,7 +147,7 @@ class PotentialDescent:
         return better
 
     def plan(self, starts: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
-        """Option choice per node implied by start times (slowest option fitting each window)."""
+        """Choice per node implied by start times (slowest choice fitting each window)."""
         choice = np.empty(starts.shape, dtype=np.int64)
         for v in range(self.n):
             right = deadlines if not self.succs[v] else starts[:, list(self.succs[v])].min(axis=1)

@@ -1,13 +1,13 @@
-"""The LP relaxation: each instruction's options replaced by their lower convex hull.
+"""The LP relaxation: each instruction's choices replaced by their lower convex hull.
 
 Minimise Σ c_v(d_v) subject to precedence and the deadline, where c_v is the piecewise-linear
-convex hull of node v's (time, effective cost) options. With segment variables y_vk ∈ [0, L_k]
+convex hull of node v's (time, effective cost) choices. With segment variables y_vk ∈ [0, L_k]
 (the amount node v is slowed past hull vertex k−1, at slope g_k) convexity makes the LP fill
 segments in order, so d_v = t_v0 + Σ_k y_vk is a point on the hull. Its optimum is a lower
 bound on every discrete plan and its durations guide the discrete repair.
 
 Only the deadline (right-hand side of the sink rows) changes between solves, so one HiGHS
-model is kept and re-solved with dual simplex from the previous basis: a sweep over deadlines
+model is kept and re-solved with dual simplex from the previous basis: a search over deadlines
 costs a few pivots per deadline.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.errors import PerseusError
-from perseus.planner.options import NodeOptions
+from perseus.planner.choices import NodeChoices
 
 
 class PlannerError(PerseusError):
@@ -26,21 +26,21 @@ class PlannerError(PerseusError):
 
 
 class HullRelaxation:
-    """Warm-started LP over the convex hull of each node's options.
+    """Warm-started LP over the convex hull of each node's choices.
 
     Columns: start s_v and finish f_v of every node, then the hull segments of every node.
     Rows: f_v − s_v − Σ_k y_vk = t_v0 per node, f_u − s_w ≤ 0 per edge, f_v ≤ T per sink.
     """
 
-    def __init__(self, dag: InstructionDAG, options: NodeOptions) -> None:
+    def __init__(self, dag: InstructionDAG, node_choices: NodeChoices) -> None:
         n = dag.num_nodes
         seg_node: list[np.ndarray] = []
         seg_len: list[np.ndarray] = []
         seg_slope: list[np.ndarray] = []
         base_time = np.empty(n)
         base_cost = np.empty(n)
-        for k, table in enumerate(options.tables):
-            nodes = np.flatnonzero(options.node_table == k)
+        for k, table in enumerate(node_choices.tables):
+            nodes = np.flatnonzero(node_choices.node_table == k)
             ht, hc = table.times_s[table.hull], table.costs[table.hull]
             lengths, slopes = np.diff(ht), np.diff(hc) / np.diff(ht)
             base_time[nodes], base_cost[nodes] = ht[0], hc[0]

@@ -1,18 +1,18 @@
-"""Discrete repair: turn continuous target durations into feasible option choices.
+"""Discrete repair: turn continuous target durations into feasible choices.
 
-All functions work on a batch of plans at once (one row per deadline) and sweep the DAG one
+All functions work on a batch of plans at once (one row per deadline) and walk the DAG one
 topological level at a time.
 
-``round_with_carry`` walks forward: a node may take the slowest option that finishes by its
+``round_with_carry`` walks forward: a node may take the slowest choice that finishes by its
 latest finish under the *targets* of its descendants, given the actual finishes of its
 predecessors. Time a node gives up by rounding down is carried to its successors (they start
-earlier), so a chain of nodes whose target lies between two options ends up with the right mix of
+earlier), so a chain of nodes whose target lies between two choices ends up with the right mix of
 the two, like error diffusion. Every step keeps "chosen prefix + targets for the rest" within the
 deadline, so the result always meets it.
 
-``fill_slack`` then alternates backward and forward sweeps that slow each node into whatever
-float remains, until no node can be slowed alone. Slower options are always cheaper (options are
-filtered that way), so each sweep can only lower energy.
+``fill_slack`` then alternates backward and forward passes that slow each node into whatever
+float remains, until no node can be slowed alone. Slower choices are always cheaper (choices are
+filtered that way), so each pass can only lower energy.
 """
 
 from __future__ import annotations
@@ -20,39 +20,39 @@ from __future__ import annotations
 import numpy as np
 
 from perseus.dag import LevelGraph
-from perseus.planner.options import NodeOptions
+from perseus.planner.choices import NodeChoices
 
-# Relative slack allowed when comparing a budget with an option's time, so that a target equal to
-# an option's time (up to float rounding) selects that option. Deadlines are shrunk by
+# Relative slack allowed when comparing a budget with a choice's time, so that a target equal to
+# a choice's time (up to float rounding) selects that choice. Deadlines are shrunk by
 # DEADLINE_MARGIN, far more than the tolerance can accumulate along any path.
 FIT_TOLERANCE = 1e-12
 DEADLINE_MARGIN = 1e-9
 
 
-def _choose(options: NodeOptions, budgets: np.ndarray, groups: list[tuple[int, np.ndarray]]) -> np.ndarray:
-    """Slowest fitting option per (row, node) of one level; ``groups`` = (table, columns)."""
+def _choose(node_choices: NodeChoices, budgets: np.ndarray, groups: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    """Slowest fitting choice per (row, node) of one level; ``groups`` = (table, columns)."""
     out = np.empty(budgets.shape, dtype=np.int64)
     tol = budgets * (1 + FIT_TOLERANCE) + 1e-15
     for table, cols in groups:
-        row = options.times[table, : options.num_options[table]]
+        row = node_choices.times[table, : node_choices.num_choices[table]]
         out[:, cols] = np.maximum(np.searchsorted(row, tol[:, cols], side="right") - 1, 0)
     return out
 
 
 class LevelChooser:
-    """Per-level grouping of nodes by option table, precomputed once per DAG."""
+    """Per-level grouping of nodes by choice table, precomputed once per DAG."""
 
-    def __init__(self, graph: LevelGraph, options: NodeOptions) -> None:
+    def __init__(self, graph: LevelGraph, node_choices: NodeChoices) -> None:
         self.graph = graph
-        self.options = options
+        self.node_choices = node_choices
         self.groups: list[list[tuple[int, np.ndarray]]] = []
         for level in graph.levels:
-            tables = options.node_table[level.nodes]
+            tables = node_choices.node_table[level.nodes]
             self.groups.append([(int(k), np.flatnonzero(tables == k)) for k in np.unique(tables)])
 
     def round_with_carry(self, targets: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
-        """Option choices (batch, n) meeting ``deadlines`` that follow continuous ``targets``."""
-        g, opts = self.graph, self.options
+        """Choices (batch, n) meeting ``deadlines`` that follow continuous ``targets``."""
+        g, opts = self.graph, self.node_choices
         deadlines = deadlines * (1 - DEADLINE_MARGIN)
         latest = g.latest_finish(targets, deadlines)
         batch = targets.shape[0]
@@ -67,7 +67,7 @@ class LevelChooser:
 
     def round_with_carry_backward(self, targets: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Mirror of ``round_with_carry``: latest nodes choose first, carrying time to predecessors."""
-        g, opts = self.graph, self.options
+        g, opts = self.graph, self.node_choices
         deadlines = deadlines * (1 - DEADLINE_MARGIN)
         earliest_finish = g.finish_times(targets)
         batch = targets.shape[0]
@@ -84,7 +84,7 @@ class LevelChooser:
 
     def fill_backward(self, choice: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Slow nodes into remaining float, latest nodes first."""
-        g, opts = self.graph, self.options
+        g, opts = self.graph, self.node_choices
         deadlines = deadlines * (1 - DEADLINE_MARGIN)
         durations = opts.node_times(choice)
         finish = g.finish_times(durations)
@@ -101,7 +101,7 @@ class LevelChooser:
 
     def fill_forward(self, choice: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Slow nodes into remaining float, earliest nodes first."""
-        g, opts = self.graph, self.options
+        g, opts = self.graph, self.node_choices
         deadlines = deadlines * (1 - DEADLINE_MARGIN)
         latest = g.latest_finish(opts.node_times(choice), deadlines)
         finish = np.zeros_like(latest)
@@ -116,7 +116,7 @@ class LevelChooser:
     def fill_slack(self, choice: np.ndarray, deadlines: np.ndarray, max_rounds: int = 4) -> np.ndarray:
         """Alternate backward/forward fills until no node can be slowed alone.
 
-        Rows that a round left unchanged are final, so later rounds only sweep the others.
+        Rows that a round left unchanged are final, so later rounds only revisit the others.
         """
         choice = choice.copy()
         deadlines = np.broadcast_to(np.asarray(deadlines, dtype=float), (choice.shape[0],))

@@ -6,16 +6,32 @@ Every value is checked before training starts: a typo or an impossible combinati
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, model_validator
 
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, PerseusError
+from perseus.planner.settings import PlannerOptions
 
 Mode = Literal["profile", "plan", "run", "measure-only"]
 GPUBackend = Literal["auto", "nvml", "sim"]
 
 MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
+
+
+def _planner_options(value: Any) -> PlannerOptions:
+    """A mapping (or ``PlannerOptions``) → checked ``PlannerOptions``, so a misspelt key fails now,
+    not as "planning failed" after warm-up and a whole profiling sweep."""
+    try:
+        return PlannerOptions.from_mapping(value)
+    except PerseusError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# Checked by the planner's own dataclass (no pydantic coercion: "48" stays an error); dumped as a dict.
+PlannerOptionsField = Annotated[
+    PlannerOptions, PlainValidator(_planner_options), PlainSerializer(lambda o: o.as_dict(), return_type=dict)
+]
 
 
 class PerseusConfig(BaseModel):
@@ -44,7 +60,7 @@ class PerseusConfig(BaseModel):
     # Planning.
     profile_path: str | None = None
     frontier_path: str | None = None
-    planner_options: dict[str, Any] = Field(default_factory=dict)
+    planner_options: PlannerOptionsField = Field(default_factory=PlannerOptions)
 
     # Stragglers and external targets.
     straggler_period_steps: int = Field(default=10, ge=0)

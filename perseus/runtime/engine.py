@@ -1,9 +1,12 @@
 """``PerseusRuntime``: the stateful engine adapters drive with step and instruction events.
 
-One object per training process. It walks the phases (``phases.py``): warm-up at default clocks
-(baseline), online profiling (``sweep.py``, ``profiler.py``), planning on rank 0 in a background
-thread while training continues, then deployment of the frontier's default point
-(``deploy.py``), with straggler matching (``straggler.py``) and external targets on top.
+One object per training process. It keeps the hot path and the phase transitions (``phases.py``):
+warm-up at default clocks (baseline), online profiling (``profiling.py``: the clock sweep of
+``clock_sweep.py`` measured by ``profiler.py``), planning on rank 0 in a background thread while
+training continues (``planning.py``), then deployment of the frontier's default point
+(``deploy.py``), with straggler matching (``job_check.py``, ``straggler.py``) and external targets
+on top. Where the plan comes from (``sources.py``), the summary (``report.py``) and closing at
+process exit (``lifecycle.py``) are small pieces of their own that return values.
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
 non-blocking request to the frequency controller. Everything that talks to other ranks
@@ -13,39 +16,35 @@ step, so phase changes and plan switches happen on all ranks together.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import signal
-import threading
-import weakref
-from statistics import fmean, median
 from time import perf_counter
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.frontier import Frontier, FrontierPoint, load_frontier
-from perseus.planner import plan_frontier
-from perseus.profile import Profile, load_profile
-from perseus.runtime.aggregate import RankMeasurements, aggregate_profile
-from perseus.runtime.cache import RunCache
-from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.profile import Profile
+from perseus.runtime.aggregate import aggregate_profile
+from perseus.runtime.clock_sweep import profiling_iterations
+from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import PlanFollower
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.job_check import check_job
+from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
 from perseus.runtime.phases import Phase, PhaseMachine
-from perseus.runtime.profiler import SweepRecorder, instruction_keys
-from perseus.runtime.report import Reporter, StepRecord
-from perseus.runtime.straggler import StragglerPolicy, natural_time, slowdown_against_slowest
-from perseus.runtime.sweep import FrequencySweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.runtime.planning import BackgroundPlanner, share_outcome
+from perseus.runtime.profiler import instruction_keys
+from perseus.runtime.profiling import ProfilingRun
+from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
+from perseus.runtime.sources import cache_key, open_cache, share_sources
+from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.schedule import InstructionKind
 
 log = logging.getLogger("perseus.runtime")
 
 # What the instruction hooks do, as one int the hot path compares against.
 _HOT_IDLE, _HOT_PROFILE, _HOT_DEPLOY = 0, 1, 2
-# Planning status broadcast from rank 0 every step while a plan is pending.
-_PLAN_PENDING, _PLAN_READY, _PLAN_FAILED = 0, 1, 2
 
 
 class PerseusRuntime:
@@ -66,14 +65,14 @@ class PerseusRuntime:
         self.enabled = self.config.enabled
         if not self.enabled:
             return
-        _check_job(job)
+        job.check()
         self.schedule = job.build_schedule()
         self.collective = Collective(process_group)
         self.rank = self.collective.rank
         self.is_root = self.collective.is_root
         if self.is_root:
-            _ensure_log_handler()
-        _install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
+            ensure_log_handler()
+        install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
         self.gpu = self._open_gpu(gpu)
         self.reporter = Reporter(self.rank, self.config.log_every_steps, self.config.metrics_file if self.is_root else None)
         self.phases = PhaseMachine()
@@ -81,10 +80,7 @@ class PerseusRuntime:
         self._stage_instructions = self.schedule.stages[job.stage]
         self._keys = instruction_keys(self._stage_instructions)
         self.timer = self.gpu.instruction_timer()
-        self._poller: Any = None
-        self.sweep: FrequencySweep | None = None
-        self.recorder: SweepRecorder | None = None
-        self._prev_energies: dict[Any, float] | None = None
+        self._profiling: ProfilingRun | None = None
         self.p_blocking_w: float | None = None
         self.frontier: Frontier | None = None
         self.point: FrontierPoint | None = None
@@ -99,18 +95,15 @@ class PerseusRuntime:
         self._deployed_steps = 0
         self._fallback_problem: str | None = None
         self._fallback_warned = False
-        self._planning_thread: threading.Thread | None = None
-        self._plan_result: Frontier | None = None
-        self._plan_error: str | None = None
-        self._plan_done = threading.Event()
+        self._planner: BackgroundPlanner | None = None  # rank 0 only
         self._profile: Profile | None = None
         self._have_profile = False
         self.events: list[tuple[int, str, Any]] = []
         self.job_numbers: dict[str, Any] = {}
         self._step_t0 = self._step_e0 = self._last_end = 0.0
         self._in_step = False
-        self.cache = self._make_cache() if self.is_root else None
-        _LIVE.add(self)
+        self.cache = open_cache(self.config, self._cache_key()) if self.is_root else None
+        track(self)
         self._load_sources()
 
     # ================================================================ setup
@@ -142,69 +135,20 @@ class PerseusRuntime:
         return self.config.device_index
 
     def _cache_key(self) -> dict[str, Any]:
-        c = self.config
-        return {
-            "model": dict(self.job.model_config),
-            "schedule": self.schedule.name,
-            "stages": self.schedule.num_stages,
-            "microbatches": self.schedule.num_microbatches,
-            "chunks": self.schedule.num_chunks,
-            "tp_size": self.job.tp_size,
-            "gpu_name": self.gpu.name,
-            "driver_version": self.gpu.driver_version,
-            "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
-        }
-
-    def _make_cache(self) -> RunCache | None:
-        return RunCache(self.config.cache_dir, self._cache_key()) if self.config.cache_dir else None
+        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config)
 
     def _load_sources(self) -> None:
         """Rank 0 finds a provided or cached frontier/profile; every rank learns the outcome."""
-        status: dict[str, Any] = {"error": None, "frontier": None, "profile": False, "origin": None}
-        if self.is_root:
-            try:
-                status.update(self._root_sources())
-            except PerseusError as exc:
-                status["error"] = str(exc)
-        status = self.collective.broadcast_object(status)
-        if status["error"]:
+        try:
+            sources = share_sources(self.collective, self.config, self.schedule, self.cache)
+        except ConfigError:
             self.close()
-            raise ConfigError(status["error"])
-        if status["frontier"] is not None:
-            self.frontier = decode_frontier(status["frontier"])
-        self._have_profile = status["profile"]
-        if status["origin"]:
-            self._event("source", status["origin"])
-
-    def _root_sources(self) -> dict[str, Any]:
-        c = self.config
-        if c.frontier_path:
-            frontier = load_frontier(c.frontier_path)
-            if frontier.schedule != self.schedule:
-                raise ConfigError(
-                    f"{c.frontier_path}: frontier is for {frontier.schedule.name} {frontier.schedule.num_stages} stages × "
-                    f"{frontier.schedule.num_microbatches} microbatches, but this job runs {self.schedule.name} "
-                    f"{self.schedule.num_stages} × {self.schedule.num_microbatches}; plan for this job"
-                )
-            return {"frontier": encode_frontier(frontier), "origin": f"frontier {c.frontier_path}"}
-        if c.profile_path:
-            profile = load_profile(c.profile_path, c.p_blocking_w)
-            profile.check_matches(self.schedule)
-            self._profile = profile
-            return {"profile": True, "origin": f"profile {c.profile_path}"}
-        if self.cache is None:
-            return {}
-        out: dict[str, Any] = {}
-        if c.mode != "profile":
-            frontier = self.cache.load_frontier(self.schedule)
-            if frontier is not None:
-                out.update(frontier=encode_frontier(frontier), origin=f"cached frontier {self.cache.frontier_path}")
-        profile = self.cache.load_profile()
-        if profile is not None:
-            self._profile = profile
-            out["profile"] = True
-            out.setdefault("origin", f"cached profile {self.cache.profile_path}")
-        return out
+            raise
+        self.frontier = sources.frontier
+        self._profile = sources.profile
+        self._have_profile = sources.have_profile
+        if sources.origin:
+            self._event("source", sources.origin)
 
     # ================================================================ hooks (hot path)
 
@@ -245,8 +189,8 @@ class PerseusRuntime:
         span = max(self._last_end - self._step_t0, 1e-9)
         phase = self.phases.phase
         record = StepRecord(self.step, phase.value, step_time, energy)
-        if phase is Phase.PROFILING and self.sweep is not None:
-            record.freq_mhz = self.sweep.current_mhz
+        if phase is Phase.PROFILING and self._profiling is not None:
+            record.freq_mhz = self._profiling.sweep.current_mhz
         if phase is Phase.DEPLOYED and self.point is not None:
             record.target_time_s = self.point.time_s
             record.slowdown = self._slowdown
@@ -299,10 +243,9 @@ class PerseusRuntime:
 
     def _start_profiling(self) -> None:
         c = self.config
-        freqs = select_frequencies(self.gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
-        self.sweep = FrequencySweep(freqs, c.iters_per_freq, c.early_stop_patience)
-        self.recorder = SweepRecorder(self._keys)
+        run = self._profiling = ProfilingRun(self.gpu, self.collective, c, self._keys)
         self.p_blocking_w = c.p_blocking_w if c.p_blocking_w is not None else self._measure_p_blocking()
+        freqs = run.sweep.frequencies
         if self.is_root:
             log.info(
                 "perseus: profiling %d clocks %d..%d MHz, %d iterations each (at most %d iterations incl. warm-up); "
@@ -312,8 +255,7 @@ class PerseusRuntime:
             )
         self._enter(Phase.PROFILING)
         self.timer.resolve()
-        self._poller = self.gpu.energy_poller(c.energy_poll_s)
-        self.gpu.apply(self.sweep.current_mhz)
+        run.start(self.p_blocking_w)
 
     def _measure_p_blocking(self) -> float:
         """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps."""
@@ -326,50 +268,23 @@ class PerseusRuntime:
             return self.gpu.sample_idle_power(seconds)
 
     def _profiling_step(self, step_time: float, energy: float) -> None:
-        sweep, recorder = self.sweep, self.recorder
-        assert sweep is not None and recorder is not None and self.p_blocking_w is not None
-        freq = sweep.current_mhz
-        recorder.add_step(self.timer.resolve(), step_time, energy, self.p_blocking_w)
-        if not sweep.count_iteration():
-            return
-        updates = self._poller.updates() if self._poller is not None else None
-        energies = recorder.finish_frequency(freq, updates, self.p_blocking_w)
-        rising = self.collective.all_true(energy_rose(self._prev_energies, energies))
-        self._prev_energies = energies
-        nxt = sweep.next_frequency(rising)
-        if self.is_root:
-            log.info("perseus: profiled %d MHz (%d/%d clocks)%s", freq, len(sweep.visited), len(sweep.frequencies),
-                     "; energy rises at lower clocks, sweep stops early" if sweep.stopped_early else "")
-        if nxt is not None:
-            self.gpu.apply(nxt)
-            return
-        self.gpu.reset()
-        if self._poller is not None:
-            self._poller.stop()
-            self._poller = None
-        if recorder.fallback_reasons and self.is_root:
-            log.warning(
-                "perseus: energy attribution fell back to per-step counter readings for %d clock(s) (%s); "
-                "run more iters_per_freq for counter-interval regression",
-                len(recorder.fallback_reasons), recorder.fallback_reasons[0],
-            )
-        self._finish_profiling()
+        assert self._profiling is not None
+        if self._profiling.step(self.timer.resolve(), step_time, energy):
+            self._finish_profiling()
 
     def _finish_profiling(self) -> None:
-        assert self.recorder is not None
-        mine = RankMeasurements(
-            self.job.stage, self.job.tp_rank, self.job.dp_rank, self.recorder.measurements, self.p_blocking_w, self.gpu.name
-        )
-        gathered = self.collective.gather_to_root(mine)
+        run = self._profiling
+        assert run is not None
+        gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.is_root:
             assert gathered is not None
-            config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(self.sweep.visited)}  # type: ignore[union-attr]
+            config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
             self._profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, config)
             if self.cache is not None:
                 path = self.cache.save_profile(self._profile)
                 log.info("perseus: profile saved to %s", path)
         self._have_profile = True
-        self._event("profiled", list(self.sweep.visited))  # type: ignore[union-attr]
+        self._event("profiled", list(run.sweep.visited))
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
@@ -382,40 +297,25 @@ class PerseusRuntime:
         self._enter(Phase.PLANNING)
         if self.is_root:
             log.info("perseus: planning in the background; training continues at default clocks")
-            self._planning_thread = threading.Thread(target=self._plan_worker, name="perseus-planner", daemon=True)
-            self._planning_thread.start()
-
-    def _plan_worker(self) -> None:
-        try:
             assert self._profile is not None
-            frontier = plan_frontier(self.schedule, self._profile, **self.config.planner_options)
-            self._plan_result = frontier
-        except Exception as exc:  # noqa: BLE001 - reported to every rank as a warning
-            self._plan_error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._plan_done.set()
+            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options)
 
     def _poll_plan(self) -> None:
-        status = _PLAN_PENDING
-        if self.is_root and self._plan_done.is_set():
-            status = _PLAN_READY if self._plan_result is not None else _PLAN_FAILED
-        status = self.collective.broadcast_int(status)
-        if status == _PLAN_PENDING:
+        outcome = share_outcome(self.collective, self._planner)
+        if outcome is None:
             return
-        if status == _PLAN_FAILED:
-            message = self.collective.broadcast_object(self._plan_error)
-            log.warning("perseus: planning failed (%s); keeping default clocks", message)
+        if outcome.frontier is None:
+            log.warning("perseus: planning failed (%s); keeping default clocks", outcome.error)
             self._steady("no plan")
             return
-        encoded = self.collective.broadcast_object(encode_frontier(self._plan_result) if self.is_root else None)
-        self.frontier = decode_frontier(encoded)
+        self.frontier = outcome.frontier
         if self.is_root:
-            assert self._plan_result is not None
+            assert outcome.planned is not None
             log.info(
-                "perseus: frontier with %d points planned in %.1f s", len(self.frontier.points), self._plan_result.solve_time_s
+                "perseus: frontier with %d points planned in %.1f s", len(self.frontier.points), outcome.planned.solve_time_s
             )
             if self.cache is not None:
-                log.info("perseus: frontier saved to %s", self.cache.save_frontier(self._plan_result))
+                log.info("perseus: frontier saved to %s", self.cache.save_frontier(outcome.planned))
         if self.config.mode == "run":
             self._deploy()
         else:
@@ -495,34 +395,12 @@ class PerseusRuntime:
             self._periodic_check()
 
     def _periodic_check(self) -> None:
-        """Every K steps: all-gather per-rank numbers; straggler policy; spread a plan mismatch."""
-        # Median, not mean: one iteration slowed by something else on the node (a checkpoint, a
-        # noisy neighbour) must not look like a straggler or hide a recovery.
-        nat = median(t for t, _ in self._window)
-        energy = sum(e for _, e in self._window)
-        steps = len(self._window)
+        """Every K steps: all-gather per-rank numbers (``job_check.check_job``); straggler policy;
+        spread a plan mismatch."""
+        check = check_job(self.collective, self.job, self.step, self._window, self._fallback_problem is not None)
         self._window = []
-        rows = self.collective.all_gather_floats(
-            [float(self.job.dp_rank), nat, energy, float(steps), 1.0 if self._fallback_problem else 0.0]
-        )
-        pipelines: dict[int, float] = {}
-        for dp, t, _, _, _ in rows:
-            pipelines[int(dp)] = max(pipelines.get(int(dp), 0.0), t)
-        order = sorted(pipelines)
-        times = [pipelines[d] for d in order]
-        slowdown = slowdown_against_slowest(times, order.index(self.job.dp_rank))
-        self.job_numbers = {
-            "step": self.step,
-            "pipeline_natural_time_s": dict(zip(order, times)),
-            "energy_per_iteration_j": sum(r[2] / max(r[3], 1) for r in rows),
-            "slowdown_seen": slowdown,
-        }
-        if self.is_root:
-            log.info(
-                "perseus: job energy %.2f J/iteration over %d GPUs; pipeline times %s",
-                self.job_numbers["energy_per_iteration_j"], len(rows), ", ".join(f"{t * 1e3:.1f} ms" for t in times),
-            )
-        if any(r[4] for r in rows):
+        self.job_numbers = check.numbers
+        if check.diverged:
             if self.phases.phase is Phase.DEPLOYED:
                 self._hot = _HOT_IDLE
                 self.gpu.release()
@@ -531,8 +409,8 @@ class PerseusRuntime:
                 self._event("fallback", self._fallback_problem)
             return
         before = self._policy.ratio
-        self._event("slowdown_seen", slowdown)
-        ratio = self._policy.observe(slowdown)
+        self._event("slowdown_seen", check.slowdown)
+        ratio = self._policy.observe(check.slowdown)
         if ratio != before:
             self._event("straggler", ratio)
             self._target_dirty = True
@@ -584,50 +462,29 @@ class PerseusRuntime:
         """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
         if not self.enabled:
             return {"enabled": False}
-        rep = self.reporter
-        means = rep.phase_means()
-        recent = rep.records[-5:]
-        deployed = means.get(Phase.DEPLOYED.value)
-        out: dict[str, Any] = {
-            "enabled": True,
-            "rank": self.rank,
-            "stage": self.job.stage,
-            "dp_rank": self.job.dp_rank,
-            "mode": self.config.mode,
-            "phase": self.phases.phase.value,
-            "steps": self.step,
-            "phase_history": [(s, p.value) for s, p in self.phases.history],
-            "baseline": {"time_s": rep.baseline_time_s, "energy_j": rep.baseline_energy_j},
-            "current": {
-                "time_s": fmean(r.time_s for r in recent) if recent else None,
-                "energy_j": fmean(r.energy_j for r in recent) if recent else None,
-            },
-            "phases": means,
-            "saving": rep.saving(deployed["energy_j"]) if deployed else None,
-            "p_blocking_w": self.p_blocking_w,
-            "fallback": self._fallback_problem,
-            "slowdown": self._slowdown,
-            "clock_mhz": self.gpu.current_mhz,
-            "events": list(self.events),
-            "job": dict(self.job_numbers),
-        }
-        if self.sweep is not None:
-            out["profiled_clocks_mhz"] = list(self.sweep.visited)
-            out["profiling_iterations"] = profiling_iterations(
-                self.config.warmup_steps, self.config.iters_per_freq, len(self.sweep.visited)
-            )
-            out["sweep_stopped_early"] = self.sweep.stopped_early
-        if self.frontier is not None:
-            out["frontier"] = {
-                "points": len(self.frontier.points),
-                "baseline_time_s": self.frontier.baseline_time_s,
-                "baseline_energy_j": self.frontier.baseline_energy_j,
-                "default_time_s": self.frontier.default_point().time_s,
-                "default_energy_j": self.frontier.default_point().energy_j,
-            }
-        if self.point is not None:
-            out["point"] = {"time_s": self.point.time_s, "energy_j": self.point.energy_j}
-        return out
+        c = self.config
+        sweep = self._profiling.sweep if self._profiling is not None else None
+        return summarize(
+            self.reporter,
+            rank=self.rank,
+            job=self.job,
+            mode=c.mode,
+            phase=self.phases.phase.value,
+            steps=self.step,
+            phase_history=[(s, p.value) for s, p in self.phases.history],
+            p_blocking_w=self.p_blocking_w,
+            fallback=self._fallback_problem,
+            slowdown=self._slowdown,
+            clock_mhz=self.gpu.current_mhz,
+            events=self.events,
+            job_numbers=self.job_numbers,
+            sweep=sweep,
+            profiling_iterations=(
+                profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited)) if sweep else None
+            ),
+            frontier=self.frontier,
+            point=self.point,
+        )
 
     def close(self) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths."""
@@ -637,19 +494,14 @@ class PerseusRuntime:
         self._hot = _HOT_IDLE
         if not self.enabled:
             return
-        if self._poller is not None:
-            self._poller.stop()
+        if self._profiling is not None:
+            self._profiling.stop()
         try:
             self.gpu.close()
         finally:
             self.reporter.close()
             if self.is_root and self.phases.history:
-                s = self.summary()
-                log.info(
-                    "perseus summary: %d steps, phase %s, baseline %s, deployed %s, saving %s",
-                    s["steps"], s["phase"], _fmt(s["baseline"]), _fmt(s["phases"].get("deployed")),
-                    f"{100 * s['saving']:.1f}%" if s["saving"] is not None else "n/a",
-                )
+                log.info("%s", summary_line(self.summary()))
 
     def __enter__(self) -> PerseusRuntime:
         return self
@@ -657,64 +509,3 @@ class PerseusRuntime:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _fmt(d: dict[str, Any] | None) -> str:
-    if not d or d.get("time_s") is None:
-        return "n/a"
-    return f"{d['time_s'] * 1e3:.1f} ms / {d['energy_j']:.2f} J"
-
-
-def _check_job(job: PipelineJob) -> None:
-    checks = [
-        (0 <= job.stage < job.num_stages, f"stage {job.stage} is outside 0..{job.num_stages - 1}"),
-        (0 <= job.dp_rank < job.dp_size, f"dp_rank {job.dp_rank} is outside 0..{job.dp_size - 1}"),
-        (0 <= job.tp_rank < job.tp_size, f"tp_rank {job.tp_rank} is outside 0..{job.tp_size - 1}"),
-    ]
-    for ok, problem in checks:
-        if not ok:
-            raise ConfigError(f"perseus: invalid PipelineJob: {problem}")
-
-
-def _ensure_log_handler() -> None:
-    """Rank 0's progress lines must be visible even if the trainer configured no logging."""
-    logger = logging.getLogger("perseus")
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-
-
-# ---------------------------------------------------------------- never leave a locked clock
-
-_LIVE: "weakref.WeakSet[PerseusRuntime]" = weakref.WeakSet()
-_EXIT_HOOKED = False
-
-
-def _close_all() -> None:
-    for runtime in list(_LIVE):
-        try:
-            runtime.close()
-        except Exception:  # noqa: BLE001 - shutdown must go on
-            log.exception("perseus: failed to reset clocks at exit")
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _close_all()
-    raise SystemExit(128 + signum)
-
-
-def _install_exit_hooks() -> None:
-    """atexit + SIGTERM (when nobody else handles it): clocks are reset on every normal way out.
-
-    SIGTERM becomes ``SystemExit`` after the clocks are reset, so ``finally`` blocks and context
-    managers of the trainer run too. SIGKILL is covered by the GPU layer's controller process,
-    which resets the clocks when its parent disappears.
-    """
-    global _EXIT_HOOKED
-    if _EXIT_HOOKED:
-        return
-    _EXIT_HOOKED = True
-    atexit.register(_close_all)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)

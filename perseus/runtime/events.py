@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+from perseus.errors import ConfigError
 from perseus.schedule import Instruction, InstructionKind, Schedule, build_schedule
 
 
@@ -33,6 +34,17 @@ class PipelineJob:
 
     def build_schedule(self) -> Schedule:
         return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks)
+
+    def check(self) -> None:
+        """A rank outside the job is a ``ConfigError`` before training, not an index error in it."""
+        checks = [
+            (0 <= self.stage < self.num_stages, f"stage {self.stage} is outside 0..{self.num_stages - 1}"),
+            (0 <= self.dp_rank < self.dp_size, f"dp_rank {self.dp_rank} is outside 0..{self.dp_size - 1}"),
+            (0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} is outside 0..{self.tp_size - 1}"),
+        ]
+        for ok, problem in checks:
+            if not ok:
+                raise ConfigError(f"perseus: invalid PipelineJob: {problem}")
 
 
 @runtime_checkable

@@ -12,20 +12,29 @@ The engine never talks to NVML or the simulated GPU directly. ``GPUPort`` wraps 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perseus.gpu.controller import ClockController
+    from perseus.gpu.device import GPUDevice
+    from perseus.gpu.measurement import EnergyPoller
+    from perseus.gpu.timing import InstructionTimer
 
 log = logging.getLogger("perseus.runtime")
 
 
 class GPUPort:
-    """Clock control and energy reading for one rank's GPU."""
+    """Clock control and energy reading for one rank's GPU.
 
-    def __init__(self, device: Any, controller: Any = None, *, can_control: bool = True) -> None:
+    Measure-only mode is the GPU layer's ``NullController``: the port has one code path and
+    never asks whether clocks may change.
+    """
+
+    def __init__(self, device: GPUDevice, controller: ClockController) -> None:
         self.device = device
         self.controller = controller
-        self.can_control = can_control
         self.supported_mhz: list[int] = list(device.supported_sm_clocks_mhz())
         self.default_mhz: int = int(device.default_sm_clock_mhz())
         self.name: str = str(device.name)
@@ -36,63 +45,46 @@ class GPUPort:
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, backend: str, device_index: int | None, sim_options: dict[str, Any], *, control: bool) -> GPUPort:
-        """Open the configured GPU and, when clocks may change, start its controller."""
+    def open(cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool) -> GPUPort:
+        """Open the configured GPU with its controller: a process when clocks may change
+        (``control``), the measure-only ``NullController`` otherwise."""
+        from perseus.gpu.controller import make_controller
         from perseus.gpu.factory import open_gpu
 
-        device = open_gpu(backend, device_index, **sim_options)
-        if not control:
-            return cls(device, None, can_control=False)
-        if not device.can_set_clocks():
+        device = open_gpu(backend, device_index, **sim_gpu)
+        if control and not device.can_set_clocks():
             device.close()
             raise ConfigError(
                 f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
                 "or set mode to 'measure-only'"
             )
-        return cls(device, _start_controller(device), can_control=True)
+        # The controller process opens its own handle of the same device from the spec.
+        return cls(device, make_controller(device.spec(), enabled=control).start())
 
     # ---------------------------------------------------------------- clocks
 
     def request(self, mhz: int) -> None:
         """Ask for a clock without waiting (instruction hooks)."""
-        if mhz != self.current_mhz and self.can_control:
+        if mhz != self.current_mhz:
             self.current_mhz = mhz
-            if self.controller is not None:
-                self.controller.set_frequency(mhz)
-            else:
-                self.device.set_locked_sm_clock(mhz)
+            self.controller.set_frequency(mhz)
 
     def apply(self, mhz: int) -> None:
         """Set a clock and wait until it is in effect (step boundaries only)."""
-        if not self.can_control:
-            return
         self.current_mhz = mhz
-        if self.controller is not None:
-            self.controller.set_frequency(mhz)
-            self.controller.flush()
-        else:
-            self.device.set_locked_sm_clock(mhz)
+        self.controller.set_frequency(mhz)
+        self.controller.flush()
 
     def release(self) -> None:
         """Ask for default clocks without waiting (fallback from an instruction hook)."""
-        if not self.can_control:
-            return
         self.current_mhz = self.default_mhz
-        if self.controller is not None:
-            self.controller.reset()
-        else:
-            self.device.reset_locked_sm_clock()
+        self.controller.reset()
 
     def reset(self) -> None:
         """Back to default clocks (unlocked), waiting until done; safe to call repeatedly."""
-        if not self.can_control:
-            return
         self.current_mhz = self.default_mhz
-        if self.controller is not None:
-            self.controller.reset()
-            self.controller.flush()
-        else:
-            self.device.reset_locked_sm_clock()
+        self.controller.reset()
+        self.controller.flush()
 
     # ---------------------------------------------------------------- energy
 
@@ -101,11 +93,11 @@ class GPUPort:
 
     @property
     def is_simulated(self) -> bool:
-        from perseus.gpu.simulated import SimulatedGPU
+        from perseus.gpu.sim.device import SimulatedGPU
 
         return isinstance(self.device, SimulatedGPU)
 
-    def instruction_timer(self) -> Any:
+    def instruction_timer(self) -> InstructionTimer:
         """CUDA-event timer on a real GPU (kernels are asynchronous), the simulated GPU's own
         kernel timing on a simulated one."""
         from perseus.gpu.timing import SimulatedKernelTimer, make_instruction_timer
@@ -114,7 +106,7 @@ class GPUPort:
             return SimulatedKernelTimer(self.device)
         return make_instruction_timer(prefer_cuda=True)
 
-    def energy_poller(self, interval_s: float) -> Any:
+    def energy_poller(self, interval_s: float) -> EnergyPoller:
         """Background thread recording when the coarse energy counter advances."""
         from perseus.gpu.measurement import EnergyPoller
 
@@ -145,24 +137,11 @@ class GPUPort:
         try:
             self.reset()
         finally:
-            if self.controller is not None:
-                self.controller.close()
+            self.controller.close()
             self.device.close()
 
 
-def _start_controller(device: Any) -> Any:
-    """Start the GPU layer's controller process for this device (it opens its own handle)."""
-    from perseus.gpu.controller import FrequencyController
-    from perseus.gpu.spec import GPUSpec
-
-    if hasattr(device, "spec"):
-        spec = device.spec()
-    else:  # NVML: the controller opens the same CUDA device index
-        spec = GPUSpec(kind="nvml", index=getattr(device, "cuda_index", device.index))
-    return FrequencyController(spec).start()
-
-
-def _sample_idle_power(device: Any, seconds: float, period_s: float = 0.01) -> float:
+def _sample_idle_power(device: GPUDevice, seconds: float, period_s: float = 0.01) -> float:
     import time
 
     samples = []

@@ -1,7 +1,8 @@
 """Per-step numbers, the rank-0 log line, the optional JSONL metrics file and the final summary.
 
 Energies are this rank's GPU energy (measured by NVML or integrated by the simulated GPU);
-job-wide totals are added by the engine when it gathers iteration numbers every K steps.
+job-wide totals come from the periodic job check (``job_check.py``) every K steps.
+``summarize`` builds ``PerseusRuntime.summary()`` from values only, so it is testable alone.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean, median
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perseus.frontier import Frontier, FrontierPoint
+    from perseus.runtime.clock_sweep import ClockSweep
+    from perseus.runtime.events import PipelineJob
 
 log = logging.getLogger("perseus.runtime")
 
@@ -109,3 +115,81 @@ class Reporter:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+
+def summarize(
+    reporter: Reporter,
+    *,
+    rank: int,
+    job: PipelineJob,
+    mode: str,
+    phase: str,
+    steps: int,
+    phase_history: list[tuple[int, str]],
+    p_blocking_w: float | None,
+    fallback: str | None,
+    slowdown: float,
+    clock_mhz: int,
+    events: list[tuple[int, str, Any]],
+    job_numbers: dict[str, Any],
+    sweep: ClockSweep | None,
+    profiling_iterations: int | None,
+    frontier: Frontier | None,
+    point: FrontierPoint | None,
+) -> dict[str, Any]:
+    """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
+    means = reporter.phase_means()
+    recent = reporter.records[-5:]
+    deployed = means.get("deployed")
+    out: dict[str, Any] = {
+        "enabled": True,
+        "rank": rank,
+        "stage": job.stage,
+        "dp_rank": job.dp_rank,
+        "mode": mode,
+        "phase": phase,
+        "steps": steps,
+        "phase_history": list(phase_history),
+        "baseline": {"time_s": reporter.baseline_time_s, "energy_j": reporter.baseline_energy_j},
+        "current": {
+            "time_s": fmean(r.time_s for r in recent) if recent else None,
+            "energy_j": fmean(r.energy_j for r in recent) if recent else None,
+        },
+        "phases": means,
+        "saving": reporter.saving(deployed["energy_j"]) if deployed else None,
+        "p_blocking_w": p_blocking_w,
+        "fallback": fallback,
+        "slowdown": slowdown,
+        "clock_mhz": clock_mhz,
+        "events": list(events),
+        "job": dict(job_numbers),
+    }
+    if sweep is not None:
+        out["profiled_clocks_mhz"] = list(sweep.visited)
+        out["profiling_iterations"] = profiling_iterations
+        out["sweep_stopped_early"] = sweep.stopped_early
+    if frontier is not None:
+        out["frontier"] = {
+            "points": len(frontier.points),
+            "baseline_time_s": frontier.baseline_time_s,
+            "baseline_energy_j": frontier.baseline_energy_j,
+            "default_time_s": frontier.default_point().time_s,
+            "default_energy_j": frontier.default_point().energy_j,
+        }
+    if point is not None:
+        out["point"] = {"time_s": point.time_s, "energy_j": point.energy_j}
+    return out
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The one line rank 0 logs at close."""
+    s = summary
+    saving = f"{100 * s['saving']:.1f}%" if s["saving"] is not None else "n/a"
+    return (f"perseus summary: {s['steps']} steps, phase {s['phase']}, baseline {_fmt(s['baseline'])}, "
+            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}")
+
+
+def _fmt(d: dict[str, Any] | None) -> str:
+    if not d or d.get("time_s") is None:
+        return "n/a"
+    return f"{d['time_s'] * 1e3:.1f} ms / {d['energy_j']:.2f} J"

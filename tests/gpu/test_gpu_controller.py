@@ -273,3 +273,19 @@ def test_requests_never_block_the_training_thread_even_when_the_controller_stall
         c.set_frequency(900)
         c.flush()
         assert g.locked_sm_clock_mhz() == 900
+
+
+def test_starting_the_controller_prints_no_runtime_warning(sim_dir):
+    """The controller process starts without runpy's "found in sys.modules" RuntimeWarning."""
+    script = (
+        "from perseus.gpu import SimulatedGPU\n"
+        "from perseus.gpu.controller import FrequencyController\n"
+        "g = SimulatedGPU(0)\n"
+        "with FrequencyController(g.spec()) as c:\n"
+        "    c.set_frequency(1005)\n"
+        "    assert c.flush().current == 1005\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr

@@ -18,6 +18,7 @@ from perseus.gpu import (
     GPUNotSupportedError,
     GPUPermissionError,
     open_gpu,
+    open_spec,
 )
 from perseus.gpu.cuda_visible import default_cuda_index, parse_cuda_visible_devices, resolve_physical_index
 from perseus.gpu.nvml import NVMLGPU, translate_nvml_error
@@ -222,7 +223,7 @@ def test_power_integrator_fallback_without_energy_counter(fake_nvml):
     gpu.close()
 
 
-def test_open_gpu_nvml_rejects_sim_options(fake_nvml):
+def test_open_gpu_nvml_rejects_sim_settings(fake_nvml):
     with pytest.raises(GPUInvalidArgumentError, match="kind='sim'"):
         open_gpu("nvml", 0, preset="A40")
     gpu = open_gpu("nvml", 0)
@@ -236,7 +237,7 @@ def test_spec_and_busy_on_a_real_gpu_backend(fake_nvml, monkeypatch):
     gpu = NVMLGPU(1)
     spec = gpu.spec()
     assert (spec.kind, spec.index) == ("nvml", 1)  # CUDA index: the controller inherits the env
-    assert spec.open().uuid == fake_nvml.devices[1].uuid
+    assert open_spec(spec).uuid == fake_nvml.devices[1].uuid
     fake_nvml.calls.clear()
     with gpu.busy() as r:  # real GPUs: the work itself is the busy time; no NVML traffic
         pass

@@ -21,7 +21,7 @@ from perseus.gpu import (
     open_gpu,
     read_sim_state,
 )
-from perseus.gpu.simstate import FILE_SIZE
+from perseus.gpu.sim.state import FILE_SIZE
 
 A100 = get_preset("A100-SXM")
 

@@ -41,7 +41,7 @@ def exact_min_energy(dag: InstructionDAG, profile: Profile, deadline_s: float, t
 
     rows, cols, vals, lo, hi = [], [], [], [], []
     r = 0
-    for v in range(n):  # exactly one option per node
+    for v in range(n):  # exactly one choice per node
         idx = np.arange(offsets[v], offsets[v + 1])
         rows += [r] * len(idx); cols += idx.tolist(); vals += [1.0] * len(idx)
         lo.append(1.0); hi.append(1.0); r += 1

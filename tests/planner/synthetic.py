@@ -2,7 +2,7 @@
 
 Time grows as frequency falls, part of the work is clock-bound and part memory-bound
 (t = t0·(m + (1 − m)·f_max/f)); power falls super-linearly with frequency
-(P = P_static + k·(f/f_max)^3). Multiplicative noise makes some options dominated and the
+(P = P_static + k·(f/f_max)^3). Multiplicative noise makes some choices dominated and the
 (time, effective energy) curve non-convex, as in real measurements.
 """
 

@@ -7,9 +7,9 @@ import pytest
 
 from perseus.dag import InstructionDAG
 from perseus.planner.beam import BeamSearch, _prefix_shortlists, _row_pareto, beam_plans
-from perseus.planner.options import build_node_options
+from perseus.planner.choices import build_node_choices
 from perseus.planner.relaxation import HullRelaxation
-from perseus.planner.sweep import evaluate
+from perseus.planner.deadlines import evaluate
 from perseus.schedule import build_schedule
 from perseus.simulator import longest_path_finish
 from synthetic import synthetic_profile
@@ -19,12 +19,12 @@ def _setup(stages, microbatches, freqs, seed, schedule="1f1b", chunks=1):
     sched = build_schedule(schedule, stages, microbatches, chunks) if chunks > 1 else build_schedule(schedule, stages, microbatches)
     dag = InstructionDAG.from_schedule(sched)
     profile = synthetic_profile(stages, freqs, seed, num_chunks=chunks)
-    options = build_node_options(dag, profile, profile.p_blocking_w)
-    return dag, options, profile.p_blocking_w
+    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+    return dag, node_choices, profile.p_blocking_w
 
 
-def _flows(dag, options, deadlines):
-    lp = HullRelaxation(dag, options)
+def _flows(dag, node_choices, deadlines):
+    lp = HullRelaxation(dag, node_choices)
     rows = []
     for deadline in deadlines:
         lp.solve(deadline * (1 - 1e-9))
@@ -32,28 +32,28 @@ def _flows(dag, options, deadlines):
     return np.array(rows)
 
 
-def _deadlines(dag, options, count):
-    fastest = longest_path_finish(dag, options.fastest_times()).max()
-    slowest = longest_path_finish(dag, options.node_times(options.slowest_choice())).max()
+def _deadlines(dag, node_choices, count):
+    fastest = longest_path_finish(dag, node_choices.fastest_times()).max()
+    slowest = longest_path_finish(dag, node_choices.node_times(node_choices.slowest_choice())).max()
     return np.linspace(fastest, slowest, count)
 
 
-def _brute_force(dag, options, p_blocking_w, deadlines):
-    """Least energy within each deadline over every plan (all option combinations)."""
-    counts = options.num_options[options.node_table]
+def _brute_force(dag, node_choices, p_blocking_w, deadlines):
+    """Least energy within each deadline over every plan (all choice combinations)."""
+    counts = node_choices.num_choices[node_choices.node_table]
     plans = np.array(list(itertools.product(*[range(c) for c in counts])), dtype=np.int64)
-    found = evaluate(dag, options, plans, p_blocking_w)
+    found = evaluate(dag, node_choices, plans, p_blocking_w)
     return np.array([found.energies_j[found.times_s <= d * (1 + 1e-12)].min() for d in deadlines])
 
 
 @pytest.mark.parametrize("reverse", [False, True])
 def test_a_beam_wide_enough_to_hold_every_state_is_exact(reverse):
-    dag, options, p_b = _setup(2, 2, 4, seed=1)  # 8 instructions, ≤ 4 options: 4^8 plans
-    deadlines = _deadlines(dag, options, 7)
-    exact = _brute_force(dag, options, p_b, deadlines)
-    search = BeamSearch(dag, options, reverse=reverse, options_per_parent=4)
-    result = search.run(deadlines, _flows(dag, options, deadlines), 4**8, p_b, dag.schedule.num_stages)
-    sim = evaluate(dag, options, result.choices, p_b)
+    dag, node_choices, p_b = _setup(2, 2, 4, seed=1)  # 8 instructions, ≤ 4 choices: 4^8 plans
+    deadlines = _deadlines(dag, node_choices, 7)
+    exact = _brute_force(dag, node_choices, p_b, deadlines)
+    search = BeamSearch(dag, node_choices, reverse=reverse, choices_per_parent=4)
+    result = search.run(deadlines, _flows(dag, node_choices, deadlines), 4**8, p_b, dag.schedule.num_stages)
+    sim = evaluate(dag, node_choices, result.choices, p_b)
     best = np.array([sim.energies_j[result.row == i].min() for i in range(len(deadlines))])
     np.testing.assert_allclose(best, exact, rtol=1e-12)
     # The beam's own energy bookkeeping is the simulator's.
@@ -61,51 +61,51 @@ def test_a_beam_wide_enough_to_hold_every_state_is_exact(reverse):
 
 
 def test_every_plan_meets_the_deadline_it_was_built_for():
-    dag, options, p_b = _setup(3, 4, 20, seed=4)
-    deadlines = _deadlines(dag, options, 9)
+    dag, node_choices, p_b = _setup(3, 4, 20, seed=4)
+    deadlines = _deadlines(dag, node_choices, 9)
     for reverse in (False, True):
-        result = BeamSearch(dag, options, reverse=reverse).run(
-            deadlines, _flows(dag, options, deadlines), 64, p_b, dag.schedule.num_stages
+        result = BeamSearch(dag, node_choices, reverse=reverse).run(
+            deadlines, _flows(dag, node_choices, deadlines), 64, p_b, dag.schedule.num_stages
         )
-        sim = evaluate(dag, options, result.choices, p_b)
+        sim = evaluate(dag, node_choices, result.choices, p_b)
         assert set(result.row.tolist()) == set(range(len(deadlines)))  # every deadline got plans
         assert np.all(sim.times_s <= deadlines[result.row] * (1 + 1e-12))
 
 
 def test_exhaustive_beam_is_exact_on_interleaved_with_joint_receives():
-    dag, options, p_b = _setup(2, 2, 2, seed=3, schedule="interleaved", chunks=2)  # 16 instructions
-    deadlines = _deadlines(dag, options, 5)
-    exact = _brute_force(dag, options, p_b, deadlines)
+    dag, node_choices, p_b = _setup(2, 2, 2, seed=3, schedule="interleaved", chunks=2)  # 16 instructions
+    deadlines = _deadlines(dag, node_choices, 5)
+    exact = _brute_force(dag, node_choices, p_b, deadlines)
     for reverse in (False, True):
-        result = BeamSearch(dag, options, reverse=reverse, options_per_parent=2).run(
-            deadlines, _flows(dag, options, deadlines), 2**16, p_b, 2
+        result = BeamSearch(dag, node_choices, reverse=reverse, choices_per_parent=2).run(
+            deadlines, _flows(dag, node_choices, deadlines), 2**16, p_b, 2
         )
         best = np.array([result.energy_j[result.row == i].min() for i in range(len(deadlines))])
         np.testing.assert_allclose(best, exact, rtol=1e-12)
 
 
 def test_narrow_beams_come_close_to_brute_force():
-    dag, options, p_b = _setup(2, 3, 3, seed=5)  # 12 instructions, ≤ 3 options: 531,441 plans
-    deadlines = _deadlines(dag, options, 6)
-    exact = _brute_force(dag, options, p_b, deadlines)
-    plans = beam_plans(dag, options, deadlines, _flows(dag, options, deadlines), p_b, width=8, max_width=64)
-    sim = evaluate(dag, options, plans, p_b)
+    dag, node_choices, p_b = _setup(2, 3, 3, seed=5)  # 12 instructions, ≤ 3 choices: 531,441 plans
+    deadlines = _deadlines(dag, node_choices, 6)
+    exact = _brute_force(dag, node_choices, p_b, deadlines)
+    plans = beam_plans(dag, node_choices, deadlines, _flows(dag, node_choices, deadlines), p_b, width=8, max_width=64)
+    sim = evaluate(dag, node_choices, plans, p_b)
     ours = np.array([sim.energies_j[sim.times_s <= d * (1 + 1e-12)].min() for d in deadlines])
     assert np.all(ours >= exact * (1 - 1e-12))
     assert np.all(ours <= exact * 1.001)
 
 
 def test_width_doubling_only_helps():
-    dag, options, p_b = _setup(3, 4, 30, seed=6)
-    deadlines = _deadlines(dag, options, 6)
-    flows = _flows(dag, options, deadlines)
+    dag, node_choices, p_b = _setup(3, 4, 30, seed=6)
+    deadlines = _deadlines(dag, node_choices, 6)
+    flows = _flows(dag, node_choices, deadlines)
 
     def best(plans):
-        sim = evaluate(dag, options, plans, p_b)
+        sim = evaluate(dag, node_choices, plans, p_b)
         return np.array([sim.energies_j[sim.times_s <= d * (1 + 1e-12)].min() for d in deadlines])
 
-    narrow = best(beam_plans(dag, options, deadlines, flows, p_b, width=16, max_width=16))
-    doubled = best(beam_plans(dag, options, deadlines, flows, p_b, width=16, max_width=256))
+    narrow = best(beam_plans(dag, node_choices, deadlines, flows, p_b, width=16, max_width=16))
+    doubled = best(beam_plans(dag, node_choices, deadlines, flows, p_b, width=16, max_width=256))
     assert np.all(doubled <= narrow)
     assert np.any(doubled < narrow)
 
@@ -127,9 +127,9 @@ def test_prefix_shortlists_are_the_cheapest_of_each_prefix():
 
 
 def test_edge_flows_are_conserved_and_price_the_deadline():
-    dag, options, _ = _setup(3, 4, 20, seed=2)
-    lp = HullRelaxation(dag, options)
-    deadline = _deadlines(dag, options, 5)[1]
+    dag, node_choices, _ = _setup(3, 4, 20, seed=2)
+    lp = HullRelaxation(dag, node_choices)
+    deadline = _deadlines(dag, node_choices, 5)[1]
     lp.solve(deadline)
     flows = lp.edge_flows()
     inflow = np.bincount(dag.edge_dst, weights=flows, minlength=dag.num_nodes)

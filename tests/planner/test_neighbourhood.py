@@ -4,7 +4,7 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.planner.neighbourhood import WindowSearch, _depth_windows
-from perseus.planner.options import build_node_options
+from perseus.planner.choices import build_node_choices
 from perseus.schedule import build_schedule
 from perseus.simulator import simulate_many
 from synthetic import synthetic_profile
@@ -21,16 +21,16 @@ def test_window_search_improves_the_all_fastest_plan_within_the_deadline():
     schedule = build_schedule("1f1b", 3, 4)
     profile = synthetic_profile(3, 20, seed=1)
     dag = InstructionDAG.from_schedule(schedule)
-    options = build_node_options(dag, profile, profile.p_blocking_w)
-    search = WindowSearch(dag, options, max_window=8)
+    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+    search = WindowSearch(dag, node_choices, max_window=8)
     assert all(sum(len(level.nodes) for level in dag.levels.levels[a : b + 1]) < dag.num_nodes for a, b in search.windows)
     fastest = np.zeros(dag.num_nodes, dtype=np.int64)
-    t_fast = simulate_many(dag, options.node_times(fastest[None]), options.node_energies(fastest[None]), 80.0).time_s[0]
+    t_fast = simulate_many(dag, node_choices.node_times(fastest[None]), node_choices.node_energies(fastest[None]), 80.0).time_s[0]
     deadline = 1.1 * t_fast
     improved = search.improve(fastest, deadline, time_limit_s=30.0)
-    result = simulate_many(dag, options.node_times(improved[None]), options.node_energies(improved[None]), 80.0)
+    result = simulate_many(dag, node_choices.node_times(improved[None]), node_choices.node_energies(improved[None]), 80.0)
     assert result.time_s[0] <= deadline
-    assert options.node_costs(improved).sum() < options.node_costs(fastest).sum() - 1e-6
+    assert node_choices.node_costs(improved).sum() < node_choices.node_costs(fastest).sum() - 1e-6
     # Searching again never makes the plan worse.
     again = search.improve(improved, deadline, time_limit_s=30.0)
-    assert options.node_costs(again).sum() <= options.node_costs(improved).sum() + 1e-12
+    assert node_choices.node_costs(again).sum() <= node_choices.node_costs(improved).sum() + 1e-12

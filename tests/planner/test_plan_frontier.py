@@ -3,7 +3,7 @@ import pytest
 
 from perseus.dag import InstructionDAG
 from perseus.errors import PerseusError, ProfileError
-from perseus.planner import plan_frontier
+from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import InstructionProfile, Profile, uniform_profile
 from perseus.schedule import build_schedule
 from perseus.simulator import max_frequency_plan, simulate_plan
@@ -83,11 +83,11 @@ def test_bad_options_and_missing_p_blocking_are_clear_errors():
     schedule = build_schedule("1f1b", 2, 2)
     profile = synthetic_profile(2, 8, seed=0)
     with pytest.raises(PerseusError, match="num_deadlines"):
-        plan_frontier(schedule, profile, num_deadlines=0)
+        PlannerOptions(num_deadlines=0)
     with pytest.raises(PerseusError, match="improve_time_s"):
-        plan_frontier(schedule, profile, improve_time_s=-1)
+        PlannerOptions(improve_time_s=-1)
     with pytest.raises(PerseusError, match="beam_max_width"):
-        plan_frontier(schedule, profile, beam_width=1000, beam_max_width=500)
+        PlannerOptions(beam_width=1000, beam_max_width=500)
     no_pb = Profile(dict(profile.entries), None)
     with pytest.raises(ProfileError, match="P_blocking"):
         plan_frontier(schedule, no_pb)
@@ -107,3 +107,17 @@ def test_paced_lookup_is_the_least_energy_when_stretched(solved):
         assert chosen.time_s <= target * (1 + 1e-12)
         fitting = [p for p in plans if p.time_s <= target * (1 + 1e-12)]
         assert frontier.paced_energy_j(chosen, target) <= min(frontier.paced_energy_j(p, target) for p in fitting) + 1e-9
+
+
+def test_planner_options_from_a_mapping_name_unknown_keys_and_land_in_the_metadata():
+    options = PlannerOptions.from_mapping({"num_anchors": 8, "num_deadlines": 64, "beam_width": 0})
+    assert options == PlannerOptions(num_anchors=8, num_deadlines=64, beam_width=0)
+    with pytest.raises(PerseusError, match="unknown planner option.*num_anchor\\b.*valid options are num_anchors"):
+        PlannerOptions.from_mapping({"num_anchor": 8})
+    with pytest.raises(PerseusError, match="max_window must be an integer >= 1"):
+        PlannerOptions(max_window=True)
+    with pytest.raises(PerseusError, match="PlannerOptions"):
+        plan_frontier(build_schedule("1f1b", 2, 2), synthetic_profile(2, 8, seed=0), {"num_anchors": 8})
+    frontier = plan_frontier(build_schedule("1f1b", 2, 2), synthetic_profile(2, 8, seed=0), options)
+    assert {k: frontier.metadata[k] for k in PlannerOptions.names()} == options.as_dict()
+    assert frontier.metadata["planner"] == "hull-lp+repair"

@@ -3,7 +3,7 @@
 import numpy as np
 
 from perseus.dag import InstructionDAG
-from perseus.planner.options import build_node_options
+from perseus.planner.choices import build_node_choices
 from perseus.planner.relaxation import HullRelaxation
 from perseus.schedule import build_schedule
 from perseus.simulator import longest_path_finish
@@ -13,9 +13,9 @@ from synthetic import synthetic_profile
 def test_deadline_slope_is_a_tangent_below_the_lp_value():
     dag = InstructionDAG.from_schedule(build_schedule("1f1b", 3, 4))
     profile = synthetic_profile(3, 20, seed=2)
-    options = build_node_options(dag, profile, profile.p_blocking_w)
-    lp = HullRelaxation(dag, options)
-    fastest = longest_path_finish(dag, options.fastest_times()).max()
+    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+    lp = HullRelaxation(dag, node_choices)
+    fastest = longest_path_finish(dag, node_choices.fastest_times()).max()
     grid = fastest * np.linspace(1.02, 1.4, 9)
     values, slopes = [], []
     for deadline in grid:

@@ -33,6 +33,10 @@ def test_from_dict_accepts_valid_values():
         ({"profile_path": "p.json", "frontier_path": "f.json"}, ["profile_path or frontier_path"]),
         ({"warmup_step": 3}, ["warmup_step", "unknown setting", "warmup_steps"]),
         ({"p_blocking_w": -5}, ["p_blocking_w"]),
+        ({"planner_options": {"num_anchor": 8}}, ["planner_options", "unknown planner option", "num_anchor",
+                                                  "num_anchors"]),
+        ({"planner_options": {"beam_width": -1}}, ["planner_options", "beam_width", ">= 0"]),
+        ({"planner_options": {"num_anchors": "8"}}, ["planner_options", "num_anchors", "'8'"]),
     ],
 )
 def test_invalid_values_raise_one_line_config_error(bad, words):
@@ -54,3 +58,13 @@ def test_replace_validates():
     assert cfg.replace(mode="plan").mode == "plan"
     with pytest.raises(ConfigError):
         cfg.replace(warmup_steps=0)
+
+
+def test_planner_options_become_the_planners_typed_settings():
+    from perseus.planner import PlannerOptions
+
+    cfg = PerseusConfig.from_dict({"planner_options": {"num_anchors": 8, "beam_width": 0}})
+    assert cfg.planner_options == PlannerOptions(num_anchors=8, beam_width=0)
+    assert PerseusConfig().planner_options == PlannerOptions()
+    assert cfg.replace(mode="plan").planner_options == cfg.planner_options
+    assert cfg.model_dump()["planner_options"]["num_anchors"] == 8

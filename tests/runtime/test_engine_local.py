@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.gpu.simulated import SimulatedGPU
+from perseus.gpu.controller import NullController
+from perseus.gpu.sim.device import SimulatedGPU
 from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.cache import RunCache
@@ -39,6 +40,7 @@ def test_measure_only_without_profile_never_touches_clocks(tmp_path, caplog):
     device = sim(tmp_path)
     with caplog.at_level(logging.INFO, logger="perseus"):
         with PerseusRuntime(JOB, config(tmp_path, mode="measure-only")) as rt:
+            assert isinstance(rt.gpu.controller, NullController), "measure-only is the GPU layer's NullController"
             train(rt, device, 4)
             s = rt.summary()
     assert [p for _, p in s["phase_history"]] == ["warmup", "steady"]

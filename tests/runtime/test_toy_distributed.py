@@ -17,11 +17,11 @@ from demo_checks import cached_frontier, find_point, replay_policy, slowdown_bou
 from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile  # noqa: E402
 
 from perseus.dag import InstructionDAG  # noqa: E402
-from perseus.gpu.dvfs import get_preset  # noqa: E402
-from perseus.gpu.simstate import read_sim_state  # noqa: E402
+from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
+from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
-from perseus.runtime import engine  # noqa: E402
-from perseus.runtime.sweep import profiling_iterations  # noqa: E402
+from perseus.runtime import planning  # noqa: E402
+from perseus.runtime.clock_sweep import profiling_iterations  # noqa: E402
 from perseus.simulator import max_frequency_plan, simulate_plan  # noqa: E402
 from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
 
 def test_saving_with_stand_in_planner(tmp_path, monkeypatch):
     """Same run with a simple greedy planner (ranks are forked, so the patch reaches them)."""
-    monkeypatch.setattr(engine, "plan_frontier", greedy_frontier)
+    monkeypatch.setattr(planning, "plan_frontier", greedy_frontier)
     cfg, results = run_end_to_end(tmp_path)
     assert results[0]["summary"]["frontier"]["points"] == 2
     assert assert_saving(results, cfg, tmp_path / "cache") > 0.02

@@ -14,7 +14,7 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.gpu.dvfs import get_preset
+from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile
 from toy_pipeline import ToyConfig
 from perseus.schedule import build_schedule
@@ -52,7 +52,7 @@ def stage_uniform_frontier(cfg: ToyConfig, freqs: list[int]) -> Frontier:
     return Frontier(sched, profile.require_p_blocking(), all_max.time_s, all_max.energy_j, pareto, gpu_name=profile.gpu_name)
 
 
-def greedy_frontier(schedule, profile, progress=None) -> Frontier:
+def greedy_frontier(schedule, profile, options=None, *, progress=None) -> Frontier:
     """Stand-in planner: lower single instructions' clocks while the iteration time does not grow.
 
     Returns the all-max point plus the greedy point: a real, if simple, no-slowdown plan, used to

@@ -145,7 +145,7 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
     """Body of one toy-pipeline process."""
     import torch.distributed as dist
 
-    from perseus.gpu.simulated import SimulatedGPU
+    from perseus.gpu.sim.device import SimulatedGPU
     from perseus.runtime.config import PerseusConfig
     from perseus.runtime.engine import PerseusRuntime
     from perseus.runtime.events import PipelineJob

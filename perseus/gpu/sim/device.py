@@ -6,10 +6,10 @@ elapsed time is taken as the kernel's duration at the maximum clock, and on exit
 sleeps the extra time the current SM clock would have cost (``t(f) − t_max``), so a lower clock
 really slows the pipeline. Energy is integrated continuously (busy power during instructions,
 P_blocking in between) and exposed through a coarse counter that, like A100/H100 NVML, only
-advances at update-period boundaries. State lives in a shared file (``simstate``) so the
+advances at update-period boundaries. State lives in a shared file (``sim.state``) so the
 controller process's clock changes are seen by the trainer, and vice versa.
 
-Equations and parameters: see ``perseus.gpu.dvfs``.
+Equations and parameters: see ``perseus.gpu.sim.dvfs``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from perseus.gpu.device import BusyResult, GPUDevice, check_sm_clock
-from perseus.gpu.dvfs import PRESETS, DVFSModel, get_preset
+from perseus.gpu.sim.dvfs import PRESETS, DVFSModel, get_preset
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
-from perseus.gpu.simstate import SimState, SimStateFile, default_state_dir, state_path
+from perseus.gpu.sim.state import SimState, SimStateFile, default_state_dir, state_path
 from perseus.gpu.spec import GPUSpec
 
 DEFAULT_PRESET = "A100-SXM"

@@ -1,4 +1,5 @@
-"""Which SM clocks the online profiler visits, in what order, and when it stops early.
+"""The profiling clock sweep: which SM clocks the online profiler visits, in what order, and when
+it stops early. ("Sweep" in Perseus means this and only this; the planner searches deadlines.)
 
 The sweep goes from the highest clock downward, ``iters_per_freq`` training iterations per clock,
 right after the warm-up steps. Cost in iterations, without early stop:
@@ -50,7 +51,7 @@ def profiling_iterations(warmup_steps: int, iters_per_freq: int, num_frequencies
     return warmup_steps + iters_per_freq * num_frequencies
 
 
-class FrequencySweep:
+class ClockSweep:
     """Walks the clock list; ``done`` once the list is exhausted or energy keeps rising."""
 
     def __init__(self, frequencies_mhz: Sequence[int], iters_per_freq: int, patience: int = 2) -> None:

@@ -1,11 +1,11 @@
-"""Deadline sweep: LP anchors, discrete repair, beam search, local improvement, filtering.
+"""Deadline search: LP anchors, discrete repair, beam search, local improvement, filtering.
 
 1. Solve the hull LP at ``num_anchors`` deadlines spread over [fastest, slowest] plus the
    all-max-frequency time (warm-started dual simplex; only the deadline changes).
 2. Between adjacent anchors, interpolate the LP durations (a convex combination of two LP optima
    is feasible for the interpolated deadline and exact inside one linear piece of the LP's value
    curve), giving ``num_deadlines`` continuous targets in total.
-3. Round every target to options with carry, forward and backward, then fill slack — all
+3. Round every target to choices with carry, forward and backward, then fill slack — all
    deadlines at once, one topological level per numpy step.
 4. Small pipelines: LP-guided beam search (``planner.beam``) at strong and fill deadlines.
 5. Improve plans above the LP bound by block potential descent (and, on small pipelines, carry
@@ -26,10 +26,11 @@ import numpy as np
 from perseus.dag import InstructionDAG
 from perseus.planner.beam import beam_plans
 from perseus.planner.neighbourhood import WindowSearch
-from perseus.planner.options import NodeOptions
+from perseus.planner.choices import NodeChoices
 from perseus.planner.potentials import PotentialDescent
 from perseus.planner.relaxation import HullRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
+from perseus.planner.settings import PlannerOptions
 from perseus.simulator import simulate_many
 
 Progress = Callable[[float], None]
@@ -37,7 +38,7 @@ Progress = Callable[[float], None]
 
 @dataclass(frozen=True)
 class Candidates:
-    """Discrete plans (option indices) with their iteration times and energies, by time."""
+    """Discrete plans (choice indices) with their iteration times and energies, by time."""
 
     choices: np.ndarray  # (k, n)
     times_s: np.ndarray
@@ -54,9 +55,9 @@ class Candidates:
         return index, np.where(at >= 0, running[np.maximum(at, 0)], np.inf)
 
 
-def evaluate(dag: InstructionDAG, options: NodeOptions, choices: np.ndarray, p_blocking_w: float) -> Candidates:
-    """Every plan simulated on its measured option values (the one simulator, batched)."""
-    result = simulate_many(dag, options.node_times(choices), options.node_energies(choices), p_blocking_w)
+def evaluate(dag: InstructionDAG, node_choices: NodeChoices, choices: np.ndarray, p_blocking_w: float) -> Candidates:
+    """Every plan simulated on its measured choice values (the one simulator, batched)."""
+    result = simulate_many(dag, node_choices.node_times(choices), node_choices.node_energies(choices), p_blocking_w)
     idle_w = p_blocking_w * dag.schedule.num_stages
     return Candidates(choices, result.time_s, result.energy_j, result.energy_j - idle_w * result.time_s)
 
@@ -86,35 +87,30 @@ def own_pace(c: Candidates) -> np.ndarray:
     return keep
 
 
-def sweep(
+def search_deadlines(
     dag: InstructionDAG,
-    options: NodeOptions,
+    node_choices: NodeChoices,
     p_blocking_w: float,
     extra_deadlines: list[float],
-    num_anchors: int,
-    num_deadlines: int,
-    improve_sweeps: int,
-    max_block: int,
-    improve_time_s: float,
+    options: PlannerOptions,
     progress: Progress,
-    search_time_s: float = 0.0,
-    search_gap: float = 1e-3,
-    max_window: int = 10,
     dense_improve_max_nodes: int = 48,
-    beam_width: int = 0,
-    beam_max_width: int = 0,
-    beam_deadlines: int = 0,
-    beam_fill: int = 0,
     beam_gap: float = 5e-4,
 ) -> Candidates:
+    """Candidate plans over deadlines spread across [fastest, slowest] (steps 1–7 above)."""
+    num_anchors, num_deadlines = options.num_anchors, options.num_deadlines
+    improve_sweeps, max_block, improve_time_s = options.improve_sweeps, options.max_block, options.improve_time_s
+    search_time_s, search_gap, max_window = options.search_time_s, options.search_gap, options.max_window
+    beam_width = options.beam_width if options.beam_runs_on(dag.num_nodes) else 0
+    beam_max_width, beam_deadlines, beam_fill = options.beam_max_width, options.beam_deadlines, options.beam_fill
     graph = dag.levels
-    chooser = LevelChooser(graph, options)
-    extremes = np.stack([np.zeros(dag.num_nodes, dtype=np.int64), options.slowest_choice()])
-    t_fast, t_slow = evaluate(dag, options, extremes, p_blocking_w).times_s.tolist()
+    chooser = LevelChooser(graph, node_choices)
+    extremes = np.stack([np.zeros(dag.num_nodes, dtype=np.int64), node_choices.slowest_choice()])
+    t_fast, t_slow = evaluate(dag, node_choices, extremes, p_blocking_w).times_s.tolist()
 
     anchors = np.unique(np.concatenate([np.linspace(t_fast, t_slow, max(num_anchors, 2)), extra_deadlines]))
     anchors = anchors[(anchors >= t_fast) & (anchors <= t_slow)]
-    relaxation = HullRelaxation(dag, options)
+    relaxation = HullRelaxation(dag, node_choices)
     targets = np.empty((len(anchors), dag.num_nodes))
     lp_costs = np.empty(len(anchors))
     lp_slopes = np.empty(len(anchors))
@@ -145,7 +141,7 @@ def sweep(
     plans.append(chooser.fill_slack(np.zeros((1, dag.num_nodes), dtype=np.int64), np.array([t_fast])))
     progress(0.7)
 
-    found = pareto(evaluate(dag, options, np.concatenate(plans), p_blocking_w))
+    found = pareto(evaluate(dag, node_choices, np.concatenate(plans), p_blocking_w))
     # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
     bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
     lp_bound = _LPBound(anchors, lp_costs, lp_slopes, p_blocking_w * dag.schedule.num_stages)
@@ -162,30 +158,30 @@ def sweep(
             # Rows already within `beam_gap` of the LP bound are provably near-optimal: skip them.
             rows = rows[lp_bound.gaps(found, rows) > beam_gap]
             flows = _edge_flows(relaxation, rows, lp_floor)
-            built = beam_plans(dag, options, rows, flows, p_blocking_w, beam_width, max_width)
-            found = pareto(evaluate(dag, options, np.concatenate([found.choices, built]), p_blocking_w))
+            built = beam_plans(dag, node_choices, rows, flows, p_blocking_w, beam_width, max_width)
+            found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, built]), p_blocking_w))
     progress(0.75)
     # Local improvement only where the rounded plans are measurably above the LP bound: near-optimal
     # anchors (most of them on real profiles) cost nothing, so the work scales with what is left.
     open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap)
     # Between anchors, dense plans above the LP tangent bound are improved too, on small pipelines
-    # only: each descent sweep is ~n Python-level moves, so on large ones it would dominate.
+    # only: each descent pass is ~n Python-level moves, so on large ones it would dominate.
     dense_rows = open_anchors  # the anchor rows of the dense plans
     if small:
         dense_rows = lp_bound.open_rows(found, deadlines, search_gap)
     descent_until = time.perf_counter() + improve_time_s
     descent = None
     if improve_sweeps > 0 and (len(open_anchors) or len(dense_rows)):
-        descent = PotentialDescent(dag, options, max_block=max_block, neighbour_sets=small)
+        descent = PotentialDescent(dag, node_choices, max_block=max_block, neighbour_sets=small)
         anchor_plans = np.concatenate([plans[0][dense_rows], plans[1][open_anchors]])
         anchor_deadlines = np.concatenate([deadlines[dense_rows], anchors[open_anchors]])
         improved = _descend(descent, chooser, anchor_plans, anchor_deadlines, improve_sweeps, descent_until)
-        found = pareto(evaluate(dag, options, np.concatenate([found.choices, improved]), p_blocking_w))
+        found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, improved]), p_blocking_w))
     progress(0.8)
     # Window MILPs re-optimise a few instructions around a plan; the beam already searched those
     # combinations (and more), and the windows' wall-clock budget would make results vary.
     if search_time_s > 0 and not beamed:
-        found = _search_windows(dag, options, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
+        found = _search_windows(dag, node_choices, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
     if small and descent is not None:
         # Carry every deadline's best plan so far (often found at a nearby deadline, by descent or
         # a window) to the deadline itself: slack-fill it there and descend again.
@@ -194,7 +190,7 @@ def sweep(
         at = np.maximum(np.searchsorted(found.times_s, shrunk * (1 + 1e-12), side="right") - 1, 0)
         carried = chooser.fill_slack(found.choices[at], deadlines[rows])
         improved = _descend(descent, chooser, carried, deadlines[rows], improve_sweeps, descent_until)
-        found = pareto(evaluate(dag, options, np.concatenate([found.choices, carried, improved]), p_blocking_w))
+        found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, carried, improved]), p_blocking_w))
     progress(0.95)
     return found
 
@@ -204,7 +200,7 @@ def _descend(
 ) -> np.ndarray:
     """Block descent from the plans' earliest starts, then slack filling, at the given deadlines."""
     limits = deadlines * (1 - DEADLINE_MARGIN)
-    durations = chooser.options.node_times(plans)
+    durations = chooser.node_choices.node_times(plans)
     starts = chooser.graph.finish_times(durations)[:, : plans.shape[1]] - durations
     starts = descent.improve(starts, limits, sweeps=sweeps, time_limit_s=max(until - time.perf_counter(), 0.0))
     return chooser.fill_slack(descent.plan(starts, limits), limits)
@@ -212,7 +208,7 @@ def _descend(
 
 def _search_windows(
     dag: InstructionDAG,
-    options: NodeOptions,
+    node_choices: NodeChoices,
     chooser: LevelChooser,
     found: Candidates,
     anchors: np.ndarray,
@@ -234,7 +230,7 @@ def _search_windows(
     order = [i for i in np.argsort(-gaps).tolist() if gaps[i] > min_gap]
     if not order:
         return found
-    search = WindowSearch(dag, options, max_window=max_window)
+    search = WindowSearch(dag, node_choices, max_window=max_window)
     extra_plans, extra_deadlines = [], []
     for done, i in enumerate(order):
         left = stop_at - time.perf_counter()
@@ -252,7 +248,7 @@ def _search_windows(
         return found
     spans = np.concatenate(extra_deadlines)
     filled = chooser.fill_slack(np.concatenate(extra_plans), spans)
-    return pareto(evaluate(dag, options, np.concatenate([found.choices, filled]), p_blocking_w))
+    return pareto(evaluate(dag, node_choices, np.concatenate([found.choices, filled]), p_blocking_w))
 
 
 def _anchor_gaps(found: Candidates, anchors: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

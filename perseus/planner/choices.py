@@ -1,7 +1,7 @@
-"""Per-instruction option tables: the discrete (time, effective cost) choices a node can take.
+"""Per-instruction choice tables: the discrete (time, effective cost) choices a node can take.
 
 The planner minimises Σ (e − P_b·t) over instructions subject to the deadline, so each measured
-frequency becomes an option with time ``t`` and *effective cost* ``c = e − P_b·t``. An option that
+frequency becomes a choice with time ``t`` and *effective cost* ``c = e − P_b·t``. A choice that
 is slower and not cheaper in ``c`` than another can never help (it lengthens paths and costs more)
 and is dropped. Instructions that share a profile entry (all forwards of a stage) share one table,
 so tables are built once per (stage, chunk, kind) and nodes refer to them by index.
@@ -18,8 +18,8 @@ from perseus.profile import InstructionProfile, Profile
 
 
 @dataclass(frozen=True)
-class OptionTable:
-    """Useful options of one instruction type, fastest first (time ↑, effective cost strictly ↓)."""
+class ChoiceTable:
+    """Useful choices of one instruction type, fastest first (time ↑, effective cost strictly ↓)."""
 
     freqs_mhz: np.ndarray
     times_s: np.ndarray
@@ -28,12 +28,12 @@ class OptionTable:
     hull: np.ndarray  # indices of the lower convex hull vertices of (time, cost), fastest first
 
     @property
-    def num_options(self) -> int:
+    def num_choices(self) -> int:
         return len(self.times_s)
 
 
-def useful_options(measured: InstructionProfile, p_blocking_w: float) -> OptionTable:
-    """Drop options dominated in (time, effective cost); keep the rest fastest first."""
+def useful_choices(measured: InstructionProfile, p_blocking_w: float) -> ChoiceTable:
+    """Drop choices dominated in (time, effective cost); keep the rest fastest first."""
     times = np.asarray(measured.times_s, dtype=float)
     energies = np.asarray(measured.energies_j, dtype=float)
     freqs = np.asarray(measured.freqs_mhz, dtype=np.int64)
@@ -43,12 +43,12 @@ def useful_options(measured: InstructionProfile, p_blocking_w: float) -> OptionT
     keep: list[int] = []
     best_cost = np.inf
     for i in order.tolist():
-        if costs[i] < best_cost:  # strictly cheaper than every faster option
+        if costs[i] < best_cost:  # strictly cheaper than every faster choice
             keep.append(i)
             best_cost = costs[i]
     idx = np.asarray(keep, dtype=np.int64)
     t, c = times[idx], costs[idx]
-    return OptionTable(freqs[idx], t, energies[idx], c, lower_hull(t, c))
+    return ChoiceTable(freqs[idx], t, energies[idx], c, lower_hull(t, c))
 
 
 def lower_hull(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
@@ -68,27 +68,27 @@ def lower_hull(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class NodeOptions:
-    """Option tables of every DAG node, plus padded arrays for vectorised lookups.
+class NodeChoices:
+    """Choice tables of every DAG node, plus padded arrays for vectorised lookups.
 
-    ``times[k, j]`` is option ``j`` of table ``k`` (padded with +inf past the table's end) so that
-    "slowest option no longer than a budget" is one ``searchsorted`` per table.
+    ``times[k, j]`` is choice ``j`` of table ``k`` (padded with +inf past the table's end) so that
+    "slowest choice no longer than a budget" is one ``searchsorted`` per table.
     """
 
-    tables: tuple[OptionTable, ...]
+    tables: tuple[ChoiceTable, ...]
     node_table: np.ndarray  # table index per node
     times: np.ndarray  # (num_tables, max_options), +inf padded
     costs: np.ndarray  # (num_tables, max_options), +inf padded
     energies: np.ndarray  # (num_tables, max_options)
     freqs: np.ndarray  # (num_tables, max_options)
-    num_options: np.ndarray  # per table
+    num_choices: np.ndarray  # per table
 
     @property
     def num_nodes(self) -> int:
         return len(self.node_table)
 
     def node_times(self, choice: np.ndarray) -> np.ndarray:
-        """Durations of a plan given as option indices (any leading batch shape)."""
+        """Durations of a plan given as choice indices (any leading batch shape)."""
         return self.times[self.node_table, choice]
 
     def node_costs(self, choice: np.ndarray) -> np.ndarray:
@@ -104,32 +104,32 @@ class NodeOptions:
         return self.times[self.node_table, 0]
 
     def slowest_choice(self) -> np.ndarray:
-        return self.num_options[self.node_table] - 1
+        return self.num_choices[self.node_table] - 1
 
 
-def build_node_options(dag: InstructionDAG, profile: Profile, p_blocking_w: float) -> NodeOptions:
-    """Group nodes by profile entry and build one option table per entry."""
+def build_node_choices(dag: InstructionDAG, profile: Profile, p_blocking_w: float) -> NodeChoices:
+    """Group nodes by profile entry and build one choice table per entry."""
     key_index: dict[tuple[int, int, str], int] = {}
-    tables: list[OptionTable] = []
+    tables: list[ChoiceTable] = []
     node_table = np.empty(dag.num_nodes, dtype=np.int64)
     for v, (stage, inst) in enumerate(zip(dag.node_stage.tolist(), dag.instructions)):
         key = (stage, inst.chunk, inst.kind)
         if key not in key_index:
             key_index[key] = len(tables)
-            tables.append(useful_options(profile.get(stage, inst.kind, inst.chunk), p_blocking_w))
+            tables.append(useful_choices(profile.get(stage, inst.kind, inst.chunk), p_blocking_w))
         node_table[v] = key_index[key]
-    width = max(t.num_options for t in tables)
+    width = max(t.num_choices for t in tables)
     times = np.full((len(tables), width), np.inf)
     costs = np.full((len(tables), width), np.inf)
     energies = np.full((len(tables), width), np.inf)
     freqs = np.zeros((len(tables), width), dtype=np.int64)
     for k, table in enumerate(tables):
-        m = table.num_options
+        m = table.num_choices
         times[k, :m], costs[k, :m], energies[k, :m], freqs[k, :m] = (
             table.times_s,
             table.costs,
             table.energies_j,
             table.freqs_mhz,
         )
-    num_options = np.array([t.num_options for t in tables], dtype=np.int64)
-    return NodeOptions(tuple(tables), node_table, times, costs, energies, freqs, num_options)
+    num_choices = np.array([t.num_choices for t in tables], dtype=np.int64)
+    return NodeChoices(tuple(tables), node_table, times, costs, energies, freqs, num_choices)

@@ -3,7 +3,7 @@
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.sweep import FrequencySweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.runtime.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
 
 SUPPORTED = list(range(1410, 200, -15))  # A100-like: 1410, 1395, ..., 210
 
@@ -22,7 +22,7 @@ def test_select_empty_range_is_config_error():
         select_frequencies([])
 
 
-def walk(sweep: FrequencySweep, rising_after: int | None = None) -> int:
+def walk(sweep: ClockSweep, rising_after: int | None = None) -> int:
     """Run a sweep to the end; returns iterations spent. Energy rises from clock #rising_after on."""
     iters = 0
     clock = 0
@@ -36,21 +36,21 @@ def walk(sweep: FrequencySweep, rising_after: int | None = None) -> int:
 
 
 def test_cost_without_early_stop_matches_formula():
-    sweep = FrequencySweep([1400, 1300, 1200, 1100, 1000], iters_per_freq=3, patience=2)
+    sweep = ClockSweep([1400, 1300, 1200, 1100, 1000], iters_per_freq=3, patience=2)
     warmup = 2
     assert warmup + walk(sweep) == profiling_iterations(warmup, 3, 5) == 17
     assert sweep.visited == [1400, 1300, 1200, 1100, 1000] and not sweep.stopped_early
 
 
 def test_early_stop_after_patience_rising_clocks():
-    sweep = FrequencySweep([1400, 1300, 1200, 1100, 1000, 900], iters_per_freq=2, patience=2)
+    sweep = ClockSweep([1400, 1300, 1200, 1100, 1000, 900], iters_per_freq=2, patience=2)
     iters = walk(sweep, rising_after=2)  # clocks #2 and #3 both rose -> stop after #3
     assert sweep.stopped_early and sweep.visited == [1400, 1300, 1200, 1100]
     assert iters == 2 * 4
 
 
 def test_patience_zero_disables_early_stop():
-    sweep = FrequencySweep([3, 2, 1], iters_per_freq=1, patience=0)
+    sweep = ClockSweep([3, 2, 1], iters_per_freq=1, patience=0)
     assert walk(sweep, rising_after=0) == 3 and not sweep.stopped_early
 
 

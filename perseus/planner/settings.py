@@ -1,0 +1,113 @@
+"""``PlannerOptions``: the planner's settings, typed and checked once.
+
+Why one frozen dataclass: the same knobs reach the planner from Python, the runtime's
+``planner_options`` config (checked when the config is built, not after a profiling sweep) and
+the frontier file's metadata; one definition keeps their names, defaults and limits in step.
+Plain dataclasses only: the planner runs anywhere, without pydantic or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from perseus.errors import PerseusError
+
+_INT_MINIMUMS = {
+    "num_anchors": 2,
+    "num_deadlines": 1,
+    "improve_sweeps": 0,
+    "max_block": 1,
+    "max_window": 1,
+    "beam_width": 0,
+    "beam_max_width": 0,
+    "beam_deadlines": 0,
+    "beam_fill": 0,
+    "beam_max_nodes": 0,
+}
+_NON_NEGATIVE_NUMBERS = ("improve_time_s", "search_time_s", "search_gap")
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """How hard the planner works; the defaults suit up to ~8 stages × 96 microbatches in seconds.
+
+    - ``num_anchors``: deadlines at which the convex-hull LP is solved exactly (more: closer to
+      the LP's guidance between anchors, ~10 ms per anchor at 1,500 instructions).
+    - ``num_deadlines``: total deadlines repaired to discrete plans (anchors plus interpolated
+      ones); sets how dense the frontier is. Repair of all of them runs as one batch.
+    - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables).
+    - ``max_block``: longest run of one stage's instructions shifted together in that descent.
+    - ``improve_time_s``: wall-clock cap on that descent (it stops between moves; every plan it
+      has reached is kept), so large pipelines stay within seconds.
+    - ``search_time_s``: wall-clock budget of the exact window search (small MILPs over bands of
+      at most ``max_window`` instructions) on anchor plans; 0 disables it.
+    - ``search_gap``: only plans more than this fraction above the LP lower bound are improved
+      (block descent) or searched (windows); the bound comes free with the LP, so near-optimal
+      pipelines pay nothing.
+    - ``beam_width``, ``beam_max_width``, ``beam_deadlines``, ``beam_fill``, ``beam_max_nodes``:
+      on pipelines of at most ``beam_max_nodes`` instructions, LP-guided beam search
+      (``planner.beam``) builds plans at the anchors plus ``beam_deadlines`` deadlines spaced
+      evenly in energy, starting at ``beam_width`` states per deadline and doubling up to
+      ``beam_max_width`` where wider beams keep finding better plans, then at ``beam_fill``
+      deadlines evenly spaced in time at ``beam_width``. ``beam_width=0`` disables it.
+    """
+
+    num_anchors: int = 48
+    num_deadlines: int = 1024
+    improve_sweeps: int = 4
+    max_block: int = 2
+    improve_time_s: float = 3.0
+    search_time_s: float = 1.0
+    search_gap: float = 2e-3
+    max_window: int = 10
+    beam_width: int = 500
+    beam_max_width: int = 8000
+    beam_deadlines: int = 64
+    beam_fill: int = 192
+    beam_max_nodes: int = 48
+
+    def __post_init__(self) -> None:
+        for name, low in _INT_MINIMUMS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise PerseusError(f"planner option {name} must be an integer >= {low}, got {value!r}")
+        for name in _NON_NEGATIVE_NUMBERS:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise PerseusError(f"planner option {name} must be a number >= 0, got {value!r}")
+        if self.beam_width > self.beam_max_width:
+            raise PerseusError(
+                f"planner option beam_max_width ({self.beam_max_width}) must be at least beam_width ({self.beam_width})"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | PlannerOptions | None) -> PlannerOptions:
+        """Settings from a plain mapping (a config section, parsed JSON); unknown keys are errors."""
+        if data is None:
+            return cls()
+        if isinstance(data, PlannerOptions):
+            return data
+        if not isinstance(data, Mapping):
+            raise PerseusError(f"planner options must be a mapping of settings, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(cls.names()))
+        if unknown:
+            raise PerseusError(
+                f"unknown planner option(s) {', '.join(map(str, unknown))}; valid options are {', '.join(cls.names())}"
+            )
+        return cls(**data)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name, in declaration order (frontier metadata, config dumps)."""
+        return asdict(self)
+
+    def beam_runs_on(self, num_instructions: int) -> bool:
+        """Whether beam search runs on a pipeline of this many instructions."""
+        return self.beam_width > 0 and num_instructions <= self.beam_max_nodes
+
+
+__all__ = ["PlannerOptions"]

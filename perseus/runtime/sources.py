@@ -1,0 +1,97 @@
+"""Where the plan comes from: a provided frontier or profile, else the cache, else profiling.
+
+Rank 0 resolves the sources (it alone reads files and owns the cache); every rank learns the
+outcome, so all of them take the same path after warm-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perseus.errors import ConfigError, PerseusError
+from perseus.frontier import Frontier, load_frontier
+from perseus.profile import Profile, load_profile
+from perseus.runtime.cache import RunCache
+from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.events import PipelineJob
+from perseus.schedule import Schedule
+
+
+def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_version: str,
+              config: PerseusConfig) -> dict[str, Any]:
+    """Everything that determines a profile and its frontier (docs/runtime.md, Cache)."""
+    c = config
+    return {
+        "model": dict(job.model_config),
+        "schedule": schedule.name,
+        "stages": schedule.num_stages,
+        "microbatches": schedule.num_microbatches,
+        "chunks": schedule.num_chunks,
+        "tp_size": job.tp_size,
+        "gpu_name": gpu_name,
+        "driver_version": driver_version,
+        "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
+    }
+
+
+def open_cache(config: PerseusConfig, key: dict[str, Any]) -> RunCache | None:
+    return RunCache(config.cache_dir, key) if config.cache_dir else None
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What this rank starts from. ``profile`` is rank 0's only; ``have_profile`` is everyone's."""
+
+    frontier: Frontier | None = None
+    profile: Profile | None = None
+    have_profile: bool = False
+    origin: str | None = None
+
+
+def share_sources(collective: Collective, config: PerseusConfig, schedule: Schedule, cache: RunCache | None) -> Sources:
+    """Collective: rank 0 finds a provided or cached frontier/profile; every rank learns the
+    outcome. A bad provided file is a ``ConfigError`` on every rank."""
+    status: dict[str, Any] = {"error": None, "frontier": None, "profile": False, "origin": None}
+    profile: Profile | None = None
+    if collective.is_root:
+        try:
+            found, profile = _root_sources(config, schedule, cache)
+            status.update(found)
+        except PerseusError as exc:
+            status["error"] = str(exc)
+    status = collective.broadcast_object(status)
+    if status["error"]:
+        raise ConfigError(status["error"])
+    frontier = decode_frontier(status["frontier"]) if status["frontier"] is not None else None
+    return Sources(frontier, profile, status["profile"], status["origin"])
+
+
+def _root_sources(config: PerseusConfig, schedule: Schedule, cache: RunCache | None) -> tuple[dict[str, Any], Profile | None]:
+    c = config
+    if c.frontier_path:
+        frontier = load_frontier(c.frontier_path)
+        if frontier.schedule != schedule:
+            raise ConfigError(
+                f"{c.frontier_path}: frontier is for {frontier.schedule.name} {frontier.schedule.num_stages} stages × "
+                f"{frontier.schedule.num_microbatches} microbatches, but this job runs {schedule.name} "
+                f"{schedule.num_stages} × {schedule.num_microbatches}; plan for this job"
+            )
+        return {"frontier": encode_frontier(frontier), "origin": f"frontier {c.frontier_path}"}, None
+    if c.profile_path:
+        profile = load_profile(c.profile_path, c.p_blocking_w)
+        profile.check_matches(schedule)
+        return {"profile": True, "origin": f"profile {c.profile_path}"}, profile
+    if cache is None:
+        return {}, None
+    out: dict[str, Any] = {}
+    if c.mode != "profile":
+        frontier = cache.load_frontier(schedule)
+        if frontier is not None:
+            out.update(frontier=encode_frontier(frontier), origin=f"cached frontier {cache.frontier_path}")
+    profile = cache.load_profile()
+    if profile is not None:
+        out["profile"] = True
+        out.setdefault("origin", f"cached profile {cache.profile_path}")
+    return out, profile
