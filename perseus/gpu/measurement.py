@@ -69,13 +69,17 @@ class EnergyPoller:
         self.polls = 0
 
     def poll_once(self) -> CounterUpdate | None:
-        e = self.device.total_energy_j()
+        reading = getattr(self.device, "energy_counter_reading", None)
+        if reading is not None:  # a device that knows when its counter advanced (the simulator)
+            e, stamp = reading()
+        else:
+            e, stamp = self.device.total_energy_j(), None
         t = self._clock()
         self.polls += 1
         update = None
         if self._last_e is not None and e != self._last_e:
             assert self._last_t is not None
-            update = CounterUpdate(0.5 * (self._last_t + t), e)
+            update = CounterUpdate(0.5 * (self._last_t + t) if stamp is None else stamp, e)
             with self._lock:
                 self._updates.append(update)
         self._last_t, self._last_e = t, e

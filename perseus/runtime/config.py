@@ -63,6 +63,9 @@ class PerseusConfig(BaseModel):
     planner_options: PlannerOptionsField = Field(default_factory=PlannerOptions)
 
     # Stragglers and external targets.
+    # Request each instruction's clock when the previous one ends, so the switch latency overlaps
+    # the wait between them (off: at the instruction's own start, as the plan assumes).
+    switch_ahead: bool = True
     straggler_period_steps: int = Field(default=10, ge=0)
     straggler_threshold: float = Field(default=0.05, gt=0)
     straggler_recover_threshold: float = Field(default=0.02, ge=0)

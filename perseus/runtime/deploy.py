@@ -53,6 +53,12 @@ class PlanFollower:
         )
         return None
 
+    def peek(self) -> int:
+        """Planned clock of the instruction after the last one followed (the next step's first at
+        the end of a step): what to request ahead, so the switch lands before it starts."""
+        pos = self._pos
+        return self._freqs[pos] if pos < len(self._freqs) else self._freqs[0]
+
     def end_step(self) -> bool:
         """True when the step executed exactly the planned instructions."""
         if not self.broken and self._pos != len(self._expected):

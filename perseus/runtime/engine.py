@@ -62,6 +62,7 @@ class PerseusRuntime:
         self.config = config if config is not None else PerseusConfig()
         self._closed = False
         self._hot = _HOT_IDLE
+        self._switch_ahead = self.config.switch_ahead
         self.enabled = self.config.enabled
         if not self.enabled:
             return
@@ -175,7 +176,15 @@ class PerseusRuntime:
             self.timer.begin((chunk, kind))
 
     def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
-        if self._hot == _HOT_PROFILE:
+        hot = self._hot
+        if hot == _HOT_DEPLOY:
+            if self._switch_ahead:
+                # Ask for the next instruction's clock now: the switch latency overlaps the wait
+                # for its input instead of delaying it (docs/runtime.md, "Clock-switch latency").
+                freq = self._follower.peek()  # type: ignore[union-attr]
+                if freq != self.gpu.current_mhz:
+                    self.gpu.request(freq)
+        elif hot == _HOT_PROFILE:
             self.timer.end()
         self._last_end = perf_counter()
 

@@ -44,7 +44,7 @@ class PollingClock(VirtualClock):
 def _run_workload(g: SimulatedGPU, sleep, clock, n: int, seed: int, mhz: int):
     """n instructions of two kinds, 5–20 ms each (at max clock), with 0–5 ms gaps."""
     rng = random.Random(seed)
-    timer = CPUInstructionTimer(clock)
+    timer = SimulatedKernelTimer(g, clock)  # the kernels' own times, as the runtime profiles them
     truth: dict[str, list[float]] = {k: [] for k in KINDS}
     for _ in range(n):
         kind = rng.choice(list(KINDS))

@@ -87,6 +87,30 @@ def test_clock_change_during_busy_is_time_weighted(sim_dir):
     assert g.true_energy_j() - e0 == pytest.approx(expected)
 
 
+def test_switch_latency_delays_the_clock_and_a_newer_request_replaces_a_pending_one(sim_dir):
+    g, vc = vgpu(switch_latency_s=0.005)
+    assert g.switch_latency_s == 0.005
+    e0 = g.true_energy_j()
+    g.begin_busy(compute_fraction=1.0)
+    g.set_locked_sm_clock(705)  # requested as the instruction starts: lands 5 ms into it
+    assert g.locked_sm_clock_mhz() == 1410 and not g.is_clock_locked()
+    vc.sleep(0.010)
+    assert g.locked_sm_clock_mhz() == 705
+    d = g.end_busy(0.010)  # 10 ms at max clock: 5 ms at 1410, the rest at 705 (twice as slow)
+    assert d == pytest.approx(0.010 * (0.5 * 1.0 + 0.5 * 2.0))
+    expected = A100.busy_power_w(1410) * 0.005 + A100.busy_power_w(705) * (d - 0.005)
+    assert g.true_energy_j() - e0 == pytest.approx(expected)
+    g.set_locked_sm_clock(1005)
+    vc.sleep(0.002)
+    g.reset_locked_sm_clock()  # replaces the 1005 request still on its way
+    vc.sleep(0.004)
+    assert g.locked_sm_clock_mhz() == 705  # 1005 never took effect; the reset has not landed yet
+    vc.sleep(0.002)
+    assert not g.is_clock_locked() and g.locked_sm_clock_mhz() == 1410
+    with pytest.raises(GPUInvalidArgumentError, match="switch_latency_s"):
+        SimulatedGPU(1, switch_latency_s=-1.0)
+
+
 def test_counter_advances_only_at_period_boundaries(sim_dir):
     g, vc = vgpu(energy_update_period_s=0.1)
     reads = []

@@ -40,3 +40,13 @@ def test_too_few_or_too_many_instructions():
     for i in sched.stages[1]:
         f.next(i.kind, i.microbatch, i.chunk)
     assert f.next("forward", 3, 0) is None and "no more instructions" in f.problem
+
+
+def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
+    sched, f = follower()
+    insts = sched.stages[1]
+    f.start_step()
+    assert f.peek() == 1000
+    for i, inst in enumerate(insts):
+        f.next(inst.kind, inst.microbatch, inst.chunk)
+        assert f.peek() == (1000 + 10 * (i + 1) if i + 1 < len(insts) else 1000)

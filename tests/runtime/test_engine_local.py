@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from perseus.errors import ConfigError
+from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.controller import NullController
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.cache import RunCache
+from perseus.runtime.gpu_port import GPUPort
+from perseus.schedule import build_schedule
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 
@@ -132,3 +136,43 @@ def test_simulated_gpu_defaults_to_the_ranks_own_index(tmp_path):
     with PerseusRuntime(job, cfg) as rt:
         assert rt.gpu.device.index == 3
     device.close()
+
+
+class RecordingController(NullController):
+    """Measure-free stand-in for the controller process that remembers the order of requests."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def set_frequency(self, mhz: int) -> None:
+        super().set_frequency(mhz)
+        self.log.append(("request", mhz))
+
+
+@pytest.mark.parametrize("switch_ahead", [True, False])
+def test_switch_ahead_requests_the_next_clock_when_the_previous_instruction_ends(tmp_path, switch_ahead):
+    schedule = build_schedule("1f1b", 1, 2)  # forward 0, backward 0, forward 1, backward 1
+    clocks = np.array([1410, 900, 1200, 900])
+    point = FrontierPoint(1.0, 1.0, clocks)
+    Frontier(schedule, 80.0, 1.0, 2.0, [point]).save(tmp_path / "f.json")
+    log: list = []
+    device = sim(tmp_path)
+    port = GPUPort(device, RecordingController(log))
+    cfg = config(tmp_path, frontier_path=str(tmp_path / "f.json"), warmup_steps=1, switch_ahead=switch_ahead)
+    with PerseusRuntime(JOB, cfg, gpu=port) as rt:
+        for _ in range(3):
+            rt.on_step_begin()
+            for inst in schedule.stages[0]:
+                log.append(("begin", inst.kind, inst.microbatch))
+                rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+                rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+            rt.on_step_end()
+        assert rt.phase.value == "deployed"
+    ahead = [("begin", "forward", 0), ("request", 900), ("begin", "backward", 0), ("request", 1200),
+             ("begin", "forward", 1), ("request", 900), ("begin", "backward", 1), ("request", 1410)]
+    at_start = [("begin", "forward", 0), ("request", 1410), ("begin", "backward", 0), ("request", 900),
+                ("begin", "forward", 1), ("request", 1200), ("begin", "backward", 1), ("request", 900)]
+    # ahead: each clock is asked for when the previous instruction ends (the next step's first at
+    # the end of a step), so it is already right when its instruction begins
+    assert log[-8:] == (ahead if switch_ahead else at_start)

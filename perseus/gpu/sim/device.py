@@ -77,6 +77,7 @@ class SimulatedGPU(GPUDevice):
         energy_update_period_s: float | None = None,
         noise: float | None = None,
         seed: int | None = None,
+        switch_latency_s: float | None = None,
         allow_clock_setting: bool = True,
         reset_state: bool = False,
         clock: Callable[[], float] | None = None,
@@ -90,6 +91,8 @@ class SimulatedGPU(GPUDevice):
             raise GPUInvalidArgumentError("energy_update_period_s must be >= 0 (0 = continuous counter)")
         if noise is not None and not 0 <= noise < 0.5:
             raise GPUInvalidArgumentError("noise is a relative standard deviation in [0, 0.5)")
+        if switch_latency_s is not None and not 0 <= switch_latency_s <= 1.0:
+            raise GPUInvalidArgumentError("switch_latency_s is the delay of a clock change in seconds, in [0, 1]")
         self._index = index
         self._clock = clock or time.monotonic
         self._sleep = sleep or time.sleep
@@ -104,11 +107,14 @@ class SimulatedGPU(GPUDevice):
             explicit["noise"] = float(noise)
         if seed is not None:
             explicit["seed"] = int(seed)
+        if switch_latency_s is not None:
+            explicit["switch_latency_s"] = float(switch_latency_s)
         params = {
             "model": PRESETS[DEFAULT_PRESET].to_dict(),
             "energy_update_period_s": DEFAULT_UPDATE_PERIOD_S,
             "noise": 0.0,
             "seed": 0,
+            "switch_latency_s": 0.0,
             **explicit,
         }
         period = float(params["energy_update_period_s"])  # type: ignore[arg-type]
@@ -131,6 +137,7 @@ class SimulatedGPU(GPUDevice):
         self.energy_update_period_s = float(fp["energy_update_period_s"])  # type: ignore[arg-type]
         self.noise = float(fp["noise"])  # type: ignore[arg-type]
         self.seed = int(fp["seed"])  # type: ignore[arg-type]
+        self.switch_latency_s = float(fp.get("switch_latency_s", 0.0))  # type: ignore[arg-type]
         self._phase = float(fp["counter_phase_s"])  # type: ignore[arg-type]
         self._clocks = self.model.supported_sm_clocks()
         self._rng = random.Random(self.seed * 7919 + index)
@@ -197,7 +204,16 @@ class SimulatedGPU(GPUDevice):
         return value
 
     def _settle(self, st: SimState, now: float) -> None:
-        """Advance the integrators to ``now`` before any change of power state."""
+        """Advance the integrators to ``now`` before any change of power state; a clock change
+        on its way (switch latency) takes effect at its time on the way."""
+        if st.pending and st.pending_at <= now:
+            self._settle_segment(st, st.pending_at)
+            st.locked, st.locked_mhz = st.pending_locked, st.pending_mhz
+            st.pending = 0
+            self._refresh_power(st)
+        self._settle_segment(st, now)
+
+    def _settle_segment(self, st: SimState, now: float) -> None:
         now = max(now, st.t_ref)
         period = self.energy_update_period_s
         if period > 0:
@@ -223,6 +239,15 @@ class SimulatedGPU(GPUDevice):
                 st.busy, st.busy_pid = 0, 0
                 self._refresh_power(st)
 
+    def _now_state(self) -> SimState:
+        """Snapshot for reading: a clock change whose latency has passed is in effect (the copy is
+        settled up to that moment only, so power stays constant from ``t_ref`` on; nothing is
+        written back)."""
+        st = self._file.read()
+        if st.pending and st.pending_at <= self._clock():
+            self._settle(st, st.pending_at)
+        return st
+
     # -- clocks -----------------------------------------------------------------------------
     def supported_sm_clocks_mhz(self) -> list[int]:
         return list(self._clocks)
@@ -239,18 +264,27 @@ class SimulatedGPU(GPUDevice):
         self._check_allowed("Locking the SM clock")
         target = self.model.nearest_clock(check_sm_clock(mhz, self._clocks))
         with self._file.update() as st:
-            self._settle(st, self._clock())
-            st.locked, st.locked_mhz = 1, target
+            self._request_clock(st, 1, target)
             st.n_lock += 1
-            self._refresh_power(st)
 
     def reset_locked_sm_clock(self) -> None:
         self._check_allowed("Resetting the SM clock")
         with self._file.update() as st:
-            self._settle(st, self._clock())
-            st.locked, st.locked_mhz = 0, 0
+            self._request_clock(st, 0, 0)
             st.n_reset += 1
-            self._refresh_power(st)
+
+    def _request_clock(self, st: SimState, locked: int, mhz: int) -> None:
+        """A clock change takes effect ``switch_latency_s`` after the request (at once when 0);
+        a newer request replaces one still on its way, as the driver applies the latest."""
+        now = self._clock()
+        self._settle(st, now)
+        if self.switch_latency_s > 0:
+            st.pending, st.pending_locked, st.pending_mhz = 1, locked, mhz
+            st.pending_at = now + self.switch_latency_s
+            return
+        st.pending = 0
+        st.locked, st.locked_mhz = locked, mhz
+        self._refresh_power(st)
 
     def lock_memory_clock(self, mhz: int) -> None:
         self._check_allowed("Locking the memory clock")
@@ -268,33 +302,45 @@ class SimulatedGPU(GPUDevice):
 
     def locked_sm_clock_mhz(self) -> int | None:
         """The clock the GPU is held at: the locked clock, or the default when unlocked."""
-        return self._set_clock(self._file.read())
+        return self._set_clock(self._now_state())
 
     def is_clock_locked(self) -> bool:
-        return bool(self._file.read().locked)
+        return bool(self._now_state().locked)
 
     def effective_sm_clock_mhz(self, activity: float = 1.0) -> int:
         """Clock a kernel of this activity would run at now (after power-limit throttling)."""
-        st = self._file.read()
+        st = self._now_state()
         st.activity = activity
         return self._effective_clock(st)
 
     # -- energy and power -------------------------------------------------------------------
     def total_energy_j(self) -> float:
         """The coarse counter: advances only at update-period boundaries (0 = continuous)."""
-        st = self._file.read()
+        st = self._now_state()
         now = self._clock()
         if self.energy_update_period_s <= 0:
             return self._true_energy(st, now)
         k = math.floor((now - self._phase) / self.energy_update_period_s)
         return st.counter_j if k <= st.counter_k else self._counter_at(st, k)
 
+    def energy_counter_reading(self) -> tuple[float, float]:
+        """(counter value, time of its last update): the simulator knows when its coarse counter
+        advanced, so the energy poller need not guess it from when it looked (a busy process
+        looks late). CLOCK_MONOTONIC seconds."""
+        st = self._now_state()
+        now = self._clock()
+        if self.energy_update_period_s <= 0:
+            return self._true_energy(st, now), now
+        k = math.floor((now - self._phase) / self.energy_update_period_s)
+        value = st.counter_j if k <= st.counter_k else self._counter_at(st, k)
+        return value, self._boundary(max(k, st.counter_k))
+
     def true_energy_j(self) -> float:
         """Exact integrated energy (ground truth for tests; real GPUs have no such reading)."""
-        return self._true_energy(self._file.read(), self._clock())
+        return self._true_energy(self._now_state(), self._clock())
 
     def power_w(self) -> float:
-        p = self._file.read().power_w
+        p = self._now_state().power_w
         if self.noise:
             p *= 1.0 + max(-0.5, min(0.5, self._rng.gauss(0.0, self.noise)))
         return p

@@ -32,7 +32,7 @@ from pathlib import Path
 from perseus.gpu.errors import GPUError, GPUNotFoundError
 
 MAGIC = b"PSG1"
-VERSION = 2
+VERSION = 3
 FILE_SIZE = 4096
 _HEADER = struct.Struct("<4sI")  # magic, version
 _PARAMS_OFFSET = 512  # u32 length + JSON
@@ -66,11 +66,15 @@ class SimState:
     wall_time: float = 0.0  # time.time() of the last write, for humans
     last_busy_start: float = 0.0  # CLOCK_MONOTONIC start of the last finished instruction
     last_busy_s: float = 0.0  # its simulated duration (what a CUDA event pair would have timed)
+    pending: int = 0  # 1 while a clock change is on its way (switch latency)
+    pending_locked: int = 0  # what it will set: locked (1) at pending_mhz, or default clocks (0)
+    pending_mhz: int = 0
+    pending_at: float = 0.0  # CLOCK_MONOTONIC time it takes effect
 
 
-_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d")
+_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d")
 _NAMES = tuple(f.name for f in fields(SimState))
-assert len(_NAMES) == 22 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
+assert len(_NAMES) == 26 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
 
 
 def _values(state: SimState) -> tuple[object, ...]:
