@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from perseus.atomic import write_atomic
 from perseus.errors import FrontierError
 from perseus.schedule import Instruction, Schedule, build_schedule
 
@@ -137,10 +138,7 @@ class Frontier:
 
     def save(self, path: str | Path, max_points: int | None = None) -> None:
         """Write atomically (temp file + rename) so a crash never leaves half a frontier."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json_dict(max_points), separators=(",", ":")))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(self.to_json_dict(max_points), separators=(",", ":")))
 
 
 def thin_points(points: list[FrontierPoint], max_points: int | None) -> list[FrontierPoint]:

@@ -6,7 +6,7 @@ adapter's model/parallel description, schedule, stages, microbatches, chunks, te
 size, the swept clocks, GPU name and driver version. Each stored file also carries the hash, so
 a file copied between directories is caught. A cache entry that cannot be read, does not parse,
 or belongs to another key is reported as a warning naming the file and the problem, and is
-rebuilt; it is never used silently. Writes are atomic (temporary file + rename).
+rebuilt; it is never used silently. Writes are atomic (``perseus.atomic``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from perseus.atomic import write_atomic
 from perseus.errors import FrontierError, ProfileError
 from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_json
@@ -40,10 +40,8 @@ def key_hash(key: Mapping[str, Any]) -> str:
 
 def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Temporary file + rename: readers see the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     text = json.dumps(data, separators=(",", ":"), default=str) if compact else json.dumps(data, indent=1, default=str)
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomic(path, text)
 
 
 class RunCache:
