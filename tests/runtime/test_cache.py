@@ -7,7 +7,7 @@ import numpy as np
 
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import InstructionProfile, uniform_profile
-from perseus.runtime.cache import RunCache, key_hash
+from perseus.cache import RunCache, key_hash
 from perseus.schedule import build_schedule
 
 KEY = {"model": {"layers": 4}, "schedule": "1f1b", "stages": 2, "microbatches": 4, "chunks": 1,
@@ -23,6 +23,12 @@ def make_frontier(schedule):
     n = schedule.num_instructions
     return Frontier(schedule, 50.0, 1.0, 10.0, [FrontierPoint(1.0, 10.0, np.full(n, 1000)),
                                                  FrontierPoint(1.2, 9.0, np.full(n, 900))])
+
+
+def test_the_runtime_uses_the_librarys_one_cache():
+    import perseus.runtime.cache
+
+    assert perseus.runtime.cache.RunCache is RunCache
 
 
 def test_hash_ignores_dict_order():
