@@ -40,7 +40,7 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
     sched = frontier.schedule
     points = thin_points(frontier.points, max_points)
     paced = thin_points(frontier.paced_points, max_points)
-    table, index = _clock_table(np.stack([np.asarray(p.freqs_mhz) for p in points + paced]))
+    table, index = _clock_table(_whole_mhz(np.stack([np.asarray(p.freqs_mhz) for p in points + paced])))
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -59,6 +59,16 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
         "points": _encode_block(points, index[: len(points)], len(table)),
         "paced_points": _encode_block(paced, index[len(points) :], len(table)),
     }
+
+
+def _whole_mhz(freqs: np.ndarray) -> np.ndarray:
+    """Clocks as int64; float clocks are accepted when they are whole MHz (as version 1 read them)."""
+    if np.issubdtype(freqs.dtype, np.integer):
+        return freqs.astype(np.int64, copy=False)
+    whole = np.rint(freqs)
+    if not np.array_equal(whole, freqs):
+        raise FrontierError("frontier clocks must be whole MHz")
+    return whole.astype(np.int64)
 
 
 def _clock_table(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

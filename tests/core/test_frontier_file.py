@@ -180,3 +180,13 @@ def test_truncated_file_says_so(tmp_path):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(FrontierError, match="truncated"):
         load_frontier(path)
+
+
+def test_float_clocks_are_written_as_whole_mhz():
+    f = random_frontier(num_points=2, num_paced=0)
+    as_float = Frontier(f.schedule, 80.0, 1.0, 10.0, [FrontierPoint(p.time_s, p.energy_j, p.freqs_mhz.astype(float)) for p in f.points])
+    back = frontier_from_json_dict(encode_frontier_json(as_float))
+    assert all(np.array_equal(p.freqs_mhz, q.freqs_mhz) for p, q in zip(f.points, back.points))
+    half = Frontier(f.schedule, 80.0, 1.0, 10.0, [FrontierPoint(1.0, 1.0, np.full(f.schedule.num_instructions, 1000.5))])
+    with pytest.raises(FrontierError, match="whole MHz"):
+        encode_frontier_json(half)

@@ -99,3 +99,16 @@ def test_frontier_planned_under_older_dependency_rules_is_replanned(tmp_path, ca
     assert "older model of the schedule's dependencies" in caplog.text
     cache.save_frontier(make_frontier(sched))
     assert cache.load_frontier(sched) is not None
+
+
+def test_a_version_1_frontier_in_the_cache_is_still_used(tmp_path):
+    from perseus.frontier_v1 import encode_v1
+
+    sched = build_schedule("1f1b", 2, 4)
+    cache = RunCache(tmp_path, KEY)
+    cache.save_frontier(make_frontier(sched))  # stamps the key hash and dependency-model version
+    v2 = json.loads(cache.frontier_path.read_text())
+    assert v2["version"] == 2
+    cache.frontier_path.write_text(json.dumps(encode_v1(cache.load_frontier(sched))))  # as an older perseus wrote it
+    front = cache.load_frontier(sched)
+    assert front is not None and [p.time_s for p in front.points] == [1.0, 1.2]
