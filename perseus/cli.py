@@ -4,6 +4,10 @@ Each subcommand is a thin shell over the library (planner, frontier, plot, expor
 Every user error — bad arguments, unreadable or malformed files, impossible configurations — is
 printed as one line ``perseus: error: ...`` on stderr with exit status 2, and nothing is written:
 outputs are checked before the work starts and written atomically at the end.
+
+Start-up stays fast: this module imports neither numpy nor the planner (scipy, HiGHS), the
+emulator, matplotlib or torch; each command imports what it uses. Plugin commands (``perseus
+demo``) are looked up only when the command is not a built-in one, or for the help.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ import sys
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Sequence
 
 from perseus import __version__
-from perseus.emulator import DataParallelJob, cached_frontier, emulate, sweep
 from perseus.errors import ConfigError, PerseusError
 from perseus.examples import EXAMPLE_MICROBATCHES, example_profile_path, load_example_profile
-from perseus.frontier import Frontier, FrontierPoint, load_frontier
-from perseus.planner import plan_frontier
 from perseus.profile import Profile, load_profile
 from perseus.schedule import SCHEDULES, Schedule, build_schedule
-from perseus.tables import emulation_report, frontier_table, plan_summary, sweep_report
+
+if TYPE_CHECKING:
+    from perseus.emulator import DataParallelJob
+    from perseus.frontier import Frontier, FrontierPoint
 
 SWEEP_MICROBATCHES = (12, 24, 48, 96)
 SWEEP_FACTORS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
@@ -105,6 +109,13 @@ def _progress_bar(enabled: bool | None, label: str) -> Iterator[Callable[[float]
         bar.close()
 
 
+def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[float], None] | None = None) -> Frontier:
+    """The planner, imported on first use: it loads scipy and HiGHS, which other commands never need."""
+    from perseus.planner import plan_frontier as plan
+
+    return plan(schedule, profile, progress)
+
+
 def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
     s = schedule
     with _progress_bar(show_progress, f"planning {s.num_stages}x{s.num_microbatches}") as progress:
@@ -162,6 +173,8 @@ def select_point(frontier: Frontier, selector: str) -> tuple[FrontierPoint, str]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from perseus.tables import plan_summary
+
     out = _output_file(args.out)
     profile, source = _load_profile_arg(args)
     schedule = _schedule_for(args, profile, args.microbatches)
@@ -179,6 +192,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from perseus.frontier import load_frontier
+    from perseus.tables import frontier_table
+
     frontier = load_frontier(args.frontier)
     print(frontier_table(frontier, None if args.all else args.rows))
     return 0
@@ -199,6 +215,7 @@ def _timeline_profile(args: argparse.Namespace, frontier: Frontier) -> Profile:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from perseus import plot  # matplotlib is imported only by commands that draw
+    from perseus.frontier import load_frontier
 
     out = _output_file(args.out)
     plot.image_format(out)
@@ -218,6 +235,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from perseus.export import export_zeus
+    from perseus.frontier import load_frontier
 
     frontier = load_frontier(args.frontier)
     files = export_zeus(frontier, args.out)
@@ -227,12 +245,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _job(args: argparse.Namespace, num_stages: int) -> DataParallelJob:
+    from perseus.emulator import DataParallelJob
+
     if args.dp is not None:
         return DataParallelJob.from_gpus(args.dp * args.tp * num_stages, args.tp, num_stages)
     return DataParallelJob.from_gpus(args.gpus, args.tp, num_stages)
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
+    from perseus.emulator import emulate
+    from perseus.frontier import load_frontier
+    from perseus.tables import emulation_report
+
     if args.gpus is None and args.dp is None:
         raise UsageError("give the job size: --gpus N (total GPUs) or --dp D (number of pipelines)")
     if args.sweep:
@@ -263,6 +287,9 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def _emulate_sweep(args: argparse.Namespace) -> int:
+    from perseus.emulator import cached_frontier, sweep
+    from perseus.tables import sweep_report
+
     if args.frontier is not None:
         raise UsageError("--sweep plans one frontier per microbatch count; give --profile or --example, not --frontier")
     microbatches = args.microbatches or list(SWEEP_MICROBATCHES)
@@ -337,7 +364,11 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
                    help="planner progress bar on stderr (default: only on a terminal)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate")
+
+
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
+    """The ``perseus`` parser; ``plugins=False`` leaves out the entry-point commands (no lookup)."""
     parser = _Parser(
         prog="perseus",
         description="Perseus: remove energy bloat from pipeline-parallel training by planning per-instruction GPU frequencies.",
@@ -397,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
 
-    _add_plugin_commands(sub)
+    if plugins:
+        _add_plugin_commands(sub)
     return parser
 
 
@@ -414,7 +446,10 @@ def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``perseus`` console script; returns the exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Looking up installed plugins scans every distribution's metadata: only worth it when the
+    # command may be one of theirs, or for the help that lists them.
+    parser = build_parser(plugins=not argv or argv[0] not in BUILTIN_COMMANDS)
     try:
         args = parser.parse_args(argv)
         if getattr(args, "max_points", None) is not None and args.max_points < 2:

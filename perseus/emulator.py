@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from perseus.cache import RunCache
 from perseus.errors import ConfigError, FrontierError
-from perseus.frontier import Frontier, FrontierPoint, load_frontier
+from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
 from perseus.schedule import Schedule
 
@@ -167,12 +168,21 @@ def sweep(
     return rows
 
 
+def emulation_cache(cache_dir: Path, schedule: Schedule, profile: Profile) -> RunCache:
+    """The cache entry of one schedule planned on one profile (its values and P_blocking).
+
+    The same cache as the runtime's, so an entry planned under an older model of the schedule's
+    dependencies is planned again rather than served stale.
+    """
+    digest = hashlib.sha256(json.dumps(profile.to_json_dict(), sort_keys=True).encode()).hexdigest()
+    key = {"use": "perseus emulate", "schedule": schedule.name, "stages": schedule.num_stages,
+           "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks, "profile_sha256": digest}
+    return RunCache(cache_dir, key)
+
+
 def frontier_cache_path(cache_dir: Path, schedule: Schedule, profile: Profile) -> Path:
-    """Cache file name keyed by the schedule and a digest of the profile's values and P_blocking."""
-    payload = json.dumps(profile.to_json_dict(), sort_keys=True).encode()
-    digest = hashlib.sha256(payload).hexdigest()[:16]
-    name = f"frontier_{schedule.name}_s{schedule.num_stages}_m{schedule.num_microbatches}_c{schedule.num_chunks}_{digest}.json"
-    return cache_dir / name
+    """Where ``cached_frontier`` keeps the frontier of ``schedule`` planned on ``profile``."""
+    return emulation_cache(cache_dir, schedule, profile).frontier_path
 
 
 def cached_frontier(
@@ -184,10 +194,9 @@ def cached_frontier(
     """Plan, or reuse the frontier a previous run saved for the same schedule and profile."""
     if cache_dir is None:
         return plan(schedule, profile)
-    path = frontier_cache_path(cache_dir, schedule, profile)
-    if path.exists():
-        return load_frontier(path)
-    frontier = plan(schedule, profile)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    frontier.save(path)
+    cache = emulation_cache(cache_dir, schedule, profile)
+    frontier = cache.load_frontier(schedule)
+    if frontier is None:
+        frontier = plan(schedule, profile)
+        cache.save_frontier(frontier)
     return frontier

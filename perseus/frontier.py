@@ -17,7 +17,6 @@ Two questions, two answers:
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,7 @@ from typing import Any
 import numpy as np
 
 from perseus.errors import FrontierError
-from perseus.schedule import Instruction, Schedule, build_schedule
-
-FRONTIER_FORMAT = "perseus-frontier"
-FRONTIER_VERSION = 1
+from perseus.schedule import Instruction, Schedule
 
 
 @dataclass(frozen=True)
@@ -100,47 +96,19 @@ class Frontier:
         insts = self.schedule.stages[stage]
         return list(zip(insts, point.freqs_mhz[start : start + len(insts)].tolist()))
 
-    # ---------------------------------------------------------------- JSON
+    # ---------------------------------------------------------------- file (perseus.frontier_file)
 
     def to_json_dict(self, max_points: int | None = None) -> dict[str, Any]:
-        sched = self.schedule
+        """The version 2 JSON document (docs/frontier-format.md), at most ``max_points`` points each."""
+        from perseus.frontier_file import encode_frontier_json
 
-        def encode(point: FrontierPoint) -> dict[str, Any]:
-            return {
-                "time_s": point.time_s,
-                "energy_j": point.energy_j,
-                "plan": [
-                    [
-                        {"kind": inst.kind, "microbatch": inst.microbatch, "chunk": inst.chunk, "freq_mhz": f}
-                        for inst, f in self.stage_plan(point, s)
-                    ]
-                    for s in range(sched.num_stages)
-                ],
-            }
-
-        return {
-            "format": FRONTIER_FORMAT,
-            "version": FRONTIER_VERSION,
-            "order": "fastest_first",
-            "schedule": sched.name,
-            "stages": sched.num_stages,
-            "microbatches": sched.num_microbatches,
-            "chunks": sched.num_chunks,
-            "p_blocking_w": self.p_blocking_w,
-            "gpu_name": self.gpu_name,
-            "baseline": {"time_s": self.baseline_time_s, "energy_j": self.baseline_energy_j},
-            "solve_time_s": self.solve_time_s,
-            "metadata": self.metadata,
-            "points": [encode(p) for p in thin_points(self.points, max_points)],
-            "paced_points": [encode(p) for p in thin_points(self.paced_points, max_points)],
-        }
+        return encode_frontier_json(self, max_points)
 
     def save(self, path: str | Path, max_points: int | None = None) -> None:
-        """Write atomically (temp file + rename) so a crash never leaves half a frontier."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json_dict(max_points), separators=(",", ":")))
-        tmp.replace(path)
+        """Write a version 2 file atomically, so a crash never leaves half a frontier."""
+        from perseus.frontier_file import save_frontier
+
+        save_frontier(self, path, max_points)
 
 
 def thin_points(points: list[FrontierPoint], max_points: int | None) -> list[FrontierPoint]:
@@ -166,56 +134,14 @@ def _paced_order(points: list[FrontierPoint], idle_w: float) -> list[FrontierPoi
 
 
 def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
-    if not isinstance(data, dict) or data.get("format") != FRONTIER_FORMAT:
-        raise FrontierError(f"{source}: not a perseus frontier file (missing \"format\": \"{FRONTIER_FORMAT}\")")
-    if data.get("version") != FRONTIER_VERSION:
-        raise FrontierError(f"{source}: frontier version {data.get('version')!r} is not supported")
-    try:
-        schedule = build_schedule(str(data["schedule"]), int(data["stages"]), int(data["microbatches"]), int(data["chunks"]))
-        baseline = data["baseline"]
-        points = _decode_points(data["points"], "points", schedule, source)
-        paced = _decode_points(data.get("paced_points") or [], "paced_points", schedule, source)
-        return Frontier(
-            schedule=schedule,
-            p_blocking_w=float(data["p_blocking_w"]),
-            baseline_time_s=float(baseline["time_s"]),
-            baseline_energy_j=float(baseline["energy_j"]),
-            points=points,
-            gpu_name=str(data.get("gpu_name", "unknown")),
-            solve_time_s=float(data.get("solve_time_s", 0.0)),
-            metadata=dict(data.get("metadata") or {}),
-            paced_points=paced,
-        )
-    except FrontierError:
-        raise
-    except KeyError as exc:
-        raise FrontierError(f"{source}: malformed frontier file (missing field {exc.args[0]!r})") from None
-    except Exception as exc:  # malformed structure: report where, not a deep traceback
-        raise FrontierError(f"{source}: malformed frontier file ({type(exc).__name__}: {exc})") from None
+    """The frontier in a parsed version 1 or 2 document; errors name ``source``."""
+    from perseus.frontier_file import frontier_from_json_dict as decode
 
-
-def _decode_points(items: Any, name: str, schedule: Schedule, source: str) -> list[FrontierPoint]:
-    points = []
-    for n, item in enumerate(items):
-        freqs: list[int] = []
-        plan = item["plan"]
-        if len(plan) != schedule.num_stages:
-            raise FrontierError(f"{source}: {name}[{n}] has {len(plan)} stages, expected {schedule.num_stages}")
-        for s, (stage_plan, stage_insts) in enumerate(zip(plan, schedule.stages)):
-            got = [Instruction(e["kind"], int(e["microbatch"]), int(e.get("chunk", 0))) for e in stage_plan]
-            if got != list(stage_insts):
-                raise FrontierError(f"{source}: {name}[{n}] stage {s} does not follow the {schedule.name} order")
-            freqs.extend(int(e["freq_mhz"]) for e in stage_plan)
-        points.append(FrontierPoint(float(item["time_s"]), float(item["energy_j"]), np.array(freqs, dtype=np.int64)))
-    return points
+    return decode(data, source)
 
 
 def load_frontier(path: str | Path) -> Frontier:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise FrontierError(f"{path}: cannot read frontier ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise FrontierError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    return frontier_from_json_dict(data, str(path))
+    """Read a version 1 or 2 frontier file; every problem is one ``FrontierError`` line."""
+    from perseus.frontier_file import load_frontier as load
+
+    return load(path)

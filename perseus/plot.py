@@ -6,7 +6,6 @@ interrupted plot never leaves a truncated image behind.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +17,7 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from perseus.atomic import atomic_output  # noqa: E402
 from perseus.dag import InstructionDAG  # noqa: E402
 from perseus.errors import PerseusError  # noqa: E402
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
@@ -37,15 +37,13 @@ def image_format(path: Path) -> str:
 
 def save_figure(fig: Figure, path: Path) -> None:
     """Render to a temporary file next to ``path``, then rename over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        fig.savefig(tmp, format=image_format(path), dpi=120)
-        os.replace(tmp, path)
+        with atomic_output(path) as f:
+            fig.savefig(f, format=image_format(path), dpi=120)
     except OSError as exc:
         raise PerseusError(f"{path}: cannot write figure ({exc.strerror or exc})") from None
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
 
 
 def plot_frontier(frontier: Frontier, out: Path) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from perseus.atomic import write_atomic
 from perseus.errors import ProfileError
 from perseus.schedule import KINDS, InstructionKind, Schedule
 
@@ -130,10 +131,7 @@ class Profile:
 
     def save_json(self, path: str | Path) -> None:
         """Write atomically, so an interrupted save never leaves a truncated profile."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json_dict(), indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(self.to_json_dict(), indent=1))
 
     def to_csv_rows(self) -> list[dict[str, Any]]:
         rows = []

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from perseus.emulator import EmulationResult, SweepRow
-from perseus.frontier import Frontier
+if TYPE_CHECKING:  # types only: `perseus show` should not load the emulator
+    from perseus.emulator import EmulationResult, SweepRow
+    from perseus.frontier import Frontier
 
 
 def format_energy(joules: float) -> str:

@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_CORE = ["perseus/schedule.py", "perseus/dag.py", "perseus/profile.py", "perseus/simulator.py",
-             "perseus/frontier.py", "perseus/errors.py", "perseus/planner", "perseus/emulator.py", "perseus/tables.py",
+             "perseus/frontier.py", "perseus/frontier_file.py", "perseus/frontier_v1.py", "perseus/errors.py",
+             "perseus/atomic.py", "perseus/cache.py", "perseus/planner", "perseus/emulator.py", "perseus/tables.py",
              "perseus/export.py", "perseus/plot.py", "perseus/examples"]
 CORE_FORBIDDEN = ("torch", "perseus.runtime", "perseus.gpu", "perseus_megatron", "perseus_deepspeed", "perseus_demo",
                   "megatron", "deepspeed")

@@ -124,7 +124,7 @@ class WindowSearch:
             constraints=LinearConstraint(a, lower, upper),
             integrality=integrality,
             bounds=bounds,
-            options={"time_limit": max(budget_s, 0.01), "mip_rel_gap": 2e-4},
+            options={"time_limit": max(budget_s, 0.01), "mip_rel_gap": 2e-4, "disp": False},  # HiGHS stays quiet
         )
         if res.x is None:
             return None

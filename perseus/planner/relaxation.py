@@ -25,6 +25,19 @@ class PlannerError(PerseusError):
     """The planner could not solve a subproblem (a solver failure, not bad input)."""
 
 
+class _QuietHighs(highspy.Highs):
+    """``highspy.Highs`` that never writes to the console, not even its copyright banner.
+
+    highspy's constructor already logs the banner (from ``enableCallbacks``), before ``silent()``
+    could be called; turning output off first keeps ``perseus plan``'s stdout to perseus's own.
+    """
+
+    def enableCallbacks(self):  # noqa: N802 - highspy's name
+        self.setOptionValue("output_flag", False)
+        self.setOptionValue("log_to_console", False)
+        return super().enableCallbacks()
+
+
 class HullRelaxation:
     """Warm-started LP over the convex hull of each node's choices.
 
@@ -95,8 +108,9 @@ class HullRelaxation:
         lp.a_matrix_.index_ = r.astype(np.int32)
         lp.a_matrix_.value_ = v.astype(float)
         lp.offset_ = float(base_cost.sum())
-        self._highs = highspy.Highs()
-        self._highs.silent()
+        self._highs = _QuietHighs()
+        self._highs.setOptionValue("output_flag", False)
+        self._highs.setOptionValue("log_to_console", False)
         self._highs.setOptionValue("solver", "simplex")
         self._highs.setOptionValue("simplex_strategy", 1)  # dual simplex: warm starts after RHS changes
         self._highs.setOptionValue("presolve", "off")

@@ -4,18 +4,15 @@ Every call here is made by all ranks of the group at the same step boundary; non
 from an instruction hook. Without torch.distributed (single process) every call degenerates to
 the local value, so the runtime runs unchanged in a plain script.
 
-Frontiers travel compactly: one pickled dict of numpy arrays (times, energies, and an int32
-matrix points × instructions of clocks) rather than the JSON plan.
+Frontiers travel compactly as their version 2 file document (``perseus.frontier_file``): the
+schedule once and every point's clocks as packed indices, rather than a per-instruction plan.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from perseus.frontier import Frontier, FrontierPoint
-from perseus.schedule import build_schedule
+from perseus.frontier import Frontier, frontier_from_json_dict
 
 try:  # torch is optional for planning-only use of perseus
     import torch
@@ -104,47 +101,10 @@ class Collective:
 
 
 def encode_frontier(frontier: Frontier) -> dict[str, Any]:
-    """Compact, picklable form of a frontier (numpy arrays, no per-instruction objects)."""
-    s = frontier.schedule
-    return {
-        "schedule": (s.name, s.num_stages, s.num_microbatches, s.num_chunks),
-        "p_blocking_w": frontier.p_blocking_w,
-        "baseline": (frontier.baseline_time_s, frontier.baseline_energy_j),
-        "gpu_name": frontier.gpu_name,
-        "solve_time_s": frontier.solve_time_s,
-        "metadata": dict(frontier.metadata),
-        "points": _encode_points(frontier.points, s.num_instructions),
-        "paced_points": _encode_points(frontier.paced_points, s.num_instructions),
-    }
+    """Compact, picklable form of a frontier: its version 2 file document (clocks packed)."""
+    return frontier.to_json_dict()
 
 
 def decode_frontier(data: dict[str, Any]) -> Frontier:
-    name, stages, microbatches, chunks = data["schedule"]
-    return Frontier(
-        schedule=build_schedule(name, stages, microbatches, chunks),
-        p_blocking_w=data["p_blocking_w"],
-        baseline_time_s=data["baseline"][0],
-        baseline_energy_j=data["baseline"][1],
-        points=_decode_points(data["points"]),
-        gpu_name=data["gpu_name"],
-        solve_time_s=data["solve_time_s"],
-        metadata=data["metadata"],
-        paced_points=_decode_points(data["paced_points"]),
-    )
-
-
-def _encode_points(points: list[FrontierPoint], num_instructions: int) -> dict[str, np.ndarray]:
-    return {
-        "times": np.array([p.time_s for p in points], dtype=np.float64),
-        "energies": np.array([p.energy_j for p in points], dtype=np.float64),
-        "freqs": np.array([np.asarray(p.freqs_mhz, dtype=np.int32) for p in points], dtype=np.int32).reshape(
-            len(points), num_instructions
-        ),
-    }
-
-
-def _decode_points(data: dict[str, np.ndarray]) -> list[FrontierPoint]:
-    return [
-        FrontierPoint(float(t), float(e), f.astype(np.int64))
-        for t, e, f in zip(data["times"], data["energies"], data["freqs"])
-    ]
+    """The frontier ``encode_frontier`` sent; a version 1 document is read as well."""
+    return frontier_from_json_dict(data, "frontier received from rank 0")

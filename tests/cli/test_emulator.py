@@ -1,11 +1,15 @@
 """Emulator arithmetic on hand-built frontiers (expected values worked out by hand)."""
 
+import json
+import logging
+
 import pytest
 
+from perseus.cache import DAG_MODEL_FIELD, FRONTIER_FILE, KEY_FILE
 from perseus.emulator import DataParallelJob, cached_frontier, emulate, frontier_cache_path, sweep
 from perseus.errors import ConfigError, FrontierError
 from perseus.profile import load_csv
-from perseus.schedule import build_schedule
+from perseus.schedule import DAG_MODEL_VERSION, build_schedule
 
 from cli_helpers import hand_frontier
 
@@ -89,3 +93,30 @@ def test_cached_frontier_reuses_the_saved_file(tmp_path, small_profile_csv):
     assert [p.energy_j for p in second.points] == [p.energy_j for p in first.points]
     other = profile.with_p_blocking(90.0)  # a different profile must not hit the same file
     assert frontier_cache_path(tmp_path, schedule, other) != frontier_cache_path(tmp_path, schedule, profile)
+
+
+def test_cached_frontier_is_the_runtime_cache_and_replans_a_stale_or_corrupt_entry(tmp_path, small_profile_csv, caplog):
+    profile = load_csv(small_profile_csv, 80.0)
+    schedule = build_schedule("1f1b", 2, 2)
+    calls = []
+
+    def plan(s, p):
+        calls.append(s.num_microbatches)
+        return hand_frontier()
+
+    cache_dir = tmp_path / "cache"
+    cached_frontier(schedule, profile, plan, cache_dir)
+    path = frontier_cache_path(cache_dir, schedule, profile)
+    assert path.name == FRONTIER_FILE and (path.parent / KEY_FILE).is_file()  # the runtime's layout
+    data = json.loads(path.read_text())
+    assert data["metadata"][DAG_MODEL_FIELD] == DAG_MODEL_VERSION
+    data["metadata"][DAG_MODEL_FIELD] = DAG_MODEL_VERSION - 1  # planned under older dependency rules
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING):
+        cached_frontier(schedule, profile, plan, cache_dir)
+    assert calls == [2, 2] and "older model of the schedule's dependencies" in caplog.text
+    path.write_text(path.read_text()[:100])  # truncated: warned about and planned again, not an error
+    cached_frontier(schedule, profile, plan, cache_dir)
+    assert calls == [2, 2, 2] and "corrupt" in caplog.text
+    cached_frontier(schedule, profile, plan, cache_dir)
+    assert calls == [2, 2, 2]

@@ -59,6 +59,18 @@ def _frontier_from_missing_profile(d: Path) -> Path:
     return path
 
 
+def _truncated_frontier(d: Path) -> Path:
+    path = _good_frontier(d)
+    path.write_bytes(path.read_bytes()[:-40])
+    return path
+
+
+def _future_frontier(d: Path) -> Path:
+    path = _good_frontier(d)
+    path.write_text(path.read_text().replace('"version":2', '"version":3'))
+    return path
+
+
 def _nonempty_dir(d: Path) -> Path:
     out = d / "zeus"
     out.mkdir()
@@ -96,6 +108,10 @@ CASES = {
     "no command": lambda d: [],
     "bad frontier json": lambda d: ["show", _bad_frontier(d)],
     "frontier not json": lambda d: ["show", _not_json(d)],
+    "truncated frontier": lambda d: ["show", _truncated_frontier(d)],
+    "frontier of unknown version": lambda d: ["show", _future_frontier(d)],
+    "plot truncated frontier": lambda d: ["plot", _truncated_frontier(d), "--out", d / "out.png"],
+    "export frontier of unknown version": lambda d: ["export", _future_frontier(d), "--out", d / "zeus"],
     "plot bad frontier": lambda d: ["plot", _bad_frontier(d), "--out", d / "out.png"],
     "plot unknown image type": lambda d: ["plot", _good_frontier(d), "--out", d / "out.txt"],
     "plot point out of range": lambda d: ["plot", _good_frontier(d), "--timeline", "--point", "7", "--out", d / "t.png"],
@@ -147,3 +163,7 @@ def test_error_messages_name_the_problem(tmp_path, capsys):
     assert "prof.csv:4" in capsys.readouterr().err
     main([str(a) for a in CASES["impossible interleaved"](tmp_path)])
     assert "interleaved schedule" in capsys.readouterr().err
+    main([str(a) for a in CASES["truncated frontier"](tmp_path)])
+    assert "good.json: invalid JSON" in (err := capsys.readouterr().err) and "truncated" in err
+    main([str(a) for a in CASES["frontier of unknown version"](tmp_path)])
+    assert "has version 3; this perseus reads versions 1, 2" in capsys.readouterr().err

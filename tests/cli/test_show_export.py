@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 import csv
+import json
 
 from perseus.cli import main
 from perseus.export import zeus_file_name
 from perseus.frontier import load_frontier
+from perseus.frontier_v1 import encode_v1
 
 from cli_helpers import hand_frontier
 
@@ -74,3 +76,19 @@ def test_export_into_existing_empty_directory(tmp_path, small_frontier_file):
     assert main(["export", str(small_frontier_file), "--out", str(out)]) == 0
     assert (out / zeus_file_name(0)).is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # temp dir renamed away
+
+
+def test_show_plot_and_export_read_version_1_files_like_version_2(tmp_path, small_frontier, capsys):
+    v1, v2 = tmp_path / "v1.json", tmp_path / "v2.json"
+    v1.write_text(json.dumps(encode_v1(small_frontier)))
+    small_frontier.save(v2)
+    outputs = {}
+    for name, path in (("v1", v1), ("v2", v2)):
+        assert main(["show", str(path), "--all"]) == 0
+        assert main(["export", str(path), "--out", str(tmp_path / f"zeus-{name}")]) == 0
+        assert main(["plot", str(path), "--out", str(tmp_path / f"{name}.png")]) == 0
+        table = capsys.readouterr().out.split("wrote")[0]
+        files = {p.name: p.read_text() for p in sorted((tmp_path / f"zeus-{name}").iterdir())}
+        outputs[name] = (table.replace(str(path), "F"), files)
+    assert outputs["v1"] == outputs["v2"]
+    assert (tmp_path / "v1.png").stat().st_size > 0

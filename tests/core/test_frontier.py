@@ -7,6 +7,7 @@ import pytest
 
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier, FrontierPoint, load_frontier, thin_points
+from perseus.frontier_v1 import encode_v1
 from perseus.schedule import build_schedule
 
 
@@ -34,10 +35,12 @@ def test_json_round_trip_follows_documented_layout(tmp_path):
     path = tmp_path / "frontier.json"
     f.save(path)
     data = json.loads(path.read_text())
-    assert data["order"] == "fastest_first"
+    assert data["version"] == 2 and data["order"] == "fastest_first"
     assert data["baseline"] == {"time_s": 10.0, "energy_j": 120.0}
-    first = data["points"][0]["plan"][0][0]
-    assert first == {"kind": "forward", "microbatch": 0, "chunk": 0, "freq_mhz": 1400}
+    assert data["instructions"][0][0] == ["forward", 0, 0]
+    assert data["clocks_mhz"] == [1200, 1300, 1400]
+    assert data["points"]["time_s"] == [10.0, 11.0, 12.5]
+    assert data["points"]["clock_index"]["dtype"] == "uint8"
     g = load_frontier(path)
     assert [p.time_s for p in g.points] == [10.0, 11.0, 12.5]
     assert np.array_equal(g.points[2].freqs_mhz, f.points[2].freqs_mhz)
@@ -54,11 +57,11 @@ def test_malformed_frontier_files_are_clear_errors(tmp_path):
     path = tmp_path / "f.json"
     f = make_frontier()
     data = f.to_json_dict()
-    data["points"][0]["plan"][0][0]["microbatch"] = 7
+    data["instructions"][0][0][1] = 7
     path.write_text(json.dumps(data))
-    with pytest.raises(FrontierError, match="does not follow the 1f1b order"):
+    with pytest.raises(FrontierError, match="stage 0 do not follow the 1f1b order"):
         load_frontier(path)
-    path.write_text(json.dumps({"format": "perseus-frontier", "version": 1}))
+    path.write_text(json.dumps({"format": "perseus-frontier", "version": 2}))
     with pytest.raises(FrontierError, match="missing field 'schedule'"):
         load_frontier(path)
     path.write_text("[]")
@@ -89,8 +92,8 @@ def test_paced_points_round_trip_and_are_optional(tmp_path):
     back = load_frontier(tmp_path / "g.json")
     assert [p.time_s for p in back.paced_points] == [12.5]
     assert back.paced_lookup(13.0).energy_j == 95.0
-    data = g.to_json_dict()
-    del data["paced_points"]  # files written before paced points existed
+    data = encode_v1(g)
+    del data["paced_points"]  # version 1 files written before paced points existed
     (tmp_path / "old.json").write_text(json.dumps(data))
     old = load_frontier(tmp_path / "old.json")
     assert old.paced_points == [] and old.paced_lookup(13.0).time_s == 11.0

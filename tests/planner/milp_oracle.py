@@ -75,7 +75,7 @@ def exact_min_energy(dag: InstructionDAG, profile: Profile, deadline_s: float, t
             # With times in seconds and default tolerances, HiGHS 1.x reported plans up to 0.05 %
             # worse than a known feasible plan as proven optimal (depending on presolve and the
             # feasibility tolerance); in milliseconds with a 1e-9 tolerance it never did.
-            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6, "mip_feasibility_tolerance": 1e-9},
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6, "mip_feasibility_tolerance": 1e-9, "disp": False},
         )
     if res.status != 0:
         raise RuntimeError(f"MILP did not reach a proven optimum: {res.message}")

@@ -7,7 +7,7 @@ import numpy as np
 
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import InstructionProfile, uniform_profile
-from perseus.runtime.cache import RunCache, key_hash
+from perseus.cache import RunCache, key_hash
 from perseus.schedule import build_schedule
 
 KEY = {"model": {"layers": 4}, "schedule": "1f1b", "stages": 2, "microbatches": 4, "chunks": 1,
@@ -23,6 +23,12 @@ def make_frontier(schedule):
     n = schedule.num_instructions
     return Frontier(schedule, 50.0, 1.0, 10.0, [FrontierPoint(1.0, 10.0, np.full(n, 1000)),
                                                  FrontierPoint(1.2, 9.0, np.full(n, 900))])
+
+
+def test_the_runtime_uses_the_librarys_one_cache():
+    import perseus.runtime.cache
+
+    assert perseus.runtime.cache.RunCache is RunCache
 
 
 def test_hash_ignores_dict_order():
@@ -93,3 +99,16 @@ def test_frontier_planned_under_older_dependency_rules_is_replanned(tmp_path, ca
     assert "older model of the schedule's dependencies" in caplog.text
     cache.save_frontier(make_frontier(sched))
     assert cache.load_frontier(sched) is not None
+
+
+def test_a_version_1_frontier_in_the_cache_is_still_used(tmp_path):
+    from perseus.frontier_v1 import encode_v1
+
+    sched = build_schedule("1f1b", 2, 4)
+    cache = RunCache(tmp_path, KEY)
+    cache.save_frontier(make_frontier(sched))  # stamps the key hash and dependency-model version
+    v2 = json.loads(cache.frontier_path.read_text())
+    assert v2["version"] == 2
+    cache.frontier_path.write_text(json.dumps(encode_v1(cache.load_frontier(sched))))  # as an older perseus wrote it
+    front = cache.load_frontier(sched)
+    assert front is not None and [p.time_s for p in front.points] == [1.0, 1.2]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from perseus.frontier import Frontier, FrontierPoint
+from perseus.frontier_v1 import encode_v1
 from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
 from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.schedule import build_schedule
@@ -35,7 +36,15 @@ def test_frontier_encoding_roundtrip_is_compact():
     assert len(back.paced_points) == 1 and back.paced_lookup(7.5).time_s == 7.0 == front.paced_lookup(7.5).time_s
     assert back.stage_plan(back.points[7], 1) == front.stage_plan(front.points[7], 1)
     assert back.lookup(1.25).energy_j == front.lookup(1.25).energy_j
-    assert len(pickle.dumps(data)) < len(str(front.to_json_dict())) / 4
+    assert len(pickle.dumps(data)) < len(str(encode_v1(front))) / 4
+
+
+def test_a_version_1_document_decodes_too():
+    sched = build_schedule("1f1b", 2, 4)
+    n = sched.num_instructions
+    front = Frontier(sched, 70.0, 1.0, 10.0, [FrontierPoint(1.0, 10.0, np.arange(n) + 1000)], gpu_name="X")
+    back = decode_frontier(pickle.loads(pickle.dumps(encode_v1(front))))
+    assert back.schedule == sched and np.array_equal(back.points[0].freqs_mhz, front.points[0].freqs_mhz)
 
 
 def test_collective_without_torch_distributed_is_local():

@@ -1,0 +1,149 @@
+"""The one on-disk cache of profiles and frontiers: a restart does not profile or plan again.
+
+Used by the runtime (one entry per training job) and by ``perseus emulate --sweep --cache-dir``
+(one entry per schedule and profile). Layout: ``<cache_dir>/<hash>/key.json`` (the full key,
+readable), ``profile.json``, ``frontier.json``. The hash covers everything the caller says
+determines a profile and its frontier (the runtime: the adapter's model/parallel description,
+schedule, stages, microbatches, chunks, tensor-parallel size, the swept clocks, GPU name and
+driver version; the emulator: the schedule and a digest of the profile). Each stored file also
+carries the hash, so a file copied between directories is caught, and a frontier carries the
+version of the schedule-dependency model it was planned under, so a frontier planned under older
+rules is planned again. A cache entry that cannot be read, does not parse, or belongs to another
+key is reported as a warning naming the file and the problem, and is rebuilt; it is never used
+silently. Writes are atomic (``perseus.atomic``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from perseus.atomic import write_atomic
+from perseus.errors import FrontierError, ProfileError
+from perseus.frontier import Frontier, load_frontier
+from perseus.profile import Profile, load_json
+from perseus.schedule import DAG_MODEL_VERSION, Schedule
+
+log = logging.getLogger("perseus.cache")
+
+KEY_FILE = "key.json"
+PROFILE_FILE = "profile.json"
+FRONTIER_FILE = "frontier.json"
+CACHE_KEY_FIELD = "cache_key"
+DAG_MODEL_FIELD = "dag_model"
+
+
+def key_hash(key: Mapping[str, Any]) -> str:
+    """Stable short hash of a JSON-able key (sorted keys, so dict order does not matter)."""
+    text = json.dumps(key, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
+    """Temporary file + rename: readers see the old file or the new one, never half of one."""
+    text = json.dumps(data, separators=(",", ":"), default=str) if compact else json.dumps(data, indent=1, default=str)
+    write_atomic(path, text)
+
+
+class RunCache:
+    """Profile and frontier files of one cache key."""
+
+    def __init__(self, root: str | Path, key: Mapping[str, Any]) -> None:
+        self.key = json.loads(json.dumps(dict(key), sort_keys=True, default=str))
+        self.hash = key_hash(self.key)
+        self.dir = Path(root) / self.hash
+
+    @property
+    def profile_path(self) -> Path:
+        return self.dir / PROFILE_FILE
+
+    @property
+    def frontier_path(self) -> Path:
+        return self.dir / FRONTIER_FILE
+
+    def _key_ok(self) -> bool:
+        """True when the directory's key.json is this key; warns when it exists but differs."""
+        path = self.dir / KEY_FILE
+        if not path.exists():
+            return False
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("perseus cache: %s is unreadable (%s); rebuilding the cache entry", path, exc)
+            return False
+        if stored != self.key:
+            differs = sorted(k for k in set(stored) | set(self.key) if stored.get(k) != self.key.get(k))
+            log.warning(
+                "perseus cache: %s belongs to another job (differs in: %s); ignoring it and rebuilding",
+                path,
+                ", ".join(differs) or "structure",
+            )
+            return False
+        return True
+
+    def load_profile(self) -> Profile | None:
+        """The cached profile, or None (with a warning when a file exists but is not usable)."""
+        profile = self._load(self.profile_path, load_json, ProfileError, "profiling again")
+        if profile is None or not self._stamped(self.profile_path, profile.config, "profiling again"):
+            return None
+        return profile
+
+    def load_frontier(self, schedule: Schedule) -> Frontier | None:
+        """The cached frontier if it is for this key and this schedule, else None (with a warning)."""
+        path = self.frontier_path
+        frontier = self._load(path, load_frontier, FrontierError, "planning again")
+        if frontier is None or not self._stamped(path, frontier.metadata, "planning again"):
+            return None
+        if frontier.schedule != schedule:
+            log.warning("perseus cache: %s holds a different schedule than this job; planning again", path)
+            return None
+        if frontier.metadata.get(DAG_MODEL_FIELD) != DAG_MODEL_VERSION:
+            log.warning("perseus cache: %s was planned with an older model of the schedule's dependencies "
+                        "(version %r, now %r); planning again", path, frontier.metadata.get(DAG_MODEL_FIELD),
+                        DAG_MODEL_VERSION)
+            return None
+        return frontier
+
+    def _load(self, path: Path, loader: Any, error: type[Exception], then: str) -> Any:
+        if not path.exists() or not self._key_ok():
+            return None
+        try:
+            return loader(path)
+        except error as exc:
+            log.warning("perseus cache: %s is corrupt (%s); %s", path, exc, then)
+            return None
+
+    def _stamped(self, path: Path, fields: Mapping[str, Any], then: str) -> bool:
+        """The file carries this entry's hash (it was not copied in from another key)."""
+        if fields.get(CACHE_KEY_FIELD) == self.hash:
+            return True
+        log.warning("perseus cache: %s was written for cache key %r, not %r; %s",
+                    path, fields.get(CACHE_KEY_FIELD), self.hash, then)
+        return False
+
+    def _prepare(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.dir / KEY_FILE, self.key)
+
+    def save_profile(self, profile: Profile) -> Path:
+        self._prepare()
+        stamped = Profile(
+            dict(profile.entries),
+            profile.p_blocking_w,
+            profile.gpu_name,
+            {**dict(profile.config), CACHE_KEY_FIELD: self.hash},
+            str(self.profile_path),
+        )
+        write_json_atomic(self.profile_path, stamped.to_json_dict())
+        return self.profile_path
+
+    def save_frontier(self, frontier: Frontier) -> Path:
+        self._prepare()
+        frontier.metadata[CACHE_KEY_FIELD] = self.hash
+        frontier.metadata[DAG_MODEL_FIELD] = DAG_MODEL_VERSION
+        data = frontier.to_json_dict()
+        write_json_atomic(self.frontier_path, data, compact=True)
+        return self.frontier_path

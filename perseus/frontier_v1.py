@@ -1,0 +1,71 @@
+"""Legacy frontier file format, version 1: every point spells out its whole plan.
+
+Each point carries one ``{kind, microbatch, chunk, freq_mhz}`` object per instruction, so a file
+grows as instructions × points (about 600 MB at 16,384 instructions and 300 points). Perseus
+writes version 2 (``perseus.frontier_file``); this module keeps version 1 files loadable and can
+still write them, for tests and for the file-size benchmark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perseus.errors import FrontierError
+from perseus.frontier import Frontier, FrontierPoint, thin_points
+from perseus.schedule import Instruction, Schedule
+
+VERSION = 1
+
+
+def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, Any]:
+    """The version 1 JSON document of ``frontier`` (what perseus wrote before version 2)."""
+    sched = frontier.schedule
+
+    def encode(point: FrontierPoint) -> dict[str, Any]:
+        return {
+            "time_s": point.time_s,
+            "energy_j": point.energy_j,
+            "plan": [
+                [
+                    {"kind": inst.kind, "microbatch": inst.microbatch, "chunk": inst.chunk, "freq_mhz": f}
+                    for inst, f in frontier.stage_plan(point, s)
+                ]
+                for s in range(sched.num_stages)
+            ],
+        }
+
+    return {
+        "format": "perseus-frontier",
+        "version": VERSION,
+        "order": "fastest_first",
+        "schedule": sched.name,
+        "stages": sched.num_stages,
+        "microbatches": sched.num_microbatches,
+        "chunks": sched.num_chunks,
+        "p_blocking_w": frontier.p_blocking_w,
+        "gpu_name": frontier.gpu_name,
+        "baseline": {"time_s": frontier.baseline_time_s, "energy_j": frontier.baseline_energy_j},
+        "solve_time_s": frontier.solve_time_s,
+        "metadata": frontier.metadata,
+        "points": [encode(p) for p in thin_points(frontier.points, max_points)],
+        "paced_points": [encode(p) for p in thin_points(frontier.paced_points, max_points)],
+    }
+
+
+def decode_v1_points(items: Any, name: str, schedule: Schedule, source: str) -> list[FrontierPoint]:
+    """Points of a version 1 file, each checked to follow ``schedule``'s instruction order."""
+    points = []
+    for n, item in enumerate(items):
+        freqs: list[int] = []
+        plan = item["plan"]
+        if len(plan) != schedule.num_stages:
+            raise FrontierError(f"{source}: {name}[{n}] has {len(plan)} stages, expected {schedule.num_stages}")
+        for s, (stage_plan, stage_insts) in enumerate(zip(plan, schedule.stages)):
+            got = [Instruction(e["kind"], int(e["microbatch"]), int(e.get("chunk", 0))) for e in stage_plan]
+            if got != list(stage_insts):
+                raise FrontierError(f"{source}: {name}[{n}] stage {s} does not follow the {schedule.name} order")
+            freqs.extend(int(e["freq_mhz"]) for e in stage_plan)
+        points.append(FrontierPoint(float(item["time_s"]), float(item["energy_j"]), np.array(freqs, dtype=np.int64)))
+    return points
