@@ -25,6 +25,7 @@ _EXPORTS = {
     "MegatronVersionError": "perseus_megatron.compat",
     "UnsupportedMegatronFeature": "perseus_megatron.compat",
     "TESTED_VERSIONS": "perseus_megatron.compat",
+    "SUPPORTED_VERSIONS": "perseus_megatron.compat",
 }
 
 __all__ = sorted(_EXPORTS)

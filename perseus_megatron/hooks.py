@@ -41,10 +41,12 @@ def _model_config(model: Any) -> Any:
 
 
 def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
-    from perseus_megatron.compat import check_step_supported
+    from perseus_megatron.compat import check_call_supported, check_step_supported
 
     model = kwargs.get("model")
     forward_only = bool(kwargs.get("forward_only", False))
+    if not forward_only:
+        check_call_supported(kwargs)
     config = _model_config(model)
     check_step_supported(config, forward_only)
     chunks = len(model) if schedule == "interleaved" and isinstance(model, (list, tuple)) else 1
