@@ -205,3 +205,15 @@ def enable_from_argv(argv: Sequence[str] | None = None) -> MegatronPerseus | Non
 
     config = config_from_argv(sys.argv[1:] if argv is None else argv)
     return enable(config) if config.enabled else None
+
+
+def enable_from_args(args: Any) -> MegatronPerseus | None:
+    """``enable()`` from Megatron-LM's parsed arguments (``add_perseus_args`` was in the parser).
+
+    For core ≥ 0.18 scripts, between ``args = parse_and_validate_args(extra_args_provider=...)``
+    and ``pretrain(full_config, ...)``. Returns ``None`` when ``--perseus`` was not given.
+    """
+    from perseus_megatron.args import config_from_args
+
+    config = config_from_args(args)
+    return enable(config) if config.enabled else None

@@ -44,3 +44,21 @@ def test_source_check_names_what_moved():
                                                 ("0.15.3", False), ("0.20.0", False), ("main", False)])
 def test_supported_release_lines(version, supported):
     assert compat.is_supported_version(version) is supported
+
+
+@pytest.mark.parametrize("version, generation", [("0.16.1", "extra_args_provider"), ("0.19.0", "parse_and_validate_args")])
+def test_launcher_hook_point_exists_in_both_pretrain_gpt_generations(version, generation):
+    """The launcher wraps arguments.add_megatron_arguments, which parse_args looks up at call time."""
+    import ast
+
+    arguments = read_member(version, "megatron/training/arguments.py")
+    tree = ast.parse(arguments)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    calls = {c.func.id for c in ast.walk(functions["parse_args"]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    assert "add_megatron_arguments" in calls and "add_megatron_arguments" in functions
+    main = read_member(version, "pretrain_gpt.py").split('if __name__ == "__main__":', 1)[1]
+    if generation == "extra_args_provider":
+        assert "extra_args_provider=" in main and "parse_and_validate_args" not in main
+    else:
+        assert "parse_and_validate_args(" in main and "pretrain(\n        full_config," in main
+        assert "parse_and_validate_args" in functions
