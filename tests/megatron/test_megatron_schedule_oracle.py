@@ -104,3 +104,28 @@ def test_joint_receives_follow_the_order_for_any_group_size(group):
             assert order[i].kind == "forward" and order[j].kind == "backward" and j == i + 1
         steady_forwards = sum(1 for inst in order[first_backward - 1:] if inst.kind == "forward")
         assert len(pairs) == steady_forwards
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_all_warmup_stages_have_no_joint_exchange_in_megatron(version):
+    """The warm-up's last joint exchange is skipped when every microbatch is in warm-up."""
+    source = read_member(version, "megatron/core/pipeline_parallel/schedules.py")
+    assert re.search(r"k == \(num_warmup_microbatches - 1\)\s+and not config\.overlap_p2p_comm\s+"
+                     r"and not forward_only\s+and not are_all_microbatches_in_warmup", source)
+
+
+def test_interleaved_dags_are_acyclic_including_all_warmup_stages():
+    """4 stages x 2 chunks x 4 microbatches (stages 0 and 1 all in warm-up) once built a cyclic DAG."""
+    from perseus.dag import InstructionDAG
+
+    schedule = build_schedule("interleaved", 4, 4, 2)
+    assert schedule.joint_receives[0] == () and schedule.joint_receives[1] == ()
+    assert schedule.joint_receives[2] == ((6, 7), (8, 9))
+    for stages in (2, 3, 4, 8):
+        for chunks in (2, 3, 4):
+            for microbatches in range(stages, 3 * stages + 1):
+                try:
+                    schedule = build_schedule("interleaved", stages, microbatches, chunks)
+                except ScheduleError:
+                    continue
+                InstructionDAG.from_schedule(schedule)  # raises on a cycle
