@@ -22,8 +22,11 @@ of it is imported by ``perseus_megatron``; on a machine with CUDA it refuses to 
   ``perseus_demo.megatron_cpu.cpu_execution`` plus stream stand-ins.
 
 Flags Megatron needs on CPU are in ``CPU_GPT_ARGS`` (gloo, local transformer, no fusions, dropout
-0, ``--rerun-mode disabled``, ``--clip-grad 0``, mock data). ``--summary-dir DIR`` writes each
-rank's Perseus summary to ``DIR/rank<R>.json`` when Perseus closes (tests read it).
+0, ``--rerun-mode disabled``, ``--clip-grad 0``, mock data). Runner options: ``--summary-dir DIR``
+writes each rank's Perseus summary to ``DIR/rank<R>.json`` when Perseus closes (tests read it);
+``--simulate-compute`` makes each forward/backward a busy section of the rank's simulated GPU (as
+``perseus demo`` does), so clocks change measured time and energy. :func:`launch` runs it all
+under torchrun (``perseus demo --megatron-lm PATH``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ CPU_GPT_ARGS: tuple[str, ...] = (
 )
 
 SUMMARY_FLAG = "--summary-dir"
+SIMULATE_FLAG = "--simulate-compute"
 
 
 BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
@@ -198,23 +202,46 @@ def _cpu_streams() -> Iterator[None]:
         torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream = saved
 
 
-def _write_summaries(folder: Path) -> None:
-    """Each rank's Perseus summary goes to ``folder/rank<R>.json`` when Perseus closes."""
+# Nominal kernel time at the max clock per instruction kind (as perseus_demo.megatron_demo).
+NOMINAL_S = {"forward": 0.010, "backward": 0.020}
+
+
+def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None:
+    """Wrap ``perseus_megatron.integration.enable`` (which the launcher calls) for CPU runs.
+
+    ``summary_dir``: each rank's Perseus summary goes to ``summary_dir/rank<R>.json`` when Perseus
+    closes. ``simulate_compute``: every forward/backward is a busy section of this rank's simulated
+    GPU, padded to ``NOMINAL_S`` at the max clock (``perseus_demo.common.SimulatedCompute``), so the
+    clocks Perseus sets change measured time and energy as on hardware.
+    """
     from perseus_megatron import integration
 
     original_enable = integration.enable
 
     @functools.wraps(original_enable)
-    def enable(*args: Any, **kwargs: Any) -> Any:
-        handle = original_enable(*args, **kwargs)
+    def enable(config: Any = None, **kwargs: Any) -> Any:
+        rank = int(os.environ.get("RANK", "0"))
+        gpus: list[Any] = []
+        if simulate_compute:
+            from perseus.gpu.simulated import SimulatedGPU
+            from perseus_demo.common import SimulatedCompute
+
+            resolved = integration.resolve_config(config, {})
+            gpu = SimulatedGPU(rank, reset_state=True, **resolved.sim_gpu)
+            gpus.append(gpu)
+            kwargs["listener_wrapper"] = lambda runtime: SimulatedCompute(runtime, gpu, NOMINAL_S)
+        handle = original_enable(config, **kwargs)
         close = handle.close
 
         def close_and_report() -> None:
-            if not handle._closed:
-                folder.mkdir(parents=True, exist_ok=True)
-                rank = os.environ.get("RANK", "0")
-                (folder / f"rank{rank}.json").write_text(json.dumps(handle.summary(), default=str))
-            close()
+            if summary_dir is not None and not handle._closed:
+                summary_dir.mkdir(parents=True, exist_ok=True)
+                (summary_dir / f"rank{rank}.json").write_text(json.dumps(handle.summary(), default=str))
+            try:
+                close()
+            finally:
+                for gpu in gpus:
+                    gpu.close()
 
         handle.close = close_and_report  # type: ignore[method-assign]
         return handle
@@ -222,8 +249,12 @@ def _write_summaries(folder: Path) -> None:
     integration.enable = enable
 
 
-def split_summary_dir(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
-    rest, folder, args = [], None, list(argv)
+def split_runner_args(argv: Sequence[str]) -> tuple[Path | None, bool, list[str]]:
+    """Take the runner's own ``--summary-dir DIR`` and ``--simulate-compute`` out of the command line."""
+    rest: list[str] = []
+    folder: Path | None = None
+    simulate = False
+    args = list(argv)
     i = 0
     while i < len(args):
         if args[i] == SUMMARY_FLAG and i + 1 < len(args):
@@ -231,10 +262,74 @@ def split_summary_dir(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
             continue
         if args[i].startswith(SUMMARY_FLAG + "="):
             folder = Path(args[i].split("=", 1)[1])
+        elif args[i] == SIMULATE_FLAG:
+            simulate = True
         else:
             rest.append(args[i])
         i += 1
-    return folder, rest
+    return folder, simulate, rest
+
+
+def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, microbatches: int = 4,
+           train_iters: int = 14, simulate_compute: bool = True, extra_args: Sequence[str] = (),
+           timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Run ``pretrain_gpt.py`` of ``checkout`` under torchrun (one rank per stage); each rank's summary.
+
+    A tiny GPT (one layer per stage and chunk) on mock data, simulated GPUs, few profiled clocks.
+    ``extra_args`` go last (Megatron and Perseus flags; later ones win).
+    """
+    from perseus.errors import PerseusError
+    from perseus_demo.common import DEFAULT_SIM_GPU
+
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = out_dir / "summaries"
+    for stale in summaries.glob("rank*.json"):
+        stale.unlink()
+    shape = ["--num-layers", str(stages * chunks), "--pipeline-model-parallel-size", str(stages),
+             "--micro-batch-size", "1", "--global-batch-size", str(microbatches), "--train-iters", str(train_iters)]
+    if chunks > 1:
+        shape += ["--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication"]
+    perseus = ["--perseus", "--perseus-gpu", "sim", "--perseus-warmup-steps", "2", "--perseus-iters-per-freq", "1",
+               "--perseus-freq-min", "1000", "--perseus-freq-step", "200", "--perseus-early-stop-patience", "0",
+               "--perseus-straggler-period", "0", "--perseus-cache-dir", str(out_dir / "cache"),
+               "--perseus-sim-gpu", json.dumps(DEFAULT_SIM_GPU)]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(out_dir / "sim-gpus"), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={stages}",
+           "-m", "perseus_demo.megatron_lm_cpu", SUMMARY_FLAG, str(summaries), "--megatron-lm", str(checkout),
+           *([SIMULATE_FLAG] if simulate_compute else []), *CPU_GPT_ARGS, *shape, *perseus, *extra_args]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=out_dir)
+    except subprocess.TimeoutExpired:
+        raise PerseusError(f"Megatron-LM pretrain_gpt.py did not finish within {timeout_s:.0f} s") from None
+    (out_dir / "pretrain_gpt.log").write_text(proc.stdout + proc.stderr)
+    results = []
+    for rank in range(stages):
+        path = summaries / f"rank{rank}.json"
+        if proc.returncode != 0 or not path.exists():
+            raise PerseusError(f"Megatron-LM pretrain_gpt.py failed (exit {proc.returncode}; log in "
+                               f"{out_dir / 'pretrain_gpt.log'}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+def format_summaries(summaries: list[dict[str, Any]]) -> str:
+    """Per phase: iterations, mean iteration time (slowest rank), mean energy (all GPUs)."""
+    lines = [f"{'phase':<12}{'iterations':>11}{'time/iter':>12}{'energy/iter':>14}   (means; energy: all GPUs)"]
+    phases = summaries[0].get("phases", {})
+    for phase in ("warmup", "profiling", "planning", "steady", "deployed"):
+        rows = [s["phases"][phase] for s in summaries if phase in s.get("phases", {})]
+        if phase in phases and rows:
+            lines.append(f"{phase:<12}{phases[phase]['steps']:>11}{max(r['time_s'] for r in rows) * 1e3:>10.1f}ms"
+                         f"{sum(r['energy_j'] for r in rows):>12.2f} J")
+    history = " -> ".join(f"{phase}@{step}" for step, phase in summaries[0].get("phase_history", []))
+    lines.append(f"phases (rank 0): {history}")
+    fallbacks = [s["fallback"] for s in summaries if s.get("fallback")]
+    if fallbacks:
+        lines.append(f"plan mismatch: {fallbacks[0]}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -247,14 +342,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if torch.cuda.is_available():
         raise PerseusError("perseus_demo.megatron_lm_cpu is for CPU-only machines; on GPUs run "
                            "python -m perseus_megatron.pretrain_gpt")
-    summary_dir, rest = split_summary_dir(sys.argv[1:] if argv is None else argv)
+    summary_dir, simulate_compute, rest = split_runner_args(sys.argv[1:] if argv is None else argv)
     checkout, _ = pretrain_gpt.split_checkout(rest)
     pretrain_gpt.check_checkout(checkout)
     pretrain_gpt.put_checkout_first(checkout)
     _stub_batch_invariant_kernels()
     _patch_initialize()
-    if summary_dir is not None:
-        _write_summaries(summary_dir)
+    if summary_dir is not None or simulate_compute:
+        _instrument_enable(summary_dir, simulate_compute)
     with cpu_execution(), _cpu_streams():
         pretrain_gpt.main(rest)
 
