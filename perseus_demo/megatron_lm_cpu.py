@@ -342,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if torch.cuda.is_available():
         raise PerseusError("perseus_demo.megatron_lm_cpu is for CPU-only machines; on GPUs run "
                            "python -m perseus_megatron.pretrain_gpt")
+    if importlib.util.find_spec("six") is None:  # Megatron-LM's tokenizer module imports it unconditionally
+        raise PerseusError("Megatron-LM's pretrain_gpt.py needs the six package: pip install six")
     summary_dir, simulate_compute, rest = split_runner_args(sys.argv[1:] if argv is None else argv)
     checkout, _ = pretrain_gpt.split_checkout(rest)
     pretrain_gpt.check_checkout(checkout)
