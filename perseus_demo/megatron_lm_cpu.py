@@ -236,7 +236,9 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
         def close_and_report() -> None:
             if summary_dir is not None and not handle._closed:
                 summary_dir.mkdir(parents=True, exist_ok=True)
-                (summary_dir / f"rank{rank}.json").write_text(json.dumps(handle.summary(), default=str))
+                hooks = handle._hooks
+                summary = {**handle.summary(), "hooks_from_patched_source": hooks.patched_source if hooks else None}
+                (summary_dir / f"rank{rank}.json").write_text(json.dumps(summary, default=str))
             try:
                 close()
             finally:

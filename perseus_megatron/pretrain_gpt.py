@@ -15,6 +15,7 @@ new flags. Both generations of that ``__main__`` build the parser through
 The launcher therefore (1) enables Perseus from the ``--perseus*`` flags, (2) makes
 ``add_megatron_arguments`` also add the Perseus flag group, and (3) runs the checkout's own
 ``pretrain_gpt.py`` as ``__main__`` — its ``__main__`` block, whichever generation, unchanged.
+A ``pretrain_gpt.py`` that already sets Perseus up (the ``patches/`` edit) is only run.
 """
 
 from __future__ import annotations
@@ -121,6 +122,12 @@ def accept_perseus_flags() -> ModuleType:
     return arguments
 
 
+def sets_up_perseus_itself(script: Path) -> bool:
+    """True for a ``pretrain_gpt.py`` carrying ``patches/megatron-lm-*-pretrain_gpt.patch`` (or a
+    similar edit): it adds the flags and enables Perseus itself, so the launcher must not."""
+    return "perseus_megatron" in script.read_text()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m perseus_megatron.pretrain_gpt``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -129,14 +136,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_checkout(checkout)
         config = config_from_argv(rest)
         put_checkout_first(checkout)
-        accept_perseus_flags()
+        script = checkout / "pretrain_gpt.py"
+        patched = sets_up_perseus_itself(script)
+        if not patched:
+            accept_perseus_flags()
     except PerseusError as exc:
         print(f"perseus_megatron.pretrain_gpt: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    script = checkout / "pretrain_gpt.py"
     sys.argv = [str(script), *rest]  # Megatron parses sys.argv itself
     handle = None
-    if config.enabled:
+    if config.enabled and not patched:
         from perseus_megatron.integration import enable
 
         handle = enable(config)

@@ -158,6 +158,30 @@ def test_unknown_flag_is_still_refused_by_megatrons_parser(fake_checkout, tmp_pa
     assert proc.returncode == 2 and "unrecognized arguments: --perseus-no-such-flag" in proc.stderr
 
 
+FAKE_PRETRAIN_GPT_PATCHED = '''
+from megatron.training import pretrain
+
+if __name__ == "__main__":
+    from perseus_megatron import add_perseus_args, compose_providers, enable_from_argv
+    perseus = enable_from_argv()
+    pretrain(None, lambda: "gpt", "encoder_or_decoder", None,
+             extra_args_provider=compose_providers(None, add_perseus_args), store="fake-store")
+    if perseus is not None:
+        perseus.close()
+'''
+
+
+def test_patched_pretrain_gpt_is_run_as_is(tmp_path):
+    """A pretrain_gpt.py carrying the patch adds the flags and enables Perseus itself; adding them
+    twice would be an argparse conflict, enabling twice HooksAlreadyInstalled."""
+    root = _fake_checkout(tmp_path / "patched", FAKE_TRAINING_OLD, FAKE_ARGUMENTS, FAKE_PRETRAIN_GPT_PATCHED)
+    out = tmp_path / "record.json"
+    proc = _run([f"--megatron-lm={root}", "--num-layers", "3", "--perseus", "--perseus-gpu", "sim"], out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["args"]["perseus"] and record["args"]["num_layers"] == 3 and record["hooks_installed"]
+
+
 def test_checkout_without_add_megatron_arguments_is_a_clear_error(tmp_path):
     root = _fake_checkout(tmp_path / "odd", FAKE_TRAINING_OLD, "def parse_args(*a, **k):\n    pass\n",
                           FAKE_PRETRAIN_GPT_OLD)

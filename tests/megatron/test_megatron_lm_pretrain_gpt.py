@@ -10,6 +10,8 @@ the cached plan without profiling. No savings or times are asserted.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron_lm_archive import unpack  # noqa: E402
+from megatron_lm_archive import REPO, unpack  # noqa: E402
 from perseus_demo.megatron_lm_cpu import format_summaries, launch  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -54,6 +56,7 @@ def check_first_run(results: list[dict[str, Any]], stages: int, cache: Path) -> 
 def test_1f1b_two_stages_profiles_plans_deploys_and_restarts_from_the_cache(checkout, tmp_path):
     first = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=14, simulate_compute=False)
     check_first_run(first, 2, tmp_path / "cache")
+    assert not any(r["hooks_from_patched_source"] for r in first)  # run-time hooks: the checkout is unmodified
 
     restarted = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=4, simulate_compute=False)
     for r in restarted:
@@ -68,3 +71,17 @@ def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp
     check_first_run(results, 4, tmp_path / "cache")
     report = format_summaries(results)
     assert "deployed" in report and "plan mismatch" not in report
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_checkout_with_both_patches_trains_with_perseus(tmp_path):
+    """core_v0.16.1 with patches/megatron-core-0.16-schedules.patch and
+    patches/megatron-lm-core_v0.16-pretrain_gpt.patch applied: its own __main__ adds the flags and
+    enables Perseus, and the decorated schedules report the steps (nothing is replaced at run time)."""
+    root = unpack("0.16.1", tmp_path / "src")
+    for name in ("megatron-core-0.16-schedules.patch", "megatron-lm-core_v0.16-pretrain_gpt.patch"):
+        applied = subprocess.run(["git", "apply", str(REPO / "patches" / name)], cwd=root, capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stderr
+    results = run_pretrain_gpt(root, tmp_path / "run", stages=2, microbatches=4, train_iters=14, simulate_compute=False)
+    check_first_run(results, 2, tmp_path / "run" / "cache")
+    assert all(r["hooks_from_patched_source"] for r in results)
