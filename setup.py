@@ -24,11 +24,12 @@ setup(
         "matplotlib>=3.6",
         "tqdm>=4.60",
     ],
+    # megatron-core 0.17+ declare Requires-Python >= 3.12, so on Python 3.11 this resolves to 0.16.1.
     extras_require={
-        "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.17"],
+        "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.20"],
         "deepspeed": ["torch>=2.1", "deepspeed>=0.19,<0.20"],
         "bench": ["lowtime==0.3.0"],
-        "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.17", "deepspeed>=0.19,<0.20"],
+        "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.20", "deepspeed>=0.19,<0.20"],
     },
     entry_points={
         "console_scripts": ["perseus=perseus.cli:main"],

@@ -23,9 +23,9 @@ from perseus.errors import ScheduleError
 
 InstructionKind = Literal["forward", "backward"]
 KINDS: tuple[InstructionKind, ...] = ("forward", "backward")
-# Bumped whenever the dependency rules change (2: interleaved joint receives), so that plans
-# made under older rules are not reused from a cache.
-DAG_MODEL_VERSION = 2
+# Bumped whenever the dependency rules change (2: interleaved joint receives; 3: none on a stage
+# whose microbatches are all in warm-up), so that plans made under older rules are not reused.
+DAG_MODEL_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +144,11 @@ def _interleaved_table(num_microbatches: int, num_chunks: int, group: int) -> li
     return table
 
 
+def interleaved_warmup(stage: int, num_stages: int, num_chunks: int, group: int) -> int:
+    """megatron-core's interleaved warm-up forward count before capping at the total (``get_pp_rank_microbatches``)."""
+    return (num_stages - stage - 1) * 2 + (num_chunks - 1) * group
+
+
 def interleaved_order(
     stage: int,
     num_stages: int,
@@ -169,7 +174,7 @@ def interleaved_order(
         )
     table = _interleaved_table(num_microbatches, num_chunks, group)
     total = num_microbatches * num_chunks
-    warmup = min((num_stages - stage - 1) * 2 + (num_chunks - 1) * group, total)
+    warmup = min(interleaved_warmup(stage, num_stages, num_chunks, group), total)
 
     def forward(k: int) -> Instruction:
         microbatch, chunk = table[k]
@@ -187,10 +192,18 @@ def interleaved_order(
     return order
 
 
-def interleaved_joint_receives(order: Sequence[Instruction]) -> tuple[tuple[int, int], ...]:
+def interleaved_joint_receives(order: Sequence[Instruction], all_warmup: bool = False) -> tuple[tuple[int, int], ...]:
     """megatron-core's interleaved exchanges (no p2p overlap): each steady forward waits for the
     input of the backward right after it too — the last warm-up forward and every steady pair
-    end in one ``send_forward_backward_recv_forward_backward``."""
+    end in one ``send_forward_backward_recv_forward_backward``.
+
+    A stage whose microbatches are all in warm-up (``all_warmup``: megatron's
+    ``are_all_microbatches_in_warmup``) has no steady pair and no joint exchange: its last
+    forward only sends, then it receives gradients one by one. Its order alone cannot tell
+    (one steady pair looks the same), so the caller says so.
+    """
+    if all_warmup:
+        return ()
     warmup = next((i for i, inst in enumerate(order) if inst.kind == "backward"), len(order)) - 1
     pairs = []
     for i in range(max(warmup, 0), len(order) - 1, 2):
@@ -225,5 +238,13 @@ def build_schedule(
     else:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     stages = tuple(tuple(make(s)) for s in range(num_stages))
-    joint = tuple(interleaved_joint_receives(order) for order in stages) if name == "interleaved" else ()
+    joint: tuple[tuple[tuple[int, int], ...], ...] = ()
+    if name == "interleaved":
+        group = num_stages if group_size is None else group_size
+        joint = tuple(
+            interleaved_joint_receives(
+                order, interleaved_warmup(s, num_stages, num_chunks, group) >= num_microbatches * num_chunks
+            )
+            for s, order in enumerate(stages)
+        )
     return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint)

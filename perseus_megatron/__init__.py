@@ -16,6 +16,8 @@ _EXPORTS = {
     "compose_providers": "perseus_megatron.args",
     "enable": "perseus_megatron.integration",
     "enable_from_argv": "perseus_megatron.integration",
+    "enable_from_args": "perseus_megatron.integration",
+    "accept_perseus_flags": "perseus_megatron.pretrain_gpt",
     "MegatronPerseus": "perseus_megatron.integration",
     "job_from_parallel_state": "perseus_megatron.integration",
     "install_hooks": "perseus_megatron.hooks",
@@ -25,6 +27,7 @@ _EXPORTS = {
     "MegatronVersionError": "perseus_megatron.compat",
     "UnsupportedMegatronFeature": "perseus_megatron.compat",
     "TESTED_VERSIONS": "perseus_megatron.compat",
+    "SUPPORTED_VERSIONS": "perseus_megatron.compat",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -8,6 +8,7 @@ would then profile and plan nothing).
 
 from __future__ import annotations
 
+import ast
 import inspect
 import warnings
 from types import ModuleType
@@ -15,8 +16,12 @@ from typing import Any
 
 from perseus.errors import PerseusError
 
-TESTED_VERSIONS = "0.16.x"
-_TESTED_PREFIX = "0.16."
+# Release lines whose schedules.py was checked against the hook points below: 0.16.1 runs in the
+# tests (real schedules, real pretrain_gpt.py); 0.17.1, 0.18.2, 0.19.0 and 0.19.2 were read
+# (hook points, patch). Other versions run when the hook-point check passes, with a warning.
+SUPPORTED_VERSIONS = "0.16.x–0.19.x"
+TESTED_VERSIONS = SUPPORTED_VERSIONS
+_SUPPORTED_MINORS = ((0, 16), (0, 17), (0, 18), (0, 19))
 
 SCHEDULE_FUNCTIONS: dict[str, str] = {
     "forward_backward_no_pipelining": "1f1b",
@@ -26,11 +31,17 @@ SCHEDULE_FUNCTIONS: dict[str, str] = {
 STEP_FUNCTIONS = ("forward_step", "backward_step")
 HOOK_POINTS = (*STEP_FUNCTIONS, *SCHEDULE_FUNCTIONS)
 
+# Exactly what the wrappers in hooks.py read, and nothing else: forward_step's microbatch and chunk
+# keywords; backward_step's output tensor as its second positional argument (the tracker matches
+# it to its forward; core 0.17 dropped ``model_type`` after it, which the wrapper never used);
+# the schedule functions' keywords that give the step's shape.
 _REQUIRED_PARAMETERS: dict[str, tuple[str, ...]] = {
     "forward_step": ("current_microbatch", "vp_stage"),
-    "backward_step": ("input_tensor", "output_tensor", "output_tensor_grad", "model_type", "config"),
+    "backward_step": ("output_tensor",),
     **{name: ("model", "num_microbatches", "forward_only") for name in SCHEDULE_FUNCTIONS},
 }
+# Parameters that must sit at a fixed position because the wrapper reads them positionally.
+_POSITIONAL: dict[str, dict[str, int]] = {"backward_step": {"output_tensor": 1}}
 
 
 class MegatronVersionError(PerseusError):
@@ -60,19 +71,56 @@ def _parameters(fn: Any) -> tuple[str, ...]:
         return ()
 
 
+def _missing(name: str, params: tuple[str, ...] | None) -> str | None:
+    if params is None:
+        return f"function schedules.{name}"
+    absent = [p for p in _REQUIRED_PARAMETERS[name] if p not in params]
+    if absent:
+        return f"parameter(s) {', '.join(absent)} of schedules.{name}"
+    for param, index in _POSITIONAL.get(name, {}).items():
+        if params.index(param) != index:
+            return f"parameter {param} of schedules.{name} at position {index + 1} (found at {params.index(param) + 1})"
+    return None
+
+
 def missing_hook_points(schedules: ModuleType) -> list[str]:
-    """Hook points absent from ``schedules`` or with an unexpected signature, as readable phrases."""
+    """Hook points absent from ``schedules`` or with an unexpected signature, as readable phrases.
+
+    This check, not the version number, decides whether the hooks install: a release outside
+    the supported lines (upstream main, say) runs when it passes, with a warning.
+    """
     missing: list[str] = []
     for name in HOOK_POINTS:
         fn = getattr(schedules, name, None)
-        if not callable(fn):
-            missing.append(f"function schedules.{name}")
-            continue
-        params = _parameters(fn)
-        absent = [p for p in _REQUIRED_PARAMETERS[name] if p not in params]
-        if absent:
-            missing.append(f"parameter(s) {', '.join(absent)} of schedules.{name}")
+        problem = _missing(name, _parameters(fn) if callable(fn) else None)
+        if problem:
+            missing.append(problem)
     return missing
+
+
+def missing_hook_points_in_source(source: str) -> list[str]:
+    """The same check on the text of a ``schedules.py`` (read, not imported: no torch needed)."""
+    tree = ast.parse(source)
+    functions = {node.name: node.args for node in tree.body if isinstance(node, ast.FunctionDef)}
+    missing: list[str] = []
+    for name in HOOK_POINTS:
+        args = functions.get(name)
+        params = None if args is None else tuple(
+            a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)
+        )
+        problem = _missing(name, params)
+        if problem:
+            missing.append(problem)
+    return missing
+
+
+def is_supported_version(version: str) -> bool:
+    """True for the release lines Perseus supports (``SUPPORTED_VERSIONS``)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in _SUPPORTED_MINORS
 
 
 def load_schedules_module() -> ModuleType:
@@ -83,21 +131,32 @@ def load_schedules_module() -> ModuleType:
     except ImportError as exc:
         raise MegatronVersionError(
             f"megatron-core {version}: cannot import megatron.core.pipeline_parallel.schedules ({exc}); "
-            f"Perseus supports megatron-core {TESTED_VERSIONS}"
+            f"Perseus supports megatron-core {SUPPORTED_VERSIONS}"
         ) from None
     missing = missing_hook_points(schedules)
     if missing:
         raise MegatronVersionError(
-            f"megatron-core {version} is not supported by the Perseus schedule hooks (tested: {TESTED_VERSIONS}); "
-            f"missing: {'; '.join(missing)}. Install megatron-core {TESTED_VERSIONS} or report this version"
+            f"megatron-core {version} is not supported by the Perseus schedule hooks (supported: {SUPPORTED_VERSIONS}); "
+            f"missing: {'; '.join(missing)}. Install megatron-core {SUPPORTED_VERSIONS} or report this version"
         )
-    if not version.startswith(_TESTED_PREFIX):
+    if not is_supported_version(version):
         warnings.warn(
-            f"megatron-core {version} has the hook points Perseus needs but is untested (tested: {TESTED_VERSIONS}); "
+            f"megatron-core {version} has the hook points Perseus needs but is outside the supported releases "
+            f"({SUPPORTED_VERSIONS}); "
             "check the recorded instruction order with perseus_megatron's tests before relying on it",
             stacklevel=3,
         )
     return schedules
+
+
+def check_call_supported(kwargs: dict[str, Any]) -> None:
+    """Refuse schedule calls whose steps bypass ``forward_step``/``backward_step`` (core 0.19+)."""
+    collection = kwargs.get("pg_collection")
+    if type(collection).__name__ == "MultiModuleProcessGroupCollection":
+        raise UnsupportedMegatronFeature(
+            "multi-module pipelines (MultiModuleProcessGroupCollection) run backward_step_multimodule, which "
+            "the Perseus hooks do not observe; run without Perseus"
+        )
 
 
 def check_step_supported(config: Any, forward_only: bool) -> None:

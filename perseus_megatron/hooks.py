@@ -3,7 +3,7 @@
 megatron-core's schedules call ``forward_step`` and ``backward_step`` (and
 ``get_forward_backward_func`` returns the schedule functions) through module globals looked up
 at call time, so replacing those module attributes hooks every training iteration. The same
-wrappers serve ``patches/megatron-core-schedules.patch``, which applies them as decorators in
+wrappers serve ``patches/megatron-core-<line>-schedules.patch``, which applies them as decorators in
 the source instead; :func:`install_hooks` then only activates them.
 
 This module imports neither torch nor Megatron at import time, because the patched
@@ -41,10 +41,12 @@ def _model_config(model: Any) -> Any:
 
 
 def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
-    from perseus_megatron.compat import check_step_supported
+    from perseus_megatron.compat import check_call_supported, check_step_supported
 
     model = kwargs.get("model")
     forward_only = bool(kwargs.get("forward_only", False))
+    if not forward_only:
+        check_call_supported(kwargs)
     config = _model_config(model)
     check_step_supported(config, forward_only)
     chunks = len(model) if schedule == "interleaved" and isinstance(model, (list, tuple)) else 1
@@ -118,7 +120,7 @@ def wrap(point: str, fn: F) -> F:
 
 
 def hook(point: str) -> Callable[[F], F]:
-    """Decorator form of :func:`wrap`, used by ``patches/megatron-core-schedules.patch``."""
+    """Decorator form of :func:`wrap`, used by ``patches/megatron-core-<line>-schedules.patch``."""
     return functools.partial(wrap, point)
 
 
@@ -206,7 +208,7 @@ def install_hooks(
             raise PerseusError(
                 "megatron schedules.py is only partly patched for Perseus (hooked: "
                 f"{', '.join(p for p in HOOK_POINTS if p not in replaced)}); re-apply "
-                "patches/megatron-core-schedules.patch to a clean file"
+                "patches/megatron-core-<line>-schedules.patch to a clean file"
             )
         for point, original in replaced.items():
             setattr(schedules, point, wrap(point, original))

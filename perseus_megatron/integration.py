@@ -60,9 +60,14 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
                                "parallel_state.initialize_model_parallel(...) before training")
     stages = ps.get_pipeline_model_parallel_world_size()
     if info.schedule == "interleaved" and info.group_size not in (None, stages):
+        # perseus.schedule builds megatron's order for any group size (checked against megatron-core's
+        # own order oracle, tests/megatron/test_megatron_schedule_oracle.py), but PipelineJob, the
+        # runtime's cache and frontier files name a schedule by (name, stages, microbatches, chunks)
+        # only, so a plan made here would be rebuilt with the default group size and not match.
         raise MegatronJobError(
             f"microbatch_group_size_per_vp_stage={info.group_size} differs from the pipeline size ({stages}); "
-            "Perseus plans megatron-core's default interleaved order only; unset microbatch_group_size_per_vp_stage"
+            "the Perseus runtime plans megatron-core's default interleaved order only (its jobs and frontier files "
+            "do not record a group size yet); unset microbatch_group_size_per_vp_stage"
         )
     tp, cp = ps.get_tensor_model_parallel_world_size(), ps.get_context_parallel_world_size()
     return PipelineJob(
@@ -199,4 +204,16 @@ def enable_from_argv(argv: Sequence[str] | None = None) -> MegatronPerseus | Non
     from perseus_megatron.args import config_from_argv
 
     config = config_from_argv(sys.argv[1:] if argv is None else argv)
+    return enable(config) if config.enabled else None
+
+
+def enable_from_args(args: Any) -> MegatronPerseus | None:
+    """``enable()`` from Megatron-LM's parsed arguments (``add_perseus_args`` was in the parser).
+
+    For core ≥ 0.18 scripts, between ``args = parse_and_validate_args(extra_args_provider=...)``
+    and ``pretrain(full_config, ...)``. Returns ``None`` when ``--perseus`` was not given.
+    """
+    from perseus_megatron.args import config_from_args
+
+    config = config_from_args(args)
     return enable(config) if config.enabled else None

@@ -3,31 +3,37 @@
     torchrun ... -m perseus_megatron.pretrain_gpt --megatron-lm /path/to/Megatron-LM \\
         <usual pretrain_gpt.py arguments> --perseus --perseus-cache-dir /ckpt/perseus
 
-Stock ``pretrain_gpt.py`` passes its own ``extra_args_provider`` from ``__main__``, so it cannot
-accept new flags. This launcher imports the checkout's ``pretrain_gpt`` module (its functions
-only), then does what its ``__main__`` does — with the checkout's provider and ours composed —
-after enabling Perseus from the command line. Written for the core 0.16-era ``__main__``
-(``partial(model_provider, gpt_builder)``, in-process restart ``store``); older layouts without
-``gpt_builder`` / ``store`` are handled by looking at what the module and ``pretrain`` provide.
+Stock ``pretrain_gpt.py`` builds its argument parser in its own ``__main__`` and cannot accept
+new flags. Both generations of that ``__main__`` build the parser through
+``megatron.training.arguments.parse_args``, which calls the module-level
+``add_megatron_arguments(parser)``:
+
+- core ≤ 0.17: ``pretrain(..., extra_args_provider=...)`` → ``initialize_megatron`` → ``parse_args``;
+- core ≥ 0.18: ``parse_and_validate_args(extra_args_provider=...)`` → ``parse_args``, then
+  ``pretrain(full_config, ...)``.
+
+The launcher therefore (1) enables Perseus from the ``--perseus*`` flags, (2) makes
+``add_megatron_arguments`` also add the Perseus flag group, and (3) runs the checkout's own
+``pretrain_gpt.py`` as ``__main__`` — its ``__main__`` block, whichever generation, unchanged.
+A ``pretrain_gpt.py`` that already sets Perseus up (the ``patches/`` edit) is only run.
 """
 
 from __future__ import annotations
 
-import inspect
+import functools
 import os
+import runpy
 import sys
-import time
-from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
 from perseus.errors import PerseusError
-from perseus_megatron.args import add_perseus_args, compose_providers, config_from_argv
+from perseus_megatron.args import add_perseus_args, config_from_argv
 
 CHECKOUT_FLAG = "--megatron-lm"
 CHECKOUT_ENV = "MEGATRON_LM"
-_REQUIRED = ("train_valid_test_datasets_provider", "model_provider", "forward_step", "pretrain", "ModelType")
+_MARK = "__perseus_flags__"
 
 
 class LauncherError(PerseusError):
@@ -57,7 +63,7 @@ def split_checkout(argv: Sequence[str]) -> tuple[Path, list[str]]:
     if not checkout:
         raise LauncherError(
             f"say where Megatron-LM is: {CHECKOUT_FLAG} /path/to/Megatron-LM (or set ${CHECKOUT_ENV}); "
-            "clone it with: git clone -b core_r0.16.0 https://github.com/NVIDIA/Megatron-LM"
+            "clone it with: git clone -b core_v0.16.1 https://github.com/NVIDIA/Megatron-LM"
         )
     return Path(checkout).expanduser().resolve(), rest
 
@@ -72,78 +78,79 @@ def check_checkout(path: Path) -> None:
         )
 
 
-def load_pretrain_gpt(path: Path) -> ModuleType:
-    """Import the checkout's ``pretrain_gpt`` as a module (its ``__main__`` block does not run)."""
-    check_checkout(path)
+def put_checkout_first(path: Path) -> None:
+    """The checkout's ``megatron`` package (training and its in-tree core) wins over installed ones."""
     root = str(path)
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    if root in sys.path:
+        sys.path.remove(root)
+    sys.path.insert(0, root)
+
+
+def entry_generation(arguments: ModuleType) -> str:
+    """``"parse_and_validate_args"`` (core ≥ 0.18) or ``"extra_args_provider"`` (core ≤ 0.17)."""
+    return "parse_and_validate_args" if hasattr(arguments, "parse_and_validate_args") else "extra_args_provider"
+
+
+def accept_perseus_flags() -> ModuleType:
+    """Make Megatron-LM's argument parser accept the ``--perseus*`` flags; returns its arguments module.
+
+    Wraps ``megatron.training.arguments.add_megatron_arguments``, which ``parse_args`` calls at
+    run time in every Megatron-LM generation this supports (0.16–0.19 and main). Idempotent.
+    """
     try:
-        import pretrain_gpt
+        from megatron.training import arguments
     except ImportError as exc:
-        raise LauncherError(f"importing {path / 'pretrain_gpt.py'} failed: {exc}") from exc
-    missing = [name for name in _REQUIRED if not hasattr(pretrain_gpt, name)]
-    if missing:
+        raise LauncherError(f"cannot import megatron.training.arguments from the checkout ({exc})") from exc
+    current = getattr(arguments, "add_megatron_arguments", None)
+    if not callable(current) or not callable(getattr(arguments, "parse_args", None)):
         raise LauncherError(
-            f"{path / 'pretrain_gpt.py'} lacks {', '.join(missing)}; this Megatron-LM version is not supported by "
-            "the launcher (use the core 0.16-era checkout, or apply patches/megatron-lm-pretrain_gpt.patch)"
+            "megatron.training.arguments has no add_megatron_arguments/parse_args; this Megatron-LM is not supported "
+            "by the launcher: add perseus_megatron.add_perseus_args to its extra_args_provider instead (docs/megatron.md)"
         )
-    return pretrain_gpt
+    if getattr(current, _MARK, False):
+        return arguments
+
+    @functools.wraps(current)
+    def add_megatron_and_perseus_arguments(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        parser = current(parser, *args, **kwargs)
+        if not any(getattr(a, "dest", None) == "perseus" for a in getattr(parser, "_actions", ())):
+            add_perseus_args(parser)
+        return parser
+
+    setattr(add_megatron_and_perseus_arguments, _MARK, True)
+    arguments.add_megatron_arguments = add_megatron_and_perseus_arguments
+    return arguments
 
 
-def pretrain_call(module: ModuleType) -> tuple[Any, tuple, dict[str, Any]]:
-    """The ``pretrain`` function and arguments the checkout's ``__main__`` would use, plus our flags."""
-    pretrain = module.pretrain
-    accepted = set(inspect.signature(pretrain).parameters)
-    if "extra_args_provider" not in accepted:
-        raise LauncherError(
-            "this Megatron-LM's pretrain() takes no extra_args_provider (newer than core 0.16?); "
-            "add perseus_megatron.add_perseus_args to its argument parsing and call perseus_megatron.enable()"
-        )
-    store = None
-    restart = getattr(module, "inprocess_restart", None)
-    if restart is not None and hasattr(restart, "maybe_wrap_for_inprocess_restart"):
-        pretrain, store = restart.maybe_wrap_for_inprocess_restart(pretrain)
-    model_provider = module.model_provider
-    if hasattr(module, "gpt_builder"):
-        model_provider = partial(model_provider, module.gpt_builder)
-    theirs = getattr(module, "add_modelopt_args", None) if getattr(module, "has_nvidia_modelopt", False) else None
-    kwargs: dict[str, Any] = {
-        "args_defaults": {"tokenizer_type": "GPT2BPETokenizer"},
-        "extra_args_provider": compose_providers(theirs, add_perseus_args),
-    }
-    if "store" in accepted:
-        kwargs["store"] = store
-    if "get_embedding_ranks" in accepted and hasattr(module, "get_embedding_ranks"):
-        kwargs["get_embedding_ranks"] = module.get_embedding_ranks
-    args = (module.train_valid_test_datasets_provider, model_provider, module.ModelType.encoder_or_decoder,
-            module.forward_step)
-    return pretrain, args, kwargs
+def sets_up_perseus_itself(script: Path) -> bool:
+    """True for a ``pretrain_gpt.py`` carrying ``patches/megatron-lm-*-pretrain_gpt.patch`` (or a
+    similar edit): it adds the flags and enables Perseus itself, so the launcher must not."""
+    return "perseus_megatron" in script.read_text()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m perseus_megatron.pretrain_gpt``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    main_entry = time.time()
     try:
         checkout, rest = split_checkout(argv)
-        module = load_pretrain_gpt(checkout)
+        check_checkout(checkout)
         config = config_from_argv(rest)
-        sys.argv = [str(checkout / "pretrain_gpt.py"), *rest]  # Megatron parses sys.argv itself
-        pretrain, args, kwargs = pretrain_call(module)
+        put_checkout_first(checkout)
+        script = checkout / "pretrain_gpt.py"
+        patched = sets_up_perseus_itself(script)
+        if not patched:
+            accept_perseus_flags()
     except PerseusError as exc:
         print(f"perseus_megatron.pretrain_gpt: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if hasattr(module, "set_startup_timestamps") and hasattr(module, "_PROGRAM_START_TIME"):
-        module.set_startup_timestamps(program_start=module._PROGRAM_START_TIME, main_entry=main_entry)
-    module.train_valid_test_datasets_provider.is_distributed = True
+    sys.argv = [str(script), *rest]  # Megatron parses sys.argv itself
     handle = None
-    if config.enabled:
+    if config.enabled and not patched:
         from perseus_megatron.integration import enable
 
         handle = enable(config)
     try:
-        pretrain(*args, **kwargs)
+        runpy.run_path(str(script), run_name="__main__")
     finally:
         if handle is not None:
             handle.close()

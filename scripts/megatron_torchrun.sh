@@ -2,7 +2,7 @@
 # Megatron-LM GPT pretraining on one node with Perseus (8 GPUs: TP 2 x PP 4).
 # Usage: MEGATRON_LM=/path/to/Megatron-LM DATA=/path/to/data_text_document bash scripts/megatron_torchrun.sh
 set -euo pipefail
-: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core 0.16 era)}"
+: "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (core_v0.16 to core_v0.19)}"
 : "${DATA:?set DATA to a preprocessed dataset prefix (or use --mock-data below)}"
 CACHE=${PERSEUS_CACHE:-$HOME/.cache/perseus}
 

@@ -90,15 +90,49 @@ def test_changed_signature_is_reported_as_missing_parameter(monkeypatch):
         load_schedules_module()
 
 
-def test_untested_version_with_all_hook_points_warns(monkeypatch):
+@pytest.mark.parametrize("version", ["0.15.3", "0.20.0rc0"])
+def test_unsupported_version_with_all_hook_points_warns(monkeypatch, version):
     import megatron.core
 
-    monkeypatch.setattr(megatron.core, "__version__", "0.15.3")
-    with pytest.warns(UserWarning, match="0.15.3 .* untested"):
+    monkeypatch.setattr(megatron.core, "__version__", version)
+    with pytest.warns(UserWarning, match=f"{version} .* outside the supported releases"):
         load_schedules_module()
-    monkeypatch.setattr(megatron.core, "__version__", "0.16.1")
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.17.0", "0.18.2", "0.19.2"])
+def test_supported_versions_install_without_warning(monkeypatch, version):
+    import megatron.core
+
+    monkeypatch.setattr(megatron.core, "__version__", version)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        load_schedules_module()
+
+
+def test_backward_step_without_model_type_is_accepted(monkeypatch):
+    """core 0.17 dropped model_type from backward_step; the wrapper never used it."""
+    original = schedules.backward_step
+
+    def backward_step(input_tensor, output_tensor, output_tensor_grad, config):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(schedules, "backward_step", backward_step)
+    assert compat.missing_hook_points(schedules) == []
+    handle = install_hooks(RecordingListener())
+    try:
+        assert hooks.is_hooked(schedules.backward_step, "backward_step")
+    finally:
+        handle.uninstall()
+    assert schedules.backward_step is backward_step
+    monkeypatch.setattr(schedules, "backward_step", original)
+
+
+def test_backward_step_output_tensor_must_be_second(monkeypatch):
+    def backward_step(output_tensor, input_tensor, output_tensor_grad, config):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(schedules, "backward_step", backward_step)
+    with pytest.raises(MegatronVersionError, match="output_tensor of schedules.backward_step at position 2"):
         load_schedules_module()
 
 
@@ -120,3 +154,13 @@ def test_per_layer_cuda_graphs_and_plain_configs_are_fine():
     check_step_supported(SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=[CudaGraphScope.attn]), False)
     check_step_supported(SimpleNamespace(cuda_graph_impl="transformer_engine", cuda_graph_scope=[]), False)
     check_step_supported(SimpleNamespace(), False)
+
+
+def test_multi_module_pipelines_are_refused():
+    class MultiModuleProcessGroupCollection:  # core 0.19's bridge schedule collection, by name
+        pass
+
+    with pytest.raises(UnsupportedMegatronFeature, match="multi-module"):
+        compat.check_call_supported({"pg_collection": MultiModuleProcessGroupCollection()})
+    compat.check_call_supported({"pg_collection": SimpleNamespace()})
+    compat.check_call_supported({})

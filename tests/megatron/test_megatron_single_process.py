@@ -1,7 +1,7 @@
 """Real megatron-core training steps in this process (one rank, gloo, CPU): hooks and the source patch.
 
 With one pipeline stage megatron-core runs ``forward_backward_no_pipelining``, whose order is the
-one-stage 1F1B order. The source-patch test applies ``patches/megatron-core-schedules.patch`` to a
+one-stage 1F1B order. The source-patch test applies ``patches/megatron-core-0.16-schedules.patch`` to a
 copy of the installed ``schedules.py`` and drives a training step through the patched module.
 """
 
@@ -30,7 +30,7 @@ from perseus_megatron.hooks import install_hooks  # noqa: E402
 from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "patches" / "megatron-core-schedules.patch"
+PATCH = REPO / "patches" / "megatron-core-0.16-schedules.patch"
 MICROBATCHES = 3
 
 

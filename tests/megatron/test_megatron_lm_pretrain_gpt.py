@@ -1,0 +1,87 @@
+"""A real, unmodified Megatron-LM ``pretrain_gpt.py`` (core_v0.16.1) trains with ``--perseus`` on CPU.
+
+The archived checkout is unpacked to a temporary directory and started under torchrun (gloo) by
+``perseus_demo.megatron_lm_cpu``, which removes Megatron's CUDA-only start-up steps and then runs
+the launcher a GPU user runs (``perseus_megatron.pretrain_gpt``). A tiny GPT on mock data, one
+simulated GPU per rank: warm-up → online profiling (few clocks) → planning → deployed, without
+a plan mismatch; the profile and frontier are cached, and a restart on the same cache deploys
+the cached plan without profiling. No savings or times are asserted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from megatron_lm_archive import REPO, unpack  # noqa: E402
+from perseus_demo.megatron_lm_cpu import format_summaries, launch  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    return unpack("0.16.1", tmp_path_factory.mktemp("megatron-lm"))
+
+
+def run_pretrain_gpt(checkout: Path, out: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """One torchrun of pretrain_gpt.py (``perseus_demo.megatron_lm_cpu.launch``); each rank's summary."""
+    results = launch(checkout, out, **kwargs)
+    log = (out / "pretrain_gpt.log").read_text()
+    assert "iteration" in log and "lm loss" in log, log[-4000:]  # Megatron's own training log
+    return results
+
+
+def phases(summary: dict[str, Any]) -> list[str]:
+    return [phase for _, phase in summary["phase_history"]]
+
+
+def check_first_run(results: list[dict[str, Any]], stages: int, cache: Path) -> None:
+    assert sorted(r["stage"] for r in results) == list(range(stages))
+    for r in results:
+        assert phases(r) == ["warmup", "profiling", "planning", "deployed"], r["phase_history"]
+        assert r["fallback"] is None and r["phase"] == "deployed"
+        assert len(r["profiled_clocks_mhz"]) >= 2
+    key_dirs = [p for p in cache.iterdir() if p.is_dir()]
+    assert len(key_dirs) == 1
+    assert (key_dirs[0] / "profile.json").exists() and (key_dirs[0] / "frontier.json").exists()
+
+
+def test_1f1b_two_stages_profiles_plans_deploys_and_restarts_from_the_cache(checkout, tmp_path):
+    first = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=14, simulate_compute=False)
+    check_first_run(first, 2, tmp_path / "cache")
+    assert not any(r["hooks_from_patched_source"] for r in first)  # run-time hooks: the checkout is unmodified
+
+    restarted = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=4, simulate_compute=False)
+    for r in restarted:
+        assert "profiling" not in phases(r) and "planning" not in phases(r), r["phase_history"]
+        assert r["phase"] == "deployed" and r["fallback"] is None
+        assert not r.get("profiled_clocks_mhz")
+
+
+def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp_path):
+    """What ``perseus demo --megatron-lm`` runs, on the interleaved schedule."""
+    results = run_pretrain_gpt(checkout, tmp_path, stages=4, chunks=2, microbatches=4, train_iters=14)
+    check_first_run(results, 4, tmp_path / "cache")
+    report = format_summaries(results)
+    assert "deployed" in report and "plan mismatch" not in report
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_checkout_with_both_patches_trains_with_perseus(tmp_path):
+    """core_v0.16.1 with patches/megatron-core-0.16-schedules.patch and
+    patches/megatron-lm-core_v0.16-pretrain_gpt.patch applied: its own __main__ adds the flags and
+    enables Perseus, and the decorated schedules report the steps (nothing is replaced at run time)."""
+    root = unpack("0.16.1", tmp_path / "src")
+    for name in ("megatron-core-0.16-schedules.patch", "megatron-lm-core_v0.16-pretrain_gpt.patch"):
+        applied = subprocess.run(["git", "apply", str(REPO / "patches" / name)], cwd=root, capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stderr
+    results = run_pretrain_gpt(root, tmp_path / "run", stages=2, microbatches=4, train_iters=14, simulate_compute=False)
+    check_first_run(results, 2, tmp_path / "run" / "cache")
+    assert all(r["hooks_from_patched_source"] for r in results)
