@@ -223,7 +223,7 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
         rank = int(os.environ.get("RANK", "0"))
         gpus: list[Any] = []
         if simulate_compute:
-            from perseus.gpu.simulated import SimulatedGPU
+            from perseus.gpu.sim.device import SimulatedGPU
             from perseus_demo.common import SimulatedCompute
 
             resolved = integration.resolve_config(config, {})
