@@ -2,6 +2,7 @@
 """The demo's A/B/A, repeated: deployed plan against default clocks re-measured after it.
 
     python benchmarks/bench_demo.py [--framework megatron|deepspeed] [--stages 4] [--runs 3] [--hogs 0]
+    python benchmarks/bench_demo.py --latencies-ms 0,5,20 --switch-ahead both   # clock-switch latency
 
 Each run trains a real framework pipeline on CPU under torchrun with simulated GPUs (profiling,
 planning, the deployed no-slowdown plan, then default clocks again) and measures, per run, the
@@ -9,6 +10,9 @@ deployed plan's median iteration time and energy against the re-measured baselin
 run, then the median and spread (min..max) over runs; next to it the same plan accounted on the
 simulated GPU's own model (what the tests check, independent of machine load). ``--hogs N``
 starts N busy processes beside it, to see what a shared machine does to the wall-clock numbers.
+``--latencies-ms`` gives the simulated GPUs a clock-switch latency (each value a setting), and
+``--switch-ahead on|off|both`` whether the runtime asks for each clock when the previous
+instruction ends (latency hidden behind the wait) or when its own instruction starts.
 
 These are the numbers the README quotes; tests never assert wall-clock time.
 """
@@ -34,13 +38,15 @@ from loaded_suite import _spin  # noqa: E402
 from perseus_demo.common import phase_table  # noqa: E402
 
 
-def one_run(framework: str, stages: int, microbatches: int, out: Path) -> dict[str, float]:
+def one_run(framework: str, stages: int, microbatches: int, out: Path, latency_s: float = 0.0,
+            switch_ahead: bool = True) -> dict[str, float]:
     if framework == "megatron":
         from perseus_demo.megatron_demo import DemoConfig, launch
     else:
         from perseus_demo.deepspeed_demo import DemoConfig, launch
     cfg = DemoConfig(stages=stages, microbatches=microbatches)
-    cfg.perseus = {**cfg.perseus, "cache_dir": str(out / "cache")}
+    cfg.sim_gpu = {**cfg.sim_gpu, "switch_latency_s": latency_s}
+    cfg.perseus = {**cfg.perseus, "cache_dir": str(out / "cache"), "switch_ahead": switch_ahead}
     results = launch(cfg, out / "run")
     table = phase_table(results)
     plan, base = table["deployed"], table["baseline again"]
@@ -50,6 +56,11 @@ def one_run(framework: str, stages: int, microbatches: int, out: Path) -> dict[s
             "true_time": acc.slowdown, "true_saving": acc.saving, "applied": acc.applied_share}
 
 
+def _stat(rows: list[dict[str, float]], key: str, digits: int = 1) -> str:
+    values = [100 * r[key] for r in rows]
+    return f"{statistics.median(values):+.{digits}f} % ({min(values):+.{digits}f}..{max(values):+.{digits}f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--framework", choices=["megatron", "deepspeed"], default="megatron")
@@ -57,35 +68,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hogs", type=int, default=0, help="busy processes beside the runs")
+    parser.add_argument("--latencies-ms", default="0", help="clock-switch latencies of the simulated GPUs, e.g. 0,5,20")
+    parser.add_argument("--switch-ahead", choices=["on", "off", "both"], default="on")
     args = parser.parse_args(argv)
+    latencies = [float(x) / 1e3 for x in args.latencies_ms.split(",")]
+    aheads = {"on": [True], "off": [False], "both": [False, True]}[args.switch_ahead]
     hogs = [mp.get_context("spawn").Process(target=_spin, args=(3600.0, mp.current_process().pid), daemon=True)
             for _ in range(args.hogs)]
     for h in hogs:
         h.start()
-    rows = []
+    table: list[tuple[str, list[dict[str, float]]]] = []
     try:
-        for i in range(args.runs):
-            started = time.perf_counter()
-            with tempfile.TemporaryDirectory(prefix="perseus-bench-demo-") as tmp:
-                row = one_run(args.framework, args.stages, args.microbatches, Path(tmp))
-            rows.append(row)
-            print(f"run {i + 1}: wall clock: saving {100 * row['saving']:5.1f} %, time {100 * row['time']:+5.1f} %   "
-                  f"true model: saving {100 * row['true_saving']:5.1f} %, time {100 * row['true_time']:+5.2f} %   "
-                  f"clocks applied {100 * row['applied']:5.1f} %   ({time.perf_counter() - started:.0f} s)", flush=True)
+        for latency in latencies:
+            for ahead in aheads:
+                name = f"latency {latency * 1e3:g} ms, switch ahead {'on' if ahead else 'off'}"
+                rows = []
+                for i in range(args.runs):
+                    started = time.perf_counter()
+                    with tempfile.TemporaryDirectory(prefix="perseus-bench-demo-") as tmp:
+                        row = one_run(args.framework, args.stages, args.microbatches, Path(tmp), latency, ahead)
+                    rows.append(row)
+                    print(f"{name}, run {i + 1}: wall clock: saving {100 * row['saving']:5.1f} %, time "
+                          f"{100 * row['time']:+5.1f} %   true model: saving {100 * row['true_saving']:5.1f} %, time "
+                          f"{100 * row['true_time']:+5.2f} %   clocks applied {100 * row['applied']:5.1f} %   "
+                          f"({time.perf_counter() - started:.0f} s)", flush=True)
+                table.append((name, rows))
     finally:
         for h in hogs:
             h.kill()
-
-    def stat(key: str, digits: int = 1) -> str:
-        values = [100 * r[key] for r in rows]
-        return f"{statistics.median(values):+.{digits}f} % ({min(values):+.{digits}f}..{max(values):+.{digits}f})"
-
-    print(f"\n{args.framework}, {args.stages} stages x {args.microbatches} microbatches, {args.runs} runs, "
-          f"{args.hogs} busy processes beside; median (min..max)")
-    print(f"{'':<24}{'energy saving':>28}{'iteration time':>30}")
-    print(f"{'wall clock (A/B/A)':<24}{stat('saving'):>28}{stat('time'):>30}")
-    print(f"{'true model (simulator)':<24}{stat('true_saving'):>28}{stat('true_time', 2):>30}")
-    print(f"clocks applied as planned: {stat('applied')}")
+    print(f"\n{args.framework}, {args.stages} stages x {args.microbatches} microbatches, {args.runs} runs each, "
+          f"{args.hogs} busy processes beside; median (min..max); deployed plan vs default clocks re-measured after it")
+    print(f"{'setting':<34}{'saving (wall)':>26}{'time (wall)':>26}{'saving (model)':>26}{'clocks applied':>26}")
+    for name, rows in table:
+        print(f"{name:<34}{_stat(rows, 'saving'):>26}{_stat(rows, 'time'):>26}{_stat(rows, 'true_saving'):>26}"
+              f"{_stat(rows, 'applied'):>26}")
     return 0
 
 
