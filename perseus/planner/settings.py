@@ -101,6 +101,11 @@ class PlannerOptions:
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    def overrides(self) -> dict[str, Any]:
+        """Only the settings that differ from the defaults (``{}`` for the defaults)."""
+        default = PlannerOptions()
+        return {k: v for k, v in self.as_dict().items() if getattr(default, k) != v}
+
     def as_dict(self) -> dict[str, Any]:
         """Every setting by name, in declaration order (frontier metadata, config dumps)."""
         return asdict(self)

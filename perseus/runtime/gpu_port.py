@@ -58,8 +58,12 @@ class GPUPort:
                 f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
                 "or set mode to 'measure-only'"
             )
-        # The controller process opens its own handle of the same device from the spec.
-        return cls(device, make_controller(device.spec(), enabled=control).start())
+        try:  # the controller process opens its own handle of the same device from the spec
+            controller = make_controller(device.spec(), enabled=control).start()
+        except BaseException:
+            device.close()
+            raise
+        return cls(device, controller)
 
     # ---------------------------------------------------------------- clocks
 

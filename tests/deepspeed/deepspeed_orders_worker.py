@@ -67,7 +67,7 @@ def main(out_dir: Path, microbatches: int) -> None:
         "rank": int(os.environ["RANK"]),
         "job": {k: v for k, v in vars(handle.job).items() if k != "model_config"},
         "model_config": dict(handle.job.model_config),
-        "device_index": handle.runtime.gpu.device.index,  # the runtime gives each rank its simulated GPU
+        "device_index": handle.runtime.gpu.device.index,  # the runtime defaults a simulated GPU to the rank
         "orders": [[[i.kind, i.microbatch, i.chunk] for i in step] for step in recorder.steps],
         "runtime_steps": summary["steps"],
         "closed_by_destroy": handle.closed,

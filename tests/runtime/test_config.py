@@ -68,3 +68,10 @@ def test_planner_options_become_the_planners_typed_settings():
     assert PerseusConfig().planner_options == PlannerOptions()
     assert cfg.replace(mode="plan").planner_options == cfg.planner_options
     assert cfg.model_dump()["planner_options"]["num_anchors"] == 8
+
+
+def test_planner_options_default_overrides_nothing():
+    from perseus.planner import PlannerOptions
+
+    assert PerseusConfig().planner_options.overrides() == {}
+    assert PlannerOptions(num_anchors=8).overrides() == {"num_anchors": 8}
