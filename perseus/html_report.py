@@ -169,12 +169,31 @@ def read_demo(run_dir: Path) -> tuple[list[Step], list[dict[str, Any]], int]:
     for item in (root.get("summary") or {}).get("events") or []:
         if isinstance(item, (list, tuple)) and len(item) == 3:
             events.append({"step": item[0], "event": str(item[1]), "data": item[2]})
-    # The demo's steps carry no planned time: take it from the deployed point the runtime reported.
-    point = (root.get("summary") or {}).get("point")
-    if isinstance(point, dict) and isinstance(point.get("time_s"), (int, float)):
-        steps = [Step(s.step, s.phase, s.time_s, s.energy_j, None, float(point["time_s"]))
-                 if s.phase == DEPLOYED else s for s in steps]
     return steps, events, len(results)
+
+
+def is_deployed(phase: str) -> bool:
+    """A phase with a plan deployed: ``deployed``, or the demo's ``deployed (straggler)``."""
+    return phase == DEPLOYED or phase.startswith(DEPLOYED + " (")
+
+
+def demo_planned_times(steps: list[Step], events: list[dict[str, Any]], first_time_s: float | None) -> list[Step]:
+    """The demo's steps carry no planned time: the point in force at each deployed step.
+
+    That is the latest ``point`` event (the runtime writes one when it switches points) or, before
+    any, ``first_time_s`` (the point deployed first: the frontier's no-slowdown point).
+    """
+    changes = sorted((ev["step"], float(ev["data"]["time_s"])) for ev in events
+                     if ev["event"] == "point" and isinstance(ev.get("step"), int) and isinstance(ev.get("data"), dict)
+                     and isinstance(ev["data"].get("time_s"), (int, float)))
+    out = []
+    for s in steps:
+        current = first_time_s
+        for step, time_s in changes:
+            if step <= s.step:
+                current = time_s
+        out.append(Step(s.step, s.phase, s.time_s, s.energy_j, s.freq_mhz, current) if is_deployed(s.phase) else s)
+    return out
 
 
 def find_frontier(cache_dir: Path) -> Path | None:
@@ -222,6 +241,8 @@ def load_run(run_dir: Path, metrics: Path | None = None, cache: Path | None = No
         data.frontier = load_frontier(data.frontier_path)
     except FrontierError as exc:
         raise ReportError(str(exc)) from None
+    if data.source == "demo":
+        data.steps = demo_planned_times(data.steps, data.events, data.frontier.default_point().time_s)
     profile_path = data.frontier_path.with_name("profile.json")
     if profile_path.is_file():
         try:
@@ -290,7 +311,7 @@ def used_points(data: RunData) -> list[tuple[FrontierPoint, int, bool]]:
     """
     if data.frontier is None:
         return []
-    counts = Counter(s.target_time_s for s in data.steps if s.phase == DEPLOYED and s.target_time_s is not None)
+    counts = Counter(s.target_time_s for s in data.steps if is_deployed(s.phase) and s.target_time_s is not None)
     for ev in data.events:
         if ev["event"] == "point" and isinstance(ev["data"], dict) and isinstance(ev["data"].get("time_s"), (int, float)):
             counts.setdefault(float(ev["data"]["time_s"]), 0)
@@ -305,6 +326,15 @@ def used_points(data: RunData) -> list[tuple[FrontierPoint, int, bool]]:
         entry = out.setdefault(id(point), [point, 0, paced])
         entry[1] += n
     return sorted(((p, n, paced) for p, n, paced in out.values()), key=lambda x: x[0].time_s)
+
+
+def first_deployed(data: RunData, used: list[tuple[FrontierPoint, int, bool]]) -> tuple[FrontierPoint, int]:
+    """The point the run deployed first (its plan before any straggler switch) and its iterations."""
+    first = next((s.target_time_s for s in data.steps if is_deployed(s.phase) and s.target_time_s is not None), None)
+    if first is None:
+        return used[0][0], used[0][1]
+    point, n, _ = min(used, key=lambda u: abs(u[0].time_s - first))
+    return point, n
 
 
 # ---------------------------------------------------------------- figures
@@ -338,7 +368,8 @@ def plot_iterations(data: RunData, out: Path) -> None:
             spans.append((s.phase, s.step, s.step))
     for ax in (ax_e, ax_t):
         for phase, a, b in spans:
-            ax.axvspan(a - 0.5, b + 0.5, color=_phase_color(phase, extra), alpha=0.9, linewidth=0, zorder=0)
+            ax.axvspan(a - 0.5, b + 0.5, facecolor=_phase_color(phase, extra), alpha=0.9, linewidth=0, zorder=0,
+                       hatch="///" if "(" in phase else None, edgecolor="#ffffff")
         ax.grid(alpha=0.3, zorder=1)
     ax_e.plot(xs, [s.energy_j for s in steps], "-o", color="tab:green", markersize=3.5, linewidth=1.2, zorder=3,
               label="energy per iteration")
@@ -346,7 +377,8 @@ def plot_iterations(data: RunData, out: Path) -> None:
               label="iteration time")
     planned = [(s.step, s.target_time_s * 1e3) for s in steps if s.target_time_s is not None]
     if planned:
-        ax_t.plot(*zip(*planned), "--", color="tab:purple", linewidth=1.2, zorder=3, label="planned time of the deployed point")
+        ax_t.plot(*zip(*planned), "--", color="tab:purple", linewidth=1.2, zorder=3, drawstyle="steps-mid",
+                  label="planned time of the deployed point")
     cmp = comparison(steps, data.baseline_phase)
     if cmp is not None:
         ax_e.axhline(cmp["baseline_energy"]["median"], color="tab:red", linestyle=":", linewidth=1.2, zorder=2,
@@ -355,8 +387,10 @@ def plot_iterations(data: RunData, out: Path) -> None:
                      label="deployed median")
         ax_t.axhline(cmp["baseline_time"]["median"] * 1e3, color="tab:red", linestyle=":", linewidth=1.2, zorder=2,
                      label=f"{data.baseline_phase} median")
-    for s in steps:
-        if s.freq_mhz is not None and s.phase == "profiling":
+    previous = None
+    for s in steps:  # the profiled clock, where it changes
+        if s.freq_mhz is not None and s.phase == "profiling" and s.freq_mhz != previous:
+            previous = s.freq_mhz
             ax_t.annotate(f"{s.freq_mhz}", (s.step, s.time_s * 1e3), textcoords="offset points", xytext=(0, 5),
                           ha="center", fontsize=6.5, color="#8c4a00", zorder=4)
     seen: set[str] = set()
@@ -378,7 +412,8 @@ def plot_iterations(data: RunData, out: Path) -> None:
         if (b - a + 1) >= 0.045 * len(steps) * max(1, len(phase) / 9):
             ax_e.text((a + b) / 2, top * 0.985, phase, ha="center", va="top", fontsize=8.5, color="#333", zorder=4)
     phases_seen = list(dict.fromkeys(p for p, _, _ in spans))
-    handles = [Patch(color=_phase_color(p, extra), label=p) for p in phases_seen]
+    handles = [Patch(facecolor=_phase_color(p, extra), hatch="///" if "(" in p else None, edgecolor="#ffffff",
+                     label=p) for p in phases_seen]
     ax_e.legend(handles=handles + ax_e.get_legend_handles_labels()[0], loc="lower left", fontsize=8,
                 ncol=min(5, len(handles) + 3), framealpha=0.9)
     ax_t.legend(loc="lower left", fontsize=8, ncol=3, framealpha=0.9)
@@ -405,13 +440,17 @@ def plot_frontier_used(data: RunData, used: list[tuple[FrontierPoint, int, bool]
     default = fr.default_point()
     ax.plot(default.time_s * 1e3, default.energy_j, "D", color="tab:green", markersize=7, fillstyle="none",
             markeredgewidth=1.5, label="no-slowdown point")
+    times = [p.time_s for p in fr.points + fr.paced_points]
+    t_lo, t_hi = min(times), max(times)
     for i, (point, n, paced) in enumerate(used):
         saving = 1 - point.energy_j / fr.baseline_energy_j
+        right = t_hi > t_lo and (point.time_s - t_lo) / (t_hi - t_lo) > 0.6  # label to the left, inside the axes
         ax.plot(point.time_s * 1e3, point.energy_j, "o", color="tab:orange", markersize=12, markeredgecolor="black",
                 zorder=5, label="deployed by this run" if i == 0 else None)
         ax.annotate(f"{n} iteration{'s' if n != 1 else ''}{' (paced)' if paced else ''}\n"
                     f"x{point.time_s / default.time_s:.3f} time, {saving:.1%} less energy",
-                    (point.time_s * 1e3, point.energy_j), textcoords="offset points", xytext=(12, 10 + 22 * i),
+                    (point.time_s * 1e3, point.energy_j), textcoords="offset points",
+                    xytext=(-12 if right else 12, 10 + 22 * i), ha="right" if right else "left",
                     fontsize=8, arrowprops={"arrowstyle": "-", "color": "gray"})
     ax.axvline(fr.baseline_time_s * 1e3, color="tab:red", linestyle=":", linewidth=1)
     ax.set_xlabel("planned iteration time (ms)")
@@ -524,7 +563,7 @@ def _cards(cmp: dict[str, Any] | None, data: RunData) -> str:
         cards.append(("good" if s > 0 else "bad", f"{100 * s:.1f}%",
                       f"less energy per iteration (median, vs {cmp['baseline_phase']})"))
         cards.append(("good" if tc <= 0.01 else "bad", _pct(tc), "iteration time change (median)"))
-    elif not any(s.phase == DEPLOYED for s in data.steps):
+    elif not any(is_deployed(s.phase) for s in data.steps):
         cards.append(("bad", "not deployed", "no iteration ran with a plan"))
     cards.append(("", str(len(data.steps)), "iterations recorded"))
     if data.frontier is not None:
@@ -559,15 +598,17 @@ def write_report(data: RunData, out: Path) -> list[Path]:
                         f"Planned by Perseus from the profile (simulated on measured values): {data.frontier_path}."))
         if data.profile is not None:
             if used:
-                point, n, _ = max(used, key=lambda u: u[1])
-                label = f"deployed ({n} iterations)"
+                point, n = first_deployed(data, used)
+                label = f"deployed first ({n} iterations)"
             else:
                 point, label = data.frontier.default_point(), "no-slowdown point (not deployed in this run)"
             tl_png = Path(f"{stem}-timeline.png")
             plot.plot_timeline(data.frontier, point, label, data.profile, tl_png)
+            others = "" if len(used) < 2 else (
+                f" The run also deployed {len(used) - 1} other point(s), marked on the frontier above.")
             figures.append(("timeline", tl_png, "Per-stage clock timeline of the deployed plan",
-                            "One iteration simulated on the profile: all max clock above, the deployed plan below, "
-                            "each instruction colored by its SM clock."))
+                            "One iteration simulated on the profile: all max clock above, the plan the run deployed "
+                            "first below, each instruction colored by its SM clock." + others))
     cmp = comparison(data.steps, data.baseline_phase)
     title = f"Perseus run report: {data.path}"
     sched = ""
@@ -584,7 +625,12 @@ def write_report(data: RunData, out: Path) -> list[Path]:
         _cards(cmp, data),
         f"<h2 id='saving'>Baseline vs deployed plan</h2>{_comparison_html(cmp, data)}",
         "<p class='sub'>Medians over iterations; spread over the deployed iterations, each against the baseline "
-        f"median. Energy: {html.escape(data.energy_scope)}.</p>",
+        f"median (IQR: middle half, range: all). Energy: {html.escape(data.energy_scope)}. Iterations the demo "
+        "labels <code>deployed (straggler)</code> ran under a disturbance and are listed per phase below.</p>"
+        if data.source == "demo" else
+        "<p class='sub'>Medians over iterations; spread over the deployed iterations, each against the baseline "
+        f"median (IQR: middle half, range: all). Energy: {html.escape(data.energy_scope)}. Deployed iterations "
+        "include those slowed down for a straggler.</p>",
     ]
     for section, path, heading, caption in figures:
         parts.append(f"<h2 id='{section}'>{html.escape(heading)}</h2>{_img(path.name, path.read_bytes(), heading)}"

@@ -2,7 +2,8 @@
 
 Checks that ``perseus report`` pages render in a real browser (and makes docs/img/report.png).
 Needs Chromium (Debian: ``apt-get install -y chromium``); the test suite does not. Options:
-``--width``/``--height`` of the window (default 1400 x 2400), ``--browser`` to name the binary.
+``--width``/``--height`` of the window (default 1400 x 2400), ``--browser`` to name the binary,
+``--colors N`` to store the screenshot with an N-color palette (Pillow; docs/img/report.png uses 256).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
-def render(report: Path, out: Path, width: int = 1400, height: int = 2400, browser: str | None = None) -> None:
+def render(report: Path, out: Path, width: int = 1400, height: int = 2400, browser: str | None = None,
+           colors: int | None = None) -> None:
     exe = browser or next((b for b in BROWSERS if shutil.which(b)), None)
     if exe is None:
         raise SystemExit("render_report: no Chromium found; apt-get install -y chromium (or pass --browser)")
@@ -31,6 +33,13 @@ def render(report: Path, out: Path, width: int = 1400, height: int = 2400, brows
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or not out.is_file():
         raise SystemExit(f"render_report: {exe} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    if colors:
+        from PIL import Image
+
+        with Image.open(out) as image:
+            small = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.FASTOCTREE,
+                                                  dither=Image.Dither.NONE)
+        small.save(out, optimize=True)
     print(f"wrote {out}")
 
 
@@ -41,8 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=2400)
     parser.add_argument("--browser")
+    parser.add_argument("--colors", type=int, help="palette size of the saved PNG (smaller file)")
     args = parser.parse_args(argv)
-    render(args.report, args.out, args.width, args.height, args.browser)
+    render(args.report, args.out, args.width, args.height, args.browser, args.colors)
 
 
 if __name__ == "__main__":
