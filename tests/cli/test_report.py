@@ -213,3 +213,24 @@ def test_report_errors_are_one_line(tmp_path, run_dir, capsys):
     (empty / "rank0.json").write_text("[1, 2]")
     assert main(["report", str(empty)]) == 2
     assert "rank0.json" in _error(capsys)
+
+
+def test_demo_deployed_steps_follow_the_point_events(tmp_path, frontier):
+    run = tmp_path / "demo"
+    run.mkdir()
+    _write_cache(run, frontier)
+    slow = frontier.points[len(frontier.points) // 2]
+    phases = [("warmup", 0.2, 50.0), ("deployed", 0.2, 45.0), ("deployed (straggler)", 0.25, 44.0),
+              ("deployed (straggler)", 0.25, 43.0), ("deployed", 0.2, 45.0)]
+    result = _rank_result(0, phases)
+    result["summary"]["events"] = [[2, "straggler", 1.2], [2, "point", {"time_s": slow.time_s, "energy_j": slow.energy_j}],
+                                   [4, "point", {"time_s": frontier.default_point().time_s, "energy_j": 1.0}]]
+    (run / "rank0.json").write_text(json.dumps(result))
+    data = load_run(run)
+    default = frontier.default_point().time_s
+    assert [s.target_time_s for s in data.steps] == [None, default, slow.time_s, slow.time_s, default]
+    assert [(p.time_s, n) for p, n, _ in used_points(data)] == [(default, 2), (slow.time_s, 2)]
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert set(_images(page)) == {"report-iterations.png", "report-frontier.png", "report-timeline.png"}
+    assert "deployed (straggler)" in re.search(r'<table id="phases">(.*?)</table>', page, re.S).group(1)
