@@ -196,10 +196,46 @@ def demo_planned_times(steps: list[Step], events: list[dict[str, Any]], first_ti
     return out
 
 
-def find_frontier(cache_dir: Path) -> Path | None:
-    """The newest ``frontier.json`` in a runtime cache directory (or the directory itself)."""
+def find_frontiers(cache_dir: Path) -> list[Path]:
+    """``frontier.json`` files of a runtime cache directory (or the directory itself), newest first."""
     found = [p for p in [cache_dir / "frontier.json", *cache_dir.glob("*/frontier.json")] if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _planned_times(data: RunData) -> set[float]:
+    """Planned iteration times the run reports (deployed steps, point events)."""
+    times = {s.target_time_s for s in data.steps if s.target_time_s is not None}
+    times |= {float(ev["data"]["time_s"]) for ev in data.events if ev["event"] == "point"
+              and isinstance(ev.get("data"), dict) and isinstance(ev["data"].get("time_s"), (int, float))}
+    return times
+
+
+def _holds(frontier: Frontier, times: set[float]) -> bool:
+    planned = [p.time_s for p in frontier.points + frontier.paced_points]
+    return all(any(abs(t - x) <= 1e-6 * max(abs(t), 1e-9) for x in planned) for t in times)
+
+
+def choose_frontier(data: RunData, candidates: list[Path]) -> tuple[Path, Frontier] | None:
+    """The newest frontier holding every planned time of the run (a shared cache has many jobs).
+
+    A run that reports no planned time (a demo, or no plan deployed) gets the newest one. A
+    frontier file that does not load is an error naming it.
+    """
+    times = _planned_times(data)
+    loaded = []
+    for path in candidates:
+        try:
+            frontier = load_frontier(path)
+        except FrontierError as exc:
+            raise ReportError(str(exc)) from None
+        if not times or _holds(frontier, times):
+            return path, frontier
+        loaded.append((path, frontier))
+    if loaded:
+        data.notes.append(f"no frontier in the cache holds the planned times of this run; showing the newest, "
+                          f"{loaded[0][0]}")
+        return loaded[0]
+    return None
 
 
 def load_run(run_dir: Path, metrics: Path | None = None, cache: Path | None = None) -> RunData:
@@ -231,16 +267,12 @@ def load_run(run_dir: Path, metrics: Path | None = None, cache: Path | None = No
     cache_dir = cache if cache is not None else run_dir / "cache"
     if cache is not None and not cache.is_dir():
         raise ReportError(f"{cache}: no such directory")
-    data.frontier_path = find_frontier(cache_dir) if cache_dir.is_dir() else None
-    if data.frontier_path is None:
-        data.frontier_path = find_frontier(run_dir)
-    if data.frontier_path is None:
+    candidates = find_frontiers(cache_dir) if cache_dir.is_dir() else []
+    chosen = choose_frontier(data, candidates or find_frontiers(run_dir))
+    if chosen is None:
         data.notes.append(f"no frontier.json in {cache_dir}: the frontier and the clock timeline are left out")
         return data
-    try:
-        data.frontier = load_frontier(data.frontier_path)
-    except FrontierError as exc:
-        raise ReportError(str(exc)) from None
+    data.frontier_path, data.frontier = chosen
     if data.source == "demo":
         data.steps = demo_planned_times(data.steps, data.events, data.frontier.default_point().time_s)
     profile_path = data.frontier_path.with_name("profile.json")

@@ -234,3 +234,17 @@ def test_demo_deployed_steps_follow_the_point_events(tmp_path, frontier):
     page = (run / "report.html").read_text()
     assert set(_images(page)) == {"report-iterations.png", "report-frontier.png", "report-timeline.png"}
     assert "deployed (straggler)" in re.search(r'<table id="phases">(.*?)</table>', page, re.S).group(1)
+
+
+def test_a_shared_cache_gives_the_frontier_that_holds_the_runs_planned_times(run_dir, frontier):
+    import os
+
+    from cli_helpers import hand_frontier
+
+    other = run_dir / "cache" / "fedcba9876543210"
+    other.mkdir()
+    hand_frontier().save(other / "frontier.json")  # another job's, and newer
+    os.utime(other / "frontier.json", (4e9, 4e9))
+    data = load_run(run_dir)
+    assert data.frontier_path.parent.name == "0123456789abcdef" and not data.notes
+    assert data.frontier.schedule == frontier.schedule
