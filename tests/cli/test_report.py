@@ -248,3 +248,18 @@ def test_a_shared_cache_gives_the_frontier_that_holds_the_runs_planned_times(run
     data = load_run(run_dir)
     assert data.frontier_path.parent.name == "0123456789abcdef" and not data.notes
     assert data.frontier.schedule == frontier.schedule
+
+
+def test_report_help_has_an_example_and_the_module_imports_no_matplotlib(capsys):
+    import subprocess
+    import sys
+
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--help"])
+    assert exc.value.code == 0
+    assert "perseus report runs/job42 --cache" in capsys.readouterr().out
+    code = "import sys, perseus.html_report; print('matplotlib' in sys.modules)"
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "False"
