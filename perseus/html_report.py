@@ -659,10 +659,10 @@ def write_report(data: RunData, out: Path) -> list[Path]:
         "<p class='sub'>Medians over iterations; spread over the deployed iterations, each against the baseline "
         f"median (IQR: middle half, range: all). Energy: {html.escape(data.energy_scope)}. Iterations the demo "
         "labels <code>deployed (straggler)</code> ran under a disturbance and are listed per phase below.</p>"
-        if data.source == "demo" else
+        if any(is_deployed(s.phase) and s.phase != DEPLOYED for s in data.steps) else
         "<p class='sub'>Medians over iterations; spread over the deployed iterations, each against the baseline "
-        f"median (IQR: middle half, range: all). Energy: {html.escape(data.energy_scope)}. Deployed iterations "
-        "include those slowed down for a straggler.</p>",
+        f"median (IQR: middle half, range: all). Energy: {html.escape(data.energy_scope)}."
+        + (" Deployed iterations include those slowed down for a straggler.</p>" if data.source == "metrics" else "</p>"),
     ]
     for section, path, heading, caption in figures:
         parts.append(f"<h2 id='{section}'>{html.escape(heading)}</h2>{_img(path.name, path.read_bytes(), heading)}"
