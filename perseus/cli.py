@@ -359,7 +359,7 @@ def _add_report_command(sub: argparse._SubParsersAction) -> None:
                                    "to the page and embedded in it.",
                        epilog="examples:\n  perseus report runs/job42 --cache ~/.cache/perseus\n"
                               "  perseus demo --out demo && perseus report demo")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory with metrics.jsonl (or rank*.json of 'perseus demo')")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory with metrics.jsonl (or rank*.json of 'perseus demo'), or the metrics file itself")
     p.add_argument("--out", type=Path, metavar="REPORT.html", help="the page (default: RUN_DIR/report.html)")
     p.add_argument("--metrics", type=Path, metavar="FILE", help="the JSONL metrics file (default: the one in RUN_DIR)")
     p.add_argument("--cache", type=Path, metavar="DIR", help="runtime cache with */frontier.json (default: RUN_DIR/cache)")

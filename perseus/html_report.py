@@ -240,6 +240,8 @@ def choose_frontier(data: RunData, candidates: list[Path]) -> tuple[Path, Fronti
 
 def load_run(run_dir: Path, metrics: Path | None = None, cache: Path | None = None) -> RunData:
     """Read a run directory (metrics JSONL or ``perseus demo`` output) and its cache."""
+    if run_dir.is_file() and metrics is None:  # the metrics file itself: its directory is the run's
+        run_dir, metrics = run_dir.parent, run_dir
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such directory")
     if metrics is None and not list(run_dir.glob("rank*.json")):
@@ -433,6 +435,13 @@ def plot_iterations(data: RunData, out: Path) -> None:
         for ax in (ax_e, ax_t):
             ax.axvline(ev["step"] - 0.5, color=color, linestyle="-.", linewidth=1, zorder=2,
                        label=f"event: {ev['event']}" if ev["event"] not in seen and ax is ax_e else None)
+        if ev["event"] in ("straggler", "fallback"):  # what changed, at the top of the time panel
+            text = ev["event"]
+            if isinstance(ev.get("data"), (int, float)):
+                text = f"straggler x{ev['data']:.2f}" if ev["data"] > 1 else "straggler gone"
+            ax_t.annotate(text, (ev["step"] - 0.5, 1), xycoords=("data", "axes fraction"), xytext=(3, -4),
+                          textcoords="offset points", rotation=90, ha="left", va="top", fontsize=7.5, color=color,
+                          zorder=2.5, bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1})
         seen.add(ev["event"])
     ax_e.set_ylabel(f"energy / iteration (J)\n{data.energy_scope.split(' (')[0]}")
     ax_t.set_ylabel("time / iteration (ms)")
@@ -682,6 +691,8 @@ def write_report(data: RunData, out: Path) -> list[Path]:
 
 def make_report(run_dir: Path, out: Path | None = None, metrics: Path | None = None,
                 cache: Path | None = None) -> tuple[RunData, list[Path]]:
-    """Read ``run_dir`` and write the page (default ``run_dir/report.html``)."""
-    data = load_run(Path(run_dir), metrics, cache)
-    return data, write_report(data, out if out is not None else Path(run_dir) / "report.html")
+    """Read ``run_dir`` (or a metrics file) and write the page (default ``report.html`` in that directory)."""
+    run_dir = Path(run_dir)
+    data = load_run(run_dir, metrics, cache)
+    where = run_dir.parent if run_dir.is_file() else run_dir  # given the metrics file itself: next to it
+    return data, write_report(data, out if out is not None else where / "report.html")

@@ -263,3 +263,9 @@ def test_report_help_has_an_example_and_the_module_imports_no_matplotlib(capsys)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                          env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_report_accepts_the_metrics_file_itself(run_dir, capsys):
+    assert main(["report", str(run_dir / "metrics.jsonl")]) == 0
+    page = (run_dir / "report.html").read_text()  # next to the file; the cache of its directory
+    assert set(_images(page)) == {"report-iterations.png", "report-frontier.png", "report-timeline.png"}
