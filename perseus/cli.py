@@ -113,7 +113,7 @@ def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[floa
     """The planner, imported on first use: it loads scipy and HiGHS, which other commands never need."""
     from perseus.planner import plan_frontier as plan
 
-    return plan(schedule, profile, progress)
+    return plan(schedule, profile, progress=progress)
 
 
 def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
@@ -364,7 +364,36 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
                    help="planner progress bar on stderr (default: only on a terminal)")
 
 
-BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate")
+# ---------------------------------------------------------------- report (perseus.html_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from perseus.html_report import make_report  # matplotlib is imported only when drawing
+
+    data, files = make_report(args.run_dir, args.out, args.metrics, args.cache)
+    print(f"wrote {files[0]} ({len(data.steps)} iterations; figures: {', '.join(p.name for p in files[1:])})")
+    for note in data.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _add_report_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="one HTML page of a run: energy, time, frontier, clocks, saving",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Write a self-contained HTML report of a training run from its metrics file "
+                                   "(metrics_file in the Perseus config) or a 'perseus demo' output directory, and "
+                                   "the runtime cache (frontier.json, profile.json). PNG figures are written next "
+                                   "to the page and embedded in it.",
+                       epilog="examples:\n  perseus report runs/job42 --cache ~/.cache/perseus\n"
+                              "  perseus demo --out demo && perseus report demo")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory with metrics.jsonl (or rank*.json of 'perseus demo'), or the metrics file itself")
+    p.add_argument("--out", type=Path, metavar="REPORT.html", help="the page (default: RUN_DIR/report.html)")
+    p.add_argument("--metrics", type=Path, metavar="FILE", help="the JSONL metrics file (default: the one in RUN_DIR)")
+    p.add_argument("--cache", type=Path, metavar="DIR", help="runtime cache with */frontier.json (default: RUN_DIR/cache)")
+    p.set_defaults(handler=cmd_report)
+
+
+BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate", "report")
 
 
 def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
@@ -428,6 +457,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
 
+    _add_report_command(sub)
     if plugins:
         _add_plugin_commands(sub)
     return parser
