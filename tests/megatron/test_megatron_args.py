@@ -93,3 +93,12 @@ def test_composed_providers_apply_in_order_and_skip_none():
     parser = provider(_megatron_like_parser())
     args = parser.parse_args(["--modelopt-flag", "--perseus"])
     assert calls == ["theirs"] and args.modelopt_flag and args.perseus
+
+
+def test_switch_ahead_flag_takes_on_or_off():
+    parser = add_perseus_args(_megatron_like_parser())
+    on = config_from_args(parser.parse_args(["--perseus"]))
+    off = config_from_args(parser.parse_args(["--perseus", "--perseus-switch-ahead", "off"]))
+    assert on.switch_ahead is True and off.switch_ahead is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--perseus", "--perseus-switch-ahead", "maybe"])
