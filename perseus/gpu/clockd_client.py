@@ -100,6 +100,7 @@ class ClockdController:
         self._last = _DEFAULT
         self._dead = False
         self._closed = False
+        self._closing = False
         self._owner_pid = os.getpid()
         self._sync_seq = 0
         self.clocks: frozenset[int] = frozenset()
@@ -125,13 +126,17 @@ class ClockdController:
         hello = {"op": "hello", "v": wire.VERSION, "pid": os.getpid(),
                  "cuda_visible_devices": self.cuda_visible_devices, "devices": [self.device_index],
                  "uuids": [self.uuid] if self.uuid else None}
+        failure = "no reply to HELLO (daemon gone or too slow)"
         try:
             sock.sendall(wire.frame(hello))
+        except OSError as exc:  # a refusing daemon may answer and close before reading HELLO
+            failure = f"connection failed ({exc})"
+        try:
             reply = self._read_reply(time.monotonic() + self._start_timeout, blocking_sock=True)
         except OSError as exc:
-            reply = {"op": "error", "code": "io", "message": f"connection failed ({exc})"}
+            reply, failure = None, f"connection failed ({exc})"
         if reply is None:
-            reply = {"op": "error", "code": "io", "message": "no reply to HELLO (daemon gone or too slow)"}
+            reply = {"op": "error", "code": "io", "message": failure}
         if reply.get("op") != "ok":
             self._close_socket()
             self._closed = True
@@ -212,7 +217,7 @@ class ClockdController:
         if self._dead:
             return
         self._dead = True
-        if not self._closed:
+        if not self._closed and not self._closing:
             self.died_warning_emitted = True
             warnings.warn(
                 f"The perseus clock daemon at {self.socket_path} closed the connection. Frequency "
@@ -314,6 +319,7 @@ class ClockdController:
             self._forget_in_forked_child()
             return False
         confirmed = False
+        self._closing = True
         try:
             if not self._dead:
                 deadline = time.monotonic() + timeout_s
