@@ -572,13 +572,13 @@ class ClockDaemon:
 
 def open_devices(kind: str, indices: list[int] | None, sim_dir: str | None) -> list[GPUDevice]:
     """Open the GPUs to manage by *physical* index (``None``: every NVML GPU; sim: GPU 0)."""
-    if kind == "sim":
-        from perseus.gpu.sim.device import SimulatedGPU
+    from perseus.gpu.factory import open_gpu
 
-        return [SimulatedGPU(i, state_dir=sim_dir) for i in (indices if indices is not None else [0])]
+    if kind == "sim":
+        return [open_gpu("sim", i, state_dir=sim_dir) for i in (indices if indices is not None else [0])]
     if kind != "nvml":
         raise GPUInvalidArgumentError(f"clockd: unknown GPU kind {kind!r} (nvml or sim)")
-    from perseus.gpu.nvml import NVMLGPU, load_pynvml
+    from perseus.gpu.nvml import load_pynvml
 
     # The daemon addresses physical GPUs: its own CUDA_VISIBLE_DEVICES must not renumber them.
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -589,7 +589,7 @@ def open_devices(kind: str, indices: list[int] | None, sim_dir: str | None) -> l
             indices = list(range(nv.nvmlDeviceGetCount()))
         finally:
             nv.nvmlShutdown()
-    return [NVMLGPU(i) for i in indices]
+    return [open_gpu("nvml", i) for i in indices]
 
 
 def run(kind: str, indices: list[int] | None, sim_dir: str | None, options: DaemonOptions) -> int:

@@ -461,3 +461,38 @@ def _connectable(path: Path) -> bool:
         return False
     finally:
         s.close()
+
+
+# ---------------------------------------------------------------- NVML (fake pynvml)
+
+def test_nvml_daemon_maps_cuda_visible_devices_by_uuid(fake_nvml, sock_dir):
+    from perseus.gpu.clockd import open_devices
+
+    devices = open_devices("nvml", None, None)
+    assert [d.index for d in devices] == [0, 1, 2]
+    daemon = ClockDaemon(devices, DaemonOptions(str(sock_dir / "n.sock"), allow_uids=frozenset({os.getuid()}))).start()
+    thread = threading.Thread(target=daemon.serve_forever, daemon=True)
+    thread.start()
+    path = daemon.options.socket_path
+    h100, a100 = fake_nvml.devices[2], fake_nvml.devices[0]
+    try:
+        # the job sees two GPUs, by UUID prefix; its CUDA device 0 is physical GPU 2
+        with ClockdController(path, device_index=0, cuda_visible_devices="GPU-bbbc,GPU-aaaa").start() as c:
+            assert c.info["uuid"] == h100.uuid
+            c.set_frequency(1005)
+            c.flush()
+            assert h100.locked == (1005, 1005) and a100.locked is None
+        assert h100.locked is None
+        # a UUID the client names must be the CUDA device it claims to be
+        with pytest.raises(GPUNotFoundError, match="is not CUDA device 0"):
+            ClockdController(path, uuid=a100.uuid, device_index=0, cuda_visible_devices="GPU-bbbc,GPU-aaaa").start()
+        with ClockdController(path, uuid=a100.uuid, device_index=1, cuda_visible_devices="GPU-bbbc,GPU-aaaa").start():
+            pass
+        # MIG instances are whole-GPU clock changes in disguise: refused
+        with pytest.raises(GPUError, match="MIG"):
+            ClockdController(path, device_index=0, cuda_visible_devices="MIG-1234").start()
+    finally:
+        daemon.stop()
+        thread.join(timeout=10)
+        for d in devices:
+            d.close()
