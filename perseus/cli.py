@@ -288,7 +288,7 @@ def cmd_clockd(args: argparse.Namespace) -> int:
 
     options = DaemonOptions(args.socket, frozenset(args.allow_uid), frozenset(args.allow_gid), rate_hz=args.rate,
                             burst=args.burst, max_clients=args.max_clients, socket_mode=args.socket_mode,
-                            verify_environ=args.verify_environ)
+                            verify_environ=args.verify_environ, require_open_device=args.require_open_device)
     return run(args.gpu, args.gpus, args.sim_dir, options)
 
 
@@ -422,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket-mode", type=lambda v: int(v, 8), default=0o666, metavar="OCTAL", help="socket file mode (default 666)")
     p.add_argument("--verify-environ", action="store_true",
                    help="require the CUDA_VISIBLE_DEVICES a client sends to match its /proc/PID/environ")
+    p.add_argument("--require-open-device", action="store_true",
+                   help="require a client to hold each GPU's /dev/nvidiaN open (proof the scheduler gave it that GPU)")
     p.set_defaults(handler=cmd_clockd)
 
     _add_plugin_commands(sub)

@@ -51,6 +51,7 @@ _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 MAX_OUTBUF = 256 * 1024  # a client that stops reading its replies is dropped beyond this
 MAX_BAD_REQUESTS = 16  # malformed messages tolerated per client before it is dropped
 HISTORY_LEN = 256
+NVIDIA_MAJOR = 195
 
 
 @dataclass
@@ -65,6 +66,7 @@ class DaemonOptions:
     max_clients: int = 64
     socket_mode: int = 0o666  # who may connect() at all; the uid/gid allowlist is the real check
     verify_environ: bool = False  # require CUDA_VISIBLE_DEVICES in HELLO == the peer's /proc environ
+    require_open_device: bool = False  # the peer must hold each claimed GPU's /dev/nvidia<N> open
     liveness_s: float = 0.5  # how often peer pids are checked (a leaked socket fd hides a death)
 
     def __post_init__(self) -> None:
@@ -87,6 +89,9 @@ class _GPU:
         self.default_mhz = int(device.default_sm_clock_mhz())
         self.holder: _Client | None = None
         self.current: int | None = None
+        minor = getattr(device, "minor_number", lambda: None)()
+        # st_rdev of /dev/nvidia<minor> (NVIDIA's character-device major is 195); None: unknown
+        self.rdev: int | None = os.makedev(NVIDIA_MAJOR, minor) if minor is not None else None
 
     def describe(self, slot: int) -> dict[str, Any]:
         return {"slot": slot, "uuid": self.uuid, "name": self.name, "index": self.index,
@@ -128,6 +133,31 @@ def _proc_start_ticks(pid: int) -> str | None:
     except OSError:
         return None
     return data.rsplit(b")", 1)[-1].split()[19].decode()
+
+
+def _open_char_devices(pid: int, device_prefix: str = "/dev/") -> set[int] | None:
+    """``st_rdev`` of every character device ``pid`` holds open; None if its fds can't be read.
+
+    Holding ``/dev/nvidia<N>`` open proves the job was given that GPU: the scheduler's device
+    cgroup (Kubernetes device plugin, SLURM ConstrainDevices) decides who may open it.
+    """
+    base = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    found: set[int] = set()
+    for name in names:
+        try:
+            # Only stat device nodes: stat on a hostile FUSE file could block the daemon's loop.
+            if not os.readlink(f"{base}/{name}").startswith(device_prefix):
+                continue
+            st = os.stat(f"{base}/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if stat.S_ISCHR(st.st_mode):
+            found.add(st.st_rdev)
+    return found
 
 
 def _proc_environ_cvd(pid: int) -> tuple[bool, str | None]:
@@ -471,6 +501,8 @@ class ClockDaemon:
                 raise wire.ProtocolError(f"CUDA_VISIBLE_DEVICES={hello.cuda_visible_devices!r} differs from "
                                          f"the process environment ({cvd!r})", wire.E_FORBIDDEN)
         gpus = self._resolve(hello)
+        if self.options.require_open_device:
+            self._check_open_devices(client, gpus)
         for g in gpus:
             if g.holder is not None and g.holder is not client:
                 raise wire.ProtocolError(
@@ -482,6 +514,21 @@ class ClockDaemon:
         client.history = [collections.deque(maxlen=HISTORY_LEN) for _ in gpus]
         log.info("perseus clockd: %s holds GPU(s) %s", client.who, ", ".join(str(g.index) for g in gpus))
         self._reply(client, {"op": "ok", "gpus": [g.describe(i) for i, g in enumerate(gpus)]})
+
+    def _check_open_devices(self, client: _Client, gpus: list[_GPU]) -> None:
+        held = _open_char_devices(client.pid) if client.pid > 0 else None
+        if held is None:
+            raise wire.ProtocolError(f"cannot inspect the open files of pid {client.pid} (the daemon needs "
+                                     "the host pid namespace and CAP_SYS_PTRACE)", wire.E_FORBIDDEN)
+        for g in gpus:
+            if g.rdev is None:
+                raise wire.ProtocolError(f"GPU {g.index} has no known device file; cannot verify the claim",
+                                         wire.E_FORBIDDEN)
+            if g.rdev not in held:
+                raise wire.ProtocolError(
+                    f"pid {client.pid} does not hold GPU {g.index}'s device file "
+                    f"(/dev/nvidia{os.minor(g.rdev)}) open: initialize CUDA on it before asking for clocks, "
+                    "or the GPU is not assigned to this job", wire.E_FORBIDDEN)
 
     # -- applying ---------------------------------------------------------------------------
     def _service(self, client: _Client) -> None:

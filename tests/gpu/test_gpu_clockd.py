@@ -475,6 +475,7 @@ def test_nvml_daemon_maps_cuda_visible_devices_by_uuid(fake_nvml, sock_dir):
     thread.start()
     path = daemon.options.socket_path
     h100, a100 = fake_nvml.devices[2], fake_nvml.devices[0]
+    assert daemon.gpus[2].rdev == os.makedev(195, 2)  # /dev/nvidia2, for --require-open-device
     try:
         # the job sees two GPUs, by UUID prefix; its CUDA device 0 is physical GPU 2
         with ClockdController(path, device_index=0, cuda_visible_devices="GPU-bbbc,GPU-aaaa").start() as c:
@@ -496,3 +497,36 @@ def test_nvml_daemon_maps_cuda_visible_devices_by_uuid(fake_nvml, sock_dir):
         thread.join(timeout=10)
         for d in devices:
             d.close()
+
+
+def test_require_open_device_checks_the_peers_device_files(clockd):
+    """With --require-open-device a client must hold the GPU's device file open (the scheduler's
+    device cgroup decides who can); simulated here with /dev/null and /dev/zero as the GPUs' files."""
+    daemon = clockd(2, require_open_device=True)
+    daemon.gpus[0].rdev = os.stat("/dev/null").st_rdev
+    daemon.gpus[1].rdev = os.stat("/dev/zero").st_rdev
+    held = open("/dev/null", "rb")  # noqa: SIM115 - kept open for the claim
+    try:
+        with _client(daemon, 0) as c:
+            c.set_frequency(1005)
+            assert c.flush().current == 1005
+        from perseus.gpu.clockd import _open_char_devices
+
+        if daemon.gpus[1].rdev not in _open_char_devices(os.getpid()):  # pytest itself has no /dev/zero open
+            with pytest.raises(ClockdRefusedError, match="device file"):
+                _client(daemon, 1)
+    finally:
+        held.close()
+
+
+def test_verify_environ_compares_with_the_peers_exec_environment(clockd):
+    from perseus.gpu.clockd import _proc_environ_cvd
+
+    daemon = clockd(1, verify_environ=True)
+    readable, actual = _proc_environ_cvd(os.getpid())
+    assert readable
+    uuid = SimulatedGPU(0).uuid
+    with ClockdController(daemon.options.socket_path, uuid=uuid, cuda_visible_devices=actual).start():
+        pass
+    with pytest.raises(ClockdRefusedError, match="differs from the process environment"):
+        ClockdController(daemon.options.socket_path, uuid=uuid, cuda_visible_devices=(actual or "") + "7").start()
