@@ -530,3 +530,31 @@ def test_verify_environ_compares_with_the_peers_exec_environment(clockd):
         pass
     with pytest.raises(ClockdRefusedError, match="differs from the process environment"):
         ClockdController(daemon.options.socket_path, uuid=uuid, cuda_visible_devices=(actual or "") + "7").start()
+
+
+def test_shipped_service_and_daemonset_run_valid_clockd_commands():
+    """scripts/perseus-clockd.service and the DaemonSet stay in sync with the CLI's flags."""
+    import shlex
+
+    from perseus.cli import build_parser
+
+    text = (ROOT / "scripts" / "perseus-clockd.service").read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
+    argv = shlex.split(line.removeprefix("ExecStart="))
+    assert argv[:3] == ["/usr/bin/env", "perseus", "clockd"]
+    args = build_parser().parse_args(argv[2:])
+    assert args.socket == "/run/perseus/clockd.sock" and args.require_open_device
+    assert "RuntimeDirectory=perseus" in text and "KillSignal=SIGTERM" in text
+
+    yaml = pytest.importorskip("yaml")
+    docs = [d for d in yaml.safe_load_all((ROOT / "scripts" / "k8s" / "perseus-clockd-daemonset.yaml").read_text()) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert container["command"][:2] == ["perseus", "clockd"] and args.gpu == "nvml"
+    assert pod["hostPID"] is True and container["securityContext"]["privileged"] is True
+    assert "SYS_ADMIN" in container["securityContext"]["capabilities"]["add"]
+    (mount,) = container["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert volume["hostPath"]["path"] == mount["mountPath"] == str(Path(args.socket).parent)
