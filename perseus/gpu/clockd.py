@@ -68,6 +68,7 @@ class DaemonOptions:
     verify_environ: bool = False  # require CUDA_VISIBLE_DEVICES in HELLO == the peer's /proc environ
     require_open_device: bool = False  # the peer must hold each claimed GPU's /dev/nvidia<N> open
     liveness_s: float = 0.5  # how often peer pids are checked (a leaked socket fd hides a death)
+    hello_timeout_s: float = 30.0  # a connection that holds no GPU after this long is closed
 
     def __post_init__(self) -> None:
         if not self.allow_uids and not self.allow_gids:
@@ -107,6 +108,7 @@ class _Client:
     start_ticks: str | None
     tokens: float
     t_tokens: float
+    connected_at: float = 0.0
     inbuf: bytearray = field(default_factory=bytearray)
     outbuf: bytearray = field(default_factory=bytearray)
     gpus: list[_GPU] = field(default_factory=list)
@@ -341,7 +343,7 @@ class ClockDaemon:
             pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
             now = time.monotonic()
             client = _Client(sock, pid, uid, gid, _proc_start_ticks(pid) if pid > 0 else None,
-                             tokens=float(self.options.burst), t_tokens=now)
+                             tokens=float(self.options.burst), t_tokens=now, connected_at=now)
             self.clients[sock.fileno()] = client
             self._sel.register(sock, selectors.EVENT_READ, client)
             if uid not in self.options.allow_uids and gid not in self.options.allow_gids:
@@ -608,11 +610,15 @@ class ClockDaemon:
             log.debug("perseus clockd: %s %s", client.who, why)
 
     def _check_liveness(self) -> None:
-        """A peer whose pid is gone (or reused) is dropped even if its socket fd leaked elsewhere."""
+        """A peer whose pid is gone (or reused) is dropped even if its socket fd leaked elsewhere;
+        a connection that never got a GPU is closed after ``hello_timeout_s`` (idle slots are few)."""
+        now = time.monotonic()
         for client in list(self.clients.values()):
             if client.pid > 0 and client.start_ticks is not None and client.gpus:
                 if _proc_start_ticks(client.pid) != client.start_ticks:
                     self._drop(client, "exited (pid gone)")
+            elif not client.gpus and now - client.connected_at > self.options.hello_timeout_s:
+                self._drop(client, "held no GPU for too long")
 
 
 # -- entry point (``perseus clockd``) ---------------------------------------------------------

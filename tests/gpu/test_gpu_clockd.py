@@ -402,14 +402,17 @@ def test_malformed_input_never_stops_the_daemon(clockd):
     _wait_until(lambda: not daemon.clients, 5.0)
 
 
-def test_too_many_clients_are_turned_away(clockd):
-    daemon = clockd(1, max_clients=2)
+def test_too_many_clients_are_turned_away_and_idle_ones_closed(clockd):
+    daemon = clockd(1, max_clients=2, hello_timeout_s=0.2, liveness_s=0.05)
     a = RawClient(daemon.options.socket_path)
     b = RawClient(daemon.options.socket_path)
     c = RawClient(daemon.options.socket_path)
     assert c.reply()["code"] == wire.E_OVERLOADED and c.reply() is None
+    assert a.reply() is None and b.reply() is None  # no HELLO: closed after hello_timeout_s
     for raw in (a, b, c):
         raw.close()
+    with _client(daemon, 0) as ok:  # slots are free again
+        assert ok.flush() is not None
 
 
 # ---------------------------------------------------------------- the daemon process
