@@ -322,8 +322,12 @@ class ClockDaemon:
                     log.exception("perseus clockd: dropping %s after an unexpected error", client.who)
                     self._drop(client, f"internal error: {exc}")
         for client in list(self.clients.values()):
-            if not client.closing:
-                self._service(client)
+            if not client.closing and self.clients.get(client.sock.fileno()) is client:
+                try:
+                    self._service(client)
+                except Exception as exc:  # noqa: BLE001 - as above
+                    log.exception("perseus clockd: dropping %s after an unexpected error", client.who)
+                    self._drop(client, f"internal error: {exc}")
         now = time.monotonic()
         if now >= self._next_liveness:
             self._next_liveness = now + self.options.liveness_s
