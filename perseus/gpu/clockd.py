@@ -21,8 +21,10 @@ Security model (docs/gpu.md, "clockd"):
   checked (``clockd_wire``); a bad message gets an error reply, an oversized frame, too many
   errors or a client that stops reading get that client dropped, and the daemon keeps serving.
 
-Single-threaded (``selectors``): a clock change is a short driver call, and one loop makes the
-ownership rules trivially race-free.
+One ``selectors`` loop owns every connection, claim and rate limit, so the ownership rules are
+race-free; the driver calls run on one applier thread per GPU (a clock change takes milliseconds,
+and eight GPUs must not queue behind each other). A request the applier has not taken yet is
+replaced by the next one (coalescing); SYNC and BYE are answered once the applier is past them.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from perseus.gpu import clockd_wire as wire
 from perseus.gpu.cuda_visible import parse_cuda_visible_devices, resolve_physical_index
@@ -89,10 +91,57 @@ class _GPU:
         self.clockset = frozenset(self.clocks)
         self.default_mhz = int(device.default_sm_clock_mhz())
         self.holder: _Client | None = None
-        self.current: int | None = None
+        self.requested: int | None = None  # loop-owned: the latest target handed to the applier
+        # The applier thread (one per GPU) owns the device while serving: a driver call takes
+        # milliseconds, and GPUs must not wait for each other. Shared with it under ``cond``:
+        self.cond = threading.Condition()
+        self.want: int | None = None
+        self.want_tag: object = None
+        self.want_force = False
+        self.want_seq = 0  # bumped per request; requests not yet taken are coalesced to the latest
+        self.done_seq = 0  # want_seq of the last request the applier finished
+        self.results: list[tuple[object, str, int | None, str]] = []  # (tag, kind, target, message)
+        self.stopping = False
+        self.current: int | None = None  # applier-owned: the clock it last set (None = default)
+        self.thread: threading.Thread | None = None
         minor = getattr(device, "minor_number", lambda: None)()
         # st_rdev of /dev/nvidia<minor> (NVIDIA's character-device major is 195); None: unknown
         self.rdev: int | None = os.makedev(NVIDIA_MAJOR, minor) if minor is not None else None
+
+    def request(self, target: int | None, tag: object, *, force: bool = False) -> int:
+        """Hand ``target`` to the applier (replacing one it has not taken yet); returns its seq."""
+        with self.cond:
+            self.want, self.want_tag = target, tag
+            self.want_force = force or self.want_force
+            self.want_seq += 1
+            self.cond.notify()
+            return self.want_seq
+
+    def run_applier(self, wake: Callable[[], None]) -> None:
+        while True:
+            with self.cond:
+                while self.done_seq == self.want_seq and not self.stopping:
+                    self.cond.wait()
+                if self.done_seq == self.want_seq:
+                    return  # stopping, and nothing left to apply
+                target, tag, seq, force = self.want, self.want_tag, self.want_seq, self.want_force
+                self.want_force = False
+            kind, message = "applied", ""
+            if target == self.current and not force:
+                kind = "skipped"
+            else:
+                try:
+                    if target is None:
+                        self.device.reset_locked_sm_clock()
+                    else:
+                        self.device.set_locked_sm_clock(target)
+                    self.current = target
+                except Exception as exc:  # noqa: BLE001 - reported to the client; the thread goes on
+                    kind, message = "error", str(exc)
+            with self.cond:
+                self.done_seq = seq
+                self.results.append((tag, kind, target, message))
+            wake()
 
     def describe(self, slot: int) -> dict[str, Any]:
         return {"slot": slot, "uuid": self.uuid, "name": self.name, "index": self.index,
@@ -113,6 +162,9 @@ class _Client:
     outbuf: bytearray = field(default_factory=bytearray)
     gpus: list[_GPU] = field(default_factory=list)
     pending: dict[int, int | None] = field(default_factory=dict)  # slot → coalesced target
+    marks: dict[int, int] = field(default_factory=dict)  # slot → seq a SYNC must see applied
+    bye_marks: list[tuple[_GPU, int]] | None = None  # BYE answered once these resets are done
+    bye_ok: bool = True
     syncs: list[int] = field(default_factory=list)  # SYNC seqs answered once pending is applied
     received: int = 0
     applied: int = 0
@@ -239,6 +291,10 @@ class ClockDaemon:
             g.device.reset_locked_sm_clock()  # undo what a killed daemon (or a crashed job) left
             g.current = None
         self._listener = self._bind()
+        for g in self.gpus:
+            g.thread = threading.Thread(target=g.run_applier, args=(self._wake,), daemon=True,
+                                        name=f"perseus-clockd-gpu{g.index}")
+            g.thread.start()
         self._sel.register(self._listener, selectors.EVENT_READ, "listen")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         log.info("perseus clockd: serving %s for GPUs %s (uids %s, gids %s)", self.options.socket_path,
@@ -251,10 +307,13 @@ class ClockDaemon:
         """Ask the loop to shut down (thread- and signal-safe)."""
         self._stop_why = self._stop_why or why
         self._stop = True
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self._wake_w.send(b"x")
         except OSError:
-            pass
+            pass  # already woken (buffer full) or shutting down
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT → reset every GPU, remove the socket, exit (main thread only)."""
@@ -275,7 +334,14 @@ class ClockDaemon:
     def _shutdown(self) -> None:
         for client in list(self.clients.values()):
             self._drop(client, "daemon shutting down")
-        for g in self.gpus:  # clients are gone; make sure nothing stays locked
+        for g in self.gpus:
+            with g.cond:
+                g.stopping = True
+                g.cond.notify()
+        for g in self.gpus:
+            if g.thread is not None:
+                g.thread.join(timeout=30)
+        for g in self.gpus:  # appliers are done: reset here, whatever they managed
             self._reset_gpu(g)
         if self._listener is not None:
             self._sel.unregister(self._listener)
@@ -321,8 +387,12 @@ class ClockDaemon:
                 except Exception as exc:  # noqa: BLE001 - one client's problem never stops the daemon
                     log.exception("perseus clockd: dropping %s after an unexpected error", client.who)
                     self._drop(client, f"internal error: {exc}")
+        self._collect_results()
         for client in list(self.clients.values()):
-            if not client.closing and self.clients.get(client.sock.fileno()) is client:
+            if client.bye_marks is not None and all(g.done_seq >= seq for g, seq in client.bye_marks):
+                client.bye_marks = None
+                self._reply(client, {"op": "bye", "reset": client.bye_ok})
+            elif not client.closing and self.clients.get(client.sock.fileno()) is client:
                 try:
                     self._service(client)
                 except Exception as exc:  # noqa: BLE001 - as above
@@ -402,7 +472,7 @@ class ClockDaemon:
                 return
             del client.outbuf[:n]
         if not client.outbuf:
-            if client.closing:
+            if client.closing and client.bye_marks is None:
                 self._drop(client, "closed after a final reply")
             else:
                 self._sel.modify(client.sock, selectors.EVENT_READ, client)
@@ -452,10 +522,10 @@ class ClockDaemon:
         elif isinstance(req, wire.Sync):
             client.syncs.append(req.seq)
         elif isinstance(req, wire.Bye):
-            ok = self._release(client)
+            client.bye_marks = self._release(client, tag=("bye", client))
             client.closing = True
             client.pending.clear()
-            self._reply(client, {"op": "bye", "reset": ok})
+            self._wake()  # answered by the loop once the resets are done
 
     def _slot(self, client: _Client, slot: int) -> _GPU:
         if slot >= len(client.gpus):
@@ -513,9 +583,10 @@ class ClockDaemon:
             if g.holder is not None and g.holder is not client:
                 raise wire.ProtocolError(
                     f"GPU {g.index} ({g.uuid}) is held by another client, {g.holder.who}", wire.E_BUSY)
-        for g in gpus:
+        for slot, g in enumerate(gpus):
             g.holder = client
-            self._reset_gpu(g)  # start from a known state
+            client.marks[slot] = g.request(None, None, force=True)  # start from a known state
+            g.requested = None
         client.gpus = gpus
         client.history = [collections.deque(maxlen=HISTORY_LEN) for _ in gpus]
         log.info("perseus clockd: %s holds GPU(s) %s", client.who, ", ".join(str(g.index) for g in gpus))
@@ -546,15 +617,17 @@ class ClockDaemon:
             client.t_tokens = now
             for slot in list(client.pending):
                 gpu, target = client.gpus[slot], client.pending[slot]
-                if target == gpu.current:
+                if target == gpu.requested:
                     client.skipped += 1
                 elif client.tokens < 1.0:
                     break
                 else:
                     client.tokens -= 1.0
-                    self._apply(client, slot, target)
+                    client.marks[slot] = gpu.request(target, client)
+                    gpu.requested = target
                 del client.pending[slot]
-        if not client.pending and client.syncs:
+        if (not client.pending and client.syncs
+                and all(g.done_seq >= client.marks.get(i, 0) for i, g in enumerate(client.gpus))):
             seqs, client.syncs = client.syncs, []
             for seq in seqs:
                 self._reply(client, {"op": "sync", "seq": seq, "applied": client.applied,
@@ -563,20 +636,29 @@ class ClockDaemon:
                                      "current": [g.current for g in client.gpus],
                                      "history": [list(h) for h in client.history]})
 
-    def _apply(self, client: _Client, slot: int, target: int | None) -> None:
-        gpu = client.gpus[slot]
-        try:
-            if target is None:
-                gpu.device.reset_locked_sm_clock()
-            else:
-                gpu.device.set_locked_sm_clock(target)
-        except GPUError as exc:
-            client.errors += 1
-            self._error(client, wire.E_DEVICE, f"GPU {gpu.index}: {exc}")
-            return
-        gpu.current = target
-        client.applied += 1
-        client.history[slot].append(target)
+    def _collect_results(self) -> None:
+        """Account what the appliers did to the client that asked (if it is still connected)."""
+        for g in self.gpus:
+            with g.cond:
+                results, g.results = g.results, []
+            for tag, kind, target, message in results:
+                if isinstance(tag, tuple):  # ("bye", client): a release it waits for
+                    if kind == "error":
+                        tag[1].bye_ok = False
+                    tag = None
+                if kind == "error":
+                    log.error("perseus clockd: GPU %d: %s", g.index, message)
+                client = tag if isinstance(tag, _Client) else None
+                if client is None or g.holder is not client or self.clients.get(client.sock.fileno()) is not client:
+                    continue
+                if kind == "applied":
+                    client.applied += 1
+                    client.history[client.gpus.index(g)].append(target)
+                elif kind == "skipped":
+                    client.skipped += 1
+                else:
+                    client.errors += 1
+                    self._error(client, wire.E_DEVICE, f"GPU {g.index}: {message}")
 
     def _reset_gpu(self, gpu: _GPU) -> bool:
         try:
@@ -587,15 +669,18 @@ class ClockDaemon:
         gpu.current = None
         return True
 
-    def _release(self, client: _Client) -> bool:
-        """Reset and free the client's GPUs (no rate limit: this is the safety path)."""
-        ok = True
+    def _release(self, client: _Client, tag: object = None) -> list[tuple[_GPU, int]]:
+        """Reset and free the client's GPUs (no rate limit: this is the safety path); returns
+        the (GPU, seq) of each reset, done once ``gpu.done_seq >= seq``."""
+        marks = []
         for g in client.gpus:
             if g.holder is client:
-                ok = self._reset_gpu(g) and ok
+                marks.append((g, g.request(None, tag, force=True)))
+                g.requested = None
                 g.holder = None
         client.gpus = []
-        return ok
+        client.marks = {}
+        return marks
 
     def _drop(self, client: _Client, why: str) -> None:
         if self.clients.get(client.sock.fileno()) is not client:

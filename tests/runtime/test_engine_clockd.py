@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,10 @@ def test_unprivileged_rank_profiles_clocks_through_the_daemon(tmp_path, daemon):
     assert s["profiled_clocks_mhz"] == [1410, 1305, 1200] and s["phase"] == "steady"
     assert device.snapshot().n_lock >= 2, "the daemon locked the profiled clocks"
     assert not device.is_clock_locked(), "closing the runtime released the GPU at default clocks"
+    for _ in range(500):  # the daemon notices the closed connection asynchronously
+        if not daemon.clients:
+            break
+        time.sleep(0.01)
     assert not daemon.clients
     device.close()
 
