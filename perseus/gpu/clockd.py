@@ -251,6 +251,7 @@ class ClockDaemon:
         self._stop = False
         self._stop_why = ""
         self._next_liveness = 0.0
+        self._done: dict[int, int] = {}
         self.ready = threading.Event()  # set once the socket accepts connections (tests, threads)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -387,9 +388,12 @@ class ClockDaemon:
                 except Exception as exc:  # noqa: BLE001 - one client's problem never stops the daemon
                     log.exception("perseus clockd: dropping %s after an unexpected error", client.who)
                     self._drop(client, f"internal error: {exc}")
+        # What the appliers had finished *before* collecting their results: SYNC and BYE answers
+        # then carry the stats of everything they wait for.
+        self._done = {id(g): g.done_seq for g in self.gpus}
         self._collect_results()
         for client in list(self.clients.values()):
-            if client.bye_marks is not None and all(g.done_seq >= seq for g, seq in client.bye_marks):
+            if client.bye_marks is not None and all(self._done[id(g)] >= seq for g, seq in client.bye_marks):
                 client.bye_marks = None
                 self._reply(client, {"op": "bye", "reset": client.bye_ok})
             elif not client.closing and self.clients.get(client.sock.fileno()) is client:
@@ -413,8 +417,13 @@ class ClockDaemon:
             except OSError as exc:  # e.g. EMFILE: keep serving the clients we have
                 log.warning("perseus clockd: accept failed: %s", exc)
                 return
-            sock.setblocking(False)
-            pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            try:
+                sock.setblocking(False)
+                pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            except OSError as exc:  # the peer is already gone
+                log.debug("perseus clockd: dropping a connection without credentials: %s", exc)
+                sock.close()
+                continue
             now = time.monotonic()
             client = _Client(sock, pid, uid, gid, _proc_start_ticks(pid) if pid > 0 else None,
                              tokens=float(self.options.burst), t_tokens=now, connected_at=now)
@@ -627,7 +636,7 @@ class ClockDaemon:
                     gpu.requested = target
                 del client.pending[slot]
         if (not client.pending and client.syncs
-                and all(g.done_seq >= client.marks.get(i, 0) for i, g in enumerate(client.gpus))):
+                and all(self._done[id(g)] >= client.marks.get(i, 0) for i, g in enumerate(client.gpus))):
             seqs, client.syncs = client.syncs, []
             for seq in seqs:
                 self._reply(client, {"op": "sync", "seq": seq, "applied": client.applied,

@@ -561,3 +561,23 @@ def test_shipped_service_and_daemonset_run_valid_clockd_commands():
     (mount,) = container["volumeMounts"]
     (volume,) = pod["volumes"]
     assert volume["hostPath"]["path"] == mount["mountPath"] == str(Path(args.socket).parent)
+
+
+def test_device_errors_are_reported_to_the_client_and_serving_goes_on(clockd):
+    daemon = clockd(1)
+    device = daemon.gpus[0].device
+    real = device.set_locked_sm_clock
+
+    def flaky(mhz):
+        if mhz == 1005:
+            raise GPUError("the driver said no")
+        real(mhz)
+
+    device.set_locked_sm_clock = flaky  # type: ignore[method-assign]
+    with _client(daemon, 0) as c:
+        c.set_frequency(1005)
+        stats = c.flush()
+        assert stats.errors == 1 and stats.current is None
+        assert any("device-error" in e and "the driver said no" in e for e in c.errors)
+        c.set_frequency(900)
+        assert c.flush().current == 900 == read_sim_state(0).locked_mhz
