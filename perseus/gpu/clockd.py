@@ -280,6 +280,9 @@ class ClockDaemon:
             os.chmod(path, self.options.socket_mode)
             sock.listen(64)
             sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise GPUError(f"clockd: cannot serve {path}: {exc}") from exc
         except BaseException:
             sock.close()
             raise
@@ -288,10 +291,16 @@ class ClockDaemon:
     def start(self) -> ClockDaemon:
         """Check privileges, reset every managed GPU, bind the socket."""
         self._check_privileges()
-        for g in self.gpus:
-            g.device.reset_locked_sm_clock()  # undo what a killed daemon (or a crashed job) left
-            g.current = None
-        self._listener = self._bind()
+        self._listener = self._bind()  # first: if another daemon serves this path, touch nothing
+        try:
+            for g in self.gpus:
+                g.device.reset_locked_sm_clock()  # undo what a killed daemon (or a crashed job) left
+                g.current = None
+        except BaseException:
+            self._listener.close()
+            self._listener = None
+            os.unlink(self.options.socket_path)
+            raise
         for g in self.gpus:
             g.thread = threading.Thread(target=g.run_applier, args=(self._wake,), daemon=True,
                                         name=f"perseus-clockd-gpu{g.index}")
@@ -729,17 +738,20 @@ def open_devices(kind: str, indices: list[int] | None, sim_dir: str | None) -> l
         return [open_gpu("sim", i, state_dir=sim_dir) for i in (indices if indices is not None else [0])]
     if kind != "nvml":
         raise GPUInvalidArgumentError(f"clockd: unknown GPU kind {kind!r} (nvml or sim)")
-    from perseus.gpu.nvml import load_pynvml
+    from perseus.gpu.nvml import load_pynvml, translate_nvml_error
 
     # The daemon addresses physical GPUs: its own CUDA_VISIBLE_DEVICES must not renumber them.
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     if indices is None:
         nv = load_pynvml()
-        nv.nvmlInit()
         try:
-            indices = list(range(nv.nvmlDeviceGetCount()))
-        finally:
-            nv.nvmlShutdown()
+            nv.nvmlInit()
+            try:
+                indices = list(range(nv.nvmlDeviceGetCount()))
+            finally:
+                nv.nvmlShutdown()
+        except nv.NVMLError as exc:
+            raise translate_nvml_error(exc, "clockd: counting GPUs") from exc
     return [open_gpu("nvml", i) for i in indices]
 
 

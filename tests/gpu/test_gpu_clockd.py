@@ -581,3 +581,17 @@ def test_device_errors_are_reported_to_the_client_and_serving_goes_on(clockd):
         assert any("device-error" in e and "the driver said no" in e for e in c.errors)
         c.set_frequency(900)
         assert c.flush().current == 900 == read_sim_state(0).locked_mhz
+
+
+def test_a_second_daemon_on_the_same_socket_touches_nothing(clockd, sock_dir):
+    daemon = clockd(1)
+    with _client(daemon, 0) as c:
+        c.set_frequency(1005)
+        c.flush()
+        second = ClockDaemon([SimulatedGPU(0)], DaemonOptions(daemon.options.socket_path,
+                                                              allow_uids=frozenset({os.getuid()})))
+        with pytest.raises(GPUError, match="already serves"):
+            second.start()
+        assert read_sim_state(0).locked_mhz == 1005, "the running daemon's client keeps its clock"
+        c.set_frequency(900)
+        assert c.flush().current == 900
