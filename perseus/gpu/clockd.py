@@ -52,6 +52,7 @@ log = logging.getLogger("perseus.clockd")
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 MAX_OUTBUF = 256 * 1024  # a client that stops reading its replies is dropped beyond this
 MAX_BAD_REQUESTS = 16  # malformed messages tolerated per client before it is dropped
+MAX_WAITING_SYNCS = 1024  # SYNCs waiting for rate-limited requests; more is a flood
 HISTORY_LEN = 256
 NVIDIA_MAJOR = 195
 
@@ -538,6 +539,9 @@ class ClockDaemon:
             client.received += 1
             client.pending[req.gpu] = None
         elif isinstance(req, wire.Sync):
+            if len(client.syncs) >= MAX_WAITING_SYNCS:
+                self._fail(client, wire.E_BAD_REQUEST, f"more than {MAX_WAITING_SYNCS} unanswered SYNCs")
+                return
             client.syncs.append(req.seq)
         elif isinstance(req, wire.Bye):
             client.bye_marks = self._release(client, tag=("bye", client))

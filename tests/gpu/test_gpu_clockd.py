@@ -595,3 +595,20 @@ def test_a_second_daemon_on_the_same_socket_touches_nothing(clockd, sock_dir):
         assert read_sim_state(0).locked_mhz == 1005, "the running daemon's client keeps its clock"
         c.set_frequency(900)
         assert c.flush().current == 900
+
+
+def test_a_flood_of_syncs_behind_rate_limited_requests_drops_that_client(clockd):
+    daemon = clockd(1, rate_hz=0.01, burst=1)
+    raw = RawClient(daemon.options.socket_path)
+    raw.msg({"op": "hello", "v": 1, "pid": os.getpid(), "devices": [0], "cuda_visible_devices": None})
+    assert raw.reply()["op"] == "ok"
+    raw.msg({"op": "set", "gpu": 0, "mhz": 1005})
+    raw.msg({"op": "sync", "seq": 0})
+    assert raw.reply()["current"] == [1005]  # the one token is spent
+    raw.send(wire.frame({"op": "set", "gpu": 0, "mhz": 900})
+             + b"".join(wire.frame({"op": "sync", "seq": i}) for i in range(1, 1100)))
+    reply = raw.reply()
+    assert reply["op"] == "error" and "unanswered SYNCs" in reply["message"]
+    assert raw.reply() is None
+    _wait_until(lambda: not read_sim_state(0).locked, 5.0)  # dropped: its GPU is reset
+    raw.close()
