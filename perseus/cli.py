@@ -310,6 +310,15 @@ def _emulate_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_clockd(args: argparse.Namespace) -> int:
+    from perseus.gpu.clockd import DaemonOptions, run
+
+    options = DaemonOptions(args.socket, frozenset(args.allow_uid), frozenset(args.allow_gid), rate_hz=args.rate,
+                            burst=args.burst, max_clients=args.max_clients, socket_mode=args.socket_mode,
+                            verify_environ=args.verify_environ, require_open_device=args.require_open_device)
+    return run(args.gpu, args.gpus, args.sim_dir, options)
+
+
 # ---------------------------------------------------------------- parser
 
 MAIN_EPILOG = """\
@@ -393,7 +402,7 @@ def _add_report_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_report)
 
 
-BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate", "report")
+BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate", "clockd", "report")
 
 
 def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
@@ -456,6 +465,26 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="table over microbatch counts and straggler factors")
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
+
+    p = sub.add_parser("clockd", help="per-node GPU clock daemon, so trainers need no privileges", formatter_class=fmt,
+                       description="Serve GPU clock changes on a Unix socket to allowlisted unprivileged trainers "
+                                   "(they set PERSEUS_CLOCKD_SOCKET). Run once per node with CAP_SYS_ADMIN; see docs/gpu.md.",
+                       epilog="example:\n  sudo perseus clockd --socket /run/perseus/clockd.sock --allow-gid 1000")
+    p.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to serve")
+    p.add_argument("--allow-uid", type=int, action="append", default=[], metavar="N", help="uid allowed to change clocks (repeatable)")
+    p.add_argument("--allow-gid", type=int, action="append", default=[], metavar="N", help="gid allowed to change clocks (repeatable)")
+    p.add_argument("--gpu", choices=("nvml", "sim"), default="nvml", help="GPU backend (default: nvml)")
+    p.add_argument("--gpus", type=_number_list(int), metavar="LIST", help="physical GPU indices to manage (default: all; sim: 0)")
+    p.add_argument("--sim-dir", metavar="DIR", help="simulated GPUs' state directory (default: $PERSEUS_SIM_GPU_DIR)")
+    p.add_argument("--rate", type=_positive(float), default=500.0, metavar="HZ", help="clock changes per second per client (default 500)")
+    p.add_argument("--burst", type=_positive(int), default=50, metavar="N", help="back-to-back changes allowed (default 50)")
+    p.add_argument("--max-clients", type=_positive(int), default=64, metavar="N", help="simultaneous connections (default 64)")
+    p.add_argument("--socket-mode", type=lambda v: int(v, 8), default=0o666, metavar="OCTAL", help="socket file mode (default 666)")
+    p.add_argument("--verify-environ", action="store_true",
+                   help="require the CUDA_VISIBLE_DEVICES a client sends to match its /proc/PID/environ")
+    p.add_argument("--require-open-device", action="store_true",
+                   help="require a client to hold each GPU's /dev/nvidiaN open (proof the scheduler gave it that GPU)")
+    p.set_defaults(handler=cmd_clockd)
 
     _add_report_command(sub)
     if plugins:
