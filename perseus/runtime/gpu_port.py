@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.timing import InstructionTimer
+    from perseus.runtime.collective import Collective
 
 log = logging.getLogger("perseus.runtime")
 
@@ -122,7 +123,7 @@ class GPUPort:
 
         return EnergyPoller(self.device, interval_s).start()
 
-    def measure_p_blocking(self, seconds: float, collective: Any = None, peer: int | None = None) -> float:
+    def measure_p_blocking(self, seconds: float, collective: Collective | None = None, peer: int | None = None) -> float:
         """P_blocking as Perseus defines it: this GPU's power while its rank is blocked in a P2P
         receive and the peer rank sleeps (pairs of ranks take turns); alone, plain idle power."""
         from perseus.gpu import measurement

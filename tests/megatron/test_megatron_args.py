@@ -56,6 +56,16 @@ def test_invalid_value_names_the_flag():
         config_from_args(args)
 
 
+def test_planner_options_flag_maps_onto_the_planners_settings_and_a_typo_fails_at_startup():
+    from perseus.planner import PlannerOptions
+
+    parser = add_perseus_args(_megatron_like_parser())
+    config = config_from_args(parser.parse_args(["--perseus", "--perseus-planner-options", '{"num_anchors": 16}']))
+    assert config.planner_options == PlannerOptions(num_anchors=16)
+    with pytest.raises(ConfigError, match="unknown planner option.*num_anchor"):
+        config_from_args(parser.parse_args(["--perseus", "--perseus-planner-options", '{"num_anchor": 16}']))
+
+
 def test_impossible_combination_is_a_config_error():
     args = add_perseus_args(_megatron_like_parser()).parse_args(
         ["--perseus", "--perseus-freq-min", "1500", "--perseus-freq-max", "900"]
