@@ -11,7 +11,8 @@ from perseus.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner.choices import build_node_choices
-from perseus.planner.deadlines import Candidates, own_pace, search_deadlines
+from perseus.planner.deadlines import Candidates, evaluate, own_pace, pareto, search_deadlines
+from perseus.planner.latency import hold_through_short_switches
 from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
 from perseus.schedule import Schedule
@@ -51,6 +52,9 @@ def plan_frontier(
     beamed = options.beam_runs_on(dag.num_nodes)
 
     found = search_deadlines(dag, node_choices, p_blocking, [base.time_s], options, report)
+    if options.switch_latency_s > 0:
+        held = hold_through_short_switches(dag, node_choices, found.choices, options.switch_latency_s)
+        found = pareto(evaluate(dag, node_choices, held, p_blocking))
 
     # Candidates were simulated (perseus.simulator.simulate_many) and cost-filtered in search_deadlines.
     kept, paced = _split_points(found, node_choices.node_freqs(found.choices), _PACED_TOLERANCE * base.energy_j)

@@ -25,7 +25,7 @@ _INT_MINIMUMS = {
     "beam_fill": 0,
     "beam_max_nodes": 0,
 }
-_NON_NEGATIVE_NUMBERS = ("improve_time_s", "search_time_s", "search_gap")
+_NON_NEGATIVE_NUMBERS = ("improve_time_s", "search_time_s", "search_gap", "switch_latency_s")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class PlannerOptions:
       evenly in energy, starting at ``beam_width`` states per deadline and doubling up to
       ``beam_max_width`` where wider beams keep finding better plans, then at ``beam_fill``
       deadlines evenly spaced in time at ``beam_width``. ``beam_width=0`` disables it.
+    - ``switch_latency_s``: how long a clock change takes to land on the GPU; plans then change
+      no clock on an instruction shorter than that (``planner.latency``). 0: instant switches.
     """
 
     num_anchors: int = 48
@@ -66,6 +68,7 @@ class PlannerOptions:
     beam_deadlines: int = 64
     beam_fill: int = 192
     beam_max_nodes: int = 48
+    switch_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, low in _INT_MINIMUMS.items():
