@@ -324,7 +324,7 @@ def measure_blocking_power_p2p(
     on_gpu = dist.get_backend(group) == "nccl"
     tensor_device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     token = torch.zeros(1, device=tensor_device)
-    result: BlockingPowerResult | None = None
+    measured: tuple[Sequence[CounterUpdate], float, float] | None = None
     for blocked in sorted((me, peer)):
         if me == blocked:
             with EnergyPoller(device, poll_interval_s) as poller:
@@ -332,11 +332,14 @@ def measure_blocking_power_p2p(
                 t0 = time.perf_counter()
                 dist.recv(token, src=peer, group=group)  # blocked here for ~duration_s
                 t1 = time.perf_counter()
-            p, window, n = power_from_updates(poller.updates(), t0, t1)
-            result = BlockingPowerResult(p, window, n, math.nan)
+            measured = (poller.updates(), t0, t1)
         else:
             dist.recv(token, src=blocked, group=group)
             time.sleep(duration_s)
             dist.send(token, dst=blocked, group=group)
-    assert result is not None
-    return result
+    # Evaluated only after both rounds: raising between them (a window too short for the
+    # counter) would leave the peer blocked in its round forever.
+    assert measured is not None
+    updates, t0, t1 = measured
+    p, window, n = power_from_updates(updates, t0, t1)
+    return BlockingPowerResult(p, window, n, math.nan)
