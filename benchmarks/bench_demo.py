@@ -39,7 +39,7 @@ from perseus_demo.common import phase_table  # noqa: E402
 
 
 def one_run(framework: str, stages: int, microbatches: int, out: Path, latency_s: float = 0.0,
-            switch_ahead: bool = True) -> dict[str, float]:
+            switch_ahead: bool = True, planner_knows: bool = False) -> dict[str, float]:
     if framework == "megatron":
         from perseus_demo.megatron_demo import DemoConfig, launch
     else:
@@ -47,6 +47,8 @@ def one_run(framework: str, stages: int, microbatches: int, out: Path, latency_s
     cfg = DemoConfig(stages=stages, microbatches=microbatches)
     cfg.sim_gpu = {**cfg.sim_gpu, "switch_latency_s": latency_s}
     cfg.perseus = {**cfg.perseus, "cache_dir": str(out / "cache"), "switch_ahead": switch_ahead}
+    if planner_knows:  # plans change no clock on an instruction shorter than the latency
+        cfg.perseus["planner_options"] = {"switch_latency_s": latency_s}
     results = launch(cfg, out / "run")
     table = phase_table(results)
     plan, base = table["deployed"], table["baseline again"]
@@ -71,23 +73,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hogs", type=int, default=0, help="busy processes beside the runs")
     parser.add_argument("--latencies-ms", default="0", help="clock-switch latencies of the simulated GPUs, e.g. 0,5,20")
     parser.add_argument("--switch-ahead", choices=["on", "off", "both"], default="on")
+    parser.add_argument("--planner-knows-latency", choices=["on", "off", "both"], default="off",
+                        help="give the planner the latency (planner_options.switch_latency_s)")
     args = parser.parse_args(argv)
     latencies = [float(x) / 1e3 for x in args.latencies_ms.split(",")]
     aheads = {"on": [True], "off": [False], "both": [False, True]}[args.switch_ahead]
+    knows = {"on": [True], "off": [False], "both": [False, True]}[args.planner_knows_latency]
     hogs = [mp.get_context("spawn").Process(target=_spin, args=(3600.0, mp.current_process().pid), daemon=True)
             for _ in range(args.hogs)]
     for h in hogs:
         h.start()
     table: list[tuple[str, list[dict[str, float]]]] = []
     try:
-        for latency in latencies:
-            for ahead in aheads:
-                name = f"latency {latency * 1e3:g} ms, switch ahead {'on' if ahead else 'off'}"
+        settings = [(lat, ahead, know) for lat in latencies for ahead in aheads for know in knows
+                    if not (know and lat == 0)]
+        for latency, ahead, know in settings:
+            if True:
+                name = (f"latency {latency * 1e3:g} ms, ahead {'on' if ahead else 'off'}"
+                        + (", planner knows" if know else ""))
                 rows = []
                 for i in range(args.runs):
                     started = time.perf_counter()
                     with tempfile.TemporaryDirectory(prefix="perseus-bench-demo-") as tmp:
-                        row = one_run(args.framework, args.stages, args.microbatches, Path(tmp), latency, ahead)
+                        row = one_run(args.framework, args.stages, args.microbatches, Path(tmp), latency, ahead, know)
                     rows.append(row)
                     print(f"{name}, run {i + 1}: wall clock: saving {100 * row['saving']:5.1f} %, time "
                           f"{100 * row['time']:+5.1f} %   true model: saving {100 * row['true_saving']:5.1f} %, time "
@@ -101,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.hogs} busy processes beside; median (min..max); deployed plan vs default clocks re-measured after it")
     print("time: wall clock (everything) = plan on the true model (profile errors) + clocks as applied "
           "(late switches) + the rest (host: hooks, controller, load)")
-    print(f"{'setting':<34}{'saving (wall)':>26}{'time (wall)':>26}{'time (plan, model)':>26}"
+    print(f"{'setting':<44}{'saving (wall)':>26}{'time (wall)':>26}{'time (plan, model)':>26}"
           f"{'time (applied, model)':>26}{'saving (model)':>26}{'clocks applied':>26}")
     for name, rows in table:
-        print(f"{name:<34}{_stat(rows, 'saving'):>26}{_stat(rows, 'time'):>26}{_stat(rows, 'true_time', 2):>26}"
+        print(f"{name:<44}{_stat(rows, 'saving'):>26}{_stat(rows, 'time'):>26}{_stat(rows, 'true_time', 2):>26}"
               f"{_stat(rows, 'applied_time', 2):>26}{_stat(rows, 'true_saving'):>26}{_stat(rows, 'applied'):>26}")
     return 0
 
