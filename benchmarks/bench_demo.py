@@ -88,20 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         settings = [(lat, ahead, know) for lat in latencies for ahead in aheads for know in knows
                     if not (know and lat == 0)]
         for latency, ahead, know in settings:
-            if True:
-                name = (f"latency {latency * 1e3:g} ms, ahead {'on' if ahead else 'off'}"
-                        + (", planner knows" if know else ""))
-                rows = []
-                for i in range(args.runs):
-                    started = time.perf_counter()
-                    with tempfile.TemporaryDirectory(prefix="perseus-bench-demo-") as tmp:
-                        row = one_run(args.framework, args.stages, args.microbatches, Path(tmp), latency, ahead, know)
-                    rows.append(row)
-                    print(f"{name}, run {i + 1}: wall clock: saving {100 * row['saving']:5.1f} %, time "
-                          f"{100 * row['time']:+5.1f} %   true model: saving {100 * row['true_saving']:5.1f} %, time "
-                          f"{100 * row['true_time']:+5.2f} %   clocks applied {100 * row['applied']:5.1f} %   "
-                          f"({time.perf_counter() - started:.0f} s)", flush=True)
-                table.append((name, rows))
+            name = (f"latency {latency * 1e3:g} ms, ahead {'on' if ahead else 'off'}"
+                    + (", planner knows" if know else ""))
+            rows = []
+            for i in range(args.runs):
+                started = time.perf_counter()
+                with tempfile.TemporaryDirectory(prefix="perseus-bench-demo-") as tmp:
+                    row = one_run(args.framework, args.stages, args.microbatches, Path(tmp), latency, ahead, know)
+                rows.append(row)
+                print(f"{name}, run {i + 1}: wall clock: saving {100 * row['saving']:5.1f} %, time "
+                      f"{100 * row['time']:+5.1f} %   true model: saving {100 * row['true_saving']:5.1f} %, time "
+                      f"{100 * row['true_time']:+5.2f} %   clocks applied {100 * row['applied']:5.1f} %   "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)
+            table.append((name, rows))
     finally:
         for h in hogs:
             h.kill()
