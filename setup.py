@@ -29,7 +29,10 @@ setup(
         "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.20"],
         "deepspeed": ["torch>=2.1", "deepspeed>=0.19,<0.20"],
         "bench": ["lowtime==0.3.0"],
-        "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.20", "deepspeed>=0.19,<0.20"],
+        # start_http_server returns its server (so it can be closed) from 0.20 on
+        "prometheus": ["prometheus-client>=0.20"],
+        "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.20", "deepspeed>=0.19,<0.20",
+                "prometheus-client>=0.20"],
     },
     entry_points={
         "console_scripts": ["perseus=perseus.cli:main"],

@@ -113,7 +113,7 @@ def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[floa
     """The planner, imported on first use: it loads scipy and HiGHS, which other commands never need."""
     from perseus.planner import plan_frontier as plan
 
-    return plan(schedule, profile, progress)
+    return plan(schedule, profile, progress=progress)
 
 
 def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
@@ -310,6 +310,15 @@ def _emulate_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_clockd(args: argparse.Namespace) -> int:
+    from perseus.gpu.clockd import DaemonOptions, run
+
+    options = DaemonOptions(args.socket, frozenset(args.allow_uid), frozenset(args.allow_gid), rate_hz=args.rate,
+                            burst=args.burst, max_clients=args.max_clients, socket_mode=args.socket_mode,
+                            verify_environ=args.verify_environ, require_open_device=args.require_open_device)
+    return run(args.gpu, args.gpus, args.sim_dir, options)
+
+
 # ---------------------------------------------------------------- parser
 
 MAIN_EPILOG = """\
@@ -364,7 +373,36 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
                    help="planner progress bar on stderr (default: only on a terminal)")
 
 
-BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate")
+# ---------------------------------------------------------------- report (perseus.html_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from perseus.html_report import make_report  # matplotlib is imported only when drawing
+
+    data, files = make_report(args.run_dir, args.out, args.metrics, args.cache)
+    print(f"wrote {files[0]} ({len(data.steps)} iterations; figures: {', '.join(p.name for p in files[1:])})")
+    for note in data.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _add_report_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="one HTML page of a run: energy, time, frontier, clocks, saving",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Write a self-contained HTML report of a training run from its metrics file "
+                                   "(metrics_file in the Perseus config) or a 'perseus demo' output directory, and "
+                                   "the runtime cache (frontier.json, profile.json). PNG figures are written next "
+                                   "to the page and embedded in it.",
+                       epilog="examples:\n  perseus report runs/job42 --cache ~/.cache/perseus\n"
+                              "  perseus demo --out demo && perseus report demo")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory with metrics.jsonl (or rank*.json of 'perseus demo'), or the metrics file itself")
+    p.add_argument("--out", type=Path, metavar="REPORT.html", help="the page (default: RUN_DIR/report.html)")
+    p.add_argument("--metrics", type=Path, metavar="FILE", help="the JSONL metrics file (default: the one in RUN_DIR)")
+    p.add_argument("--cache", type=Path, metavar="DIR", help="runtime cache with */frontier.json (default: RUN_DIR/cache)")
+    p.set_defaults(handler=cmd_report)
+
+
+BUILTIN_COMMANDS = ("plan", "show", "plot", "export", "emulate", "clockd", "report")
 
 
 def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
@@ -428,6 +466,27 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
 
+    p = sub.add_parser("clockd", help="per-node GPU clock daemon, so trainers need no privileges", formatter_class=fmt,
+                       description="Serve GPU clock changes on a Unix socket to allowlisted unprivileged trainers "
+                                   "(they set PERSEUS_CLOCKD_SOCKET). Run once per node with CAP_SYS_ADMIN; see docs/gpu.md.",
+                       epilog="example:\n  sudo perseus clockd --socket /run/perseus/clockd.sock --allow-gid 1000")
+    p.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to serve")
+    p.add_argument("--allow-uid", type=int, action="append", default=[], metavar="N", help="uid allowed to change clocks (repeatable)")
+    p.add_argument("--allow-gid", type=int, action="append", default=[], metavar="N", help="gid allowed to change clocks (repeatable)")
+    p.add_argument("--gpu", choices=("nvml", "sim"), default="nvml", help="GPU backend (default: nvml)")
+    p.add_argument("--gpus", type=_number_list(int), metavar="LIST", help="physical GPU indices to manage (default: all; sim: 0)")
+    p.add_argument("--sim-dir", metavar="DIR", help="simulated GPUs' state directory (default: $PERSEUS_SIM_GPU_DIR)")
+    p.add_argument("--rate", type=_positive(float), default=500.0, metavar="HZ", help="clock changes per second per client (default 500)")
+    p.add_argument("--burst", type=_positive(int), default=50, metavar="N", help="back-to-back changes allowed (default 50)")
+    p.add_argument("--max-clients", type=_positive(int), default=64, metavar="N", help="simultaneous connections (default 64)")
+    p.add_argument("--socket-mode", type=lambda v: int(v, 8), default=0o666, metavar="OCTAL", help="socket file mode (default 666)")
+    p.add_argument("--verify-environ", action="store_true",
+                   help="require the CUDA_VISIBLE_DEVICES a client sends to match its /proc/PID/environ")
+    p.add_argument("--require-open-device", action="store_true",
+                   help="require a client to hold each GPU's /dev/nvidiaN open (proof the scheduler gave it that GPU)")
+    p.set_defaults(handler=cmd_clockd)
+
+    _add_report_command(sub)
     if plugins:
         _add_plugin_commands(sub)
     return parser

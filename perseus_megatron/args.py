@@ -42,6 +42,16 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _on_off(text: str) -> bool:
+    """argparse type: on/off (also true/false, 1/0, yes/no)."""
+    value = text.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
 FLAGS: tuple[Flag, ...] = (
     Flag("--perseus-mode", "mode", str, "profile: sweep clocks and save the profile; plan: also plan, keep default "
          "clocks; run: profile, plan and deploy (default); measure-only: no clock control, report time/energy",
@@ -66,7 +76,11 @@ FLAGS: tuple[Flag, ...] = (
          metavar="PATH"),
     Flag("--perseus-frontier", "frontier_path", str, "deploy this planned frontier instead of profiling and planning",
          metavar="PATH"),
-    Flag("--perseus-planner-options", "planner_options", _json_object, "planner options as JSON", metavar="JSON"),
+    Flag("--perseus-planner-options", "planner_options", _json_object,
+         "planner settings (PlannerOptions) as JSON, e.g. '{\"num_anchors\": 16}'; checked at startup", metavar="JSON"),
+    Flag("--perseus-switch-ahead", "switch_ahead", _on_off,
+         "request each instruction's clock when the previous one ends, hiding the switch latency (default: on)",
+         metavar="on|off"),
     Flag("--perseus-straggler-period", "straggler_period_steps", int,
          "check for stragglers every N iterations (0: never)", metavar="N"),
     Flag("--perseus-straggler-threshold", "straggler_threshold", float,

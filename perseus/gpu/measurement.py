@@ -64,6 +64,7 @@ class EnergyPoller:
         self._updates: list[CounterUpdate] = []
         self._last_t: float | None = None
         self._last_e: float | None = None
+        self._last_stamp: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.polls = 0
@@ -77,9 +78,17 @@ class EnergyPoller:
         t = self._clock()
         self.polls += 1
         update = None
-        if self._last_e is not None and e != self._last_e:
+        if stamp is not None:
+            # The device says when its counter advanced: a new stamp is an update (the value may
+            # differ in its last bits between readers that integrated from different points).
+            if self._last_stamp is not None and stamp > self._last_stamp:
+                update = CounterUpdate(stamp, e)
+            if self._last_stamp is None or stamp > self._last_stamp:
+                self._last_stamp = stamp
+        elif self._last_e is not None and e != self._last_e:
             assert self._last_t is not None
-            update = CounterUpdate(0.5 * (self._last_t + t) if stamp is None else stamp, e)
+            update = CounterUpdate(0.5 * (self._last_t + t), e)
+        if update is not None:
             with self._lock:
                 self._updates.append(update)
         self._last_t, self._last_e = t, e

@@ -242,6 +242,17 @@ class NVMLGPU(GPUDevice):
             return "unknown"
         return _ARCHITECTURES.get(int(code), "unknown")
 
+    def minor_number(self) -> int | None:
+        """Minor number of this GPU's ``/dev/nvidia<N>`` (``perseus clockd --require-open-device``
+        checks that a client holds that file open); ``None`` if NVML cannot tell."""
+        fn = getattr(self._nvml, "nvmlDeviceGetMinorNumber", None)
+        if fn is None:
+            return None
+        try:
+            return int(self._call(fn, self._handle, what="Reading the device minor number"))
+        except GPUError:
+            return None
+
     def spec(self) -> GPUSpec:
         """The controller process inherits CUDA_VISIBLE_DEVICES, so the CUDA index maps the same."""
         return GPUSpec(kind="nvml", index=self._cuda_index)

@@ -12,6 +12,7 @@ The engine never talks to NVML or the simulated GPU directly. ``GPUPort`` wraps 
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.timing import InstructionTimer
+    from perseus.runtime.collective import Collective
 
 log = logging.getLogger("perseus.runtime")
 
@@ -47,11 +49,16 @@ class GPUPort:
     @classmethod
     def open(cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool) -> GPUPort:
         """Open the configured GPU with its controller: a process when clocks may change
-        (``control``), the measure-only ``NullController`` otherwise."""
+        (``control``), the measure-only ``NullController`` otherwise. With
+        ``$PERSEUS_CLOCKD_SOCKET`` set, clocks go through the node's ``perseus clockd`` instead,
+        and this process needs no privileges."""
+        from perseus.gpu.clockd_client import socket_path_from_env as clockd_socket_from_env
         from perseus.gpu.controller import make_controller
         from perseus.gpu.factory import open_gpu
 
         device = open_gpu(backend, device_index, **sim_gpu)
+        if control and clockd_socket_from_env() is not None:
+            return cls(device, _clockd_controller(device, device_index))
         if control and not device.can_set_clocks():
             device.close()
             raise ConfigError(
@@ -116,7 +123,7 @@ class GPUPort:
 
         return EnergyPoller(self.device, interval_s).start()
 
-    def measure_p_blocking(self, seconds: float, collective: Any = None, peer: int | None = None) -> float:
+    def measure_p_blocking(self, seconds: float, collective: Collective | None = None, peer: int | None = None) -> float:
         """P_blocking as Perseus defines it: this GPU's power while its rank is blocked in a P2P
         receive and the peer rank sleeps (pairs of ranks take turns); alone, plain idle power."""
         from perseus.gpu import measurement
@@ -143,6 +150,24 @@ class GPUPort:
         finally:
             self.controller.close()
             self.device.close()
+
+
+def _clockd_controller(device: GPUDevice, device_index: int | None) -> ClockController:
+    """Claim ``device`` at the node's clock daemon, by UUID (container-safe) and CUDA index."""
+    from perseus.gpu.clockd_client import ClockdController, socket_path_from_env
+    from perseus.gpu.cuda_visible import default_cuda_index
+
+    simulated = type(device).__module__.startswith("perseus.gpu.sim")
+    controller = ClockdController(
+        socket_path_from_env() or "", uuid=device.uuid,
+        device_index=device.index if simulated else (default_cuda_index() if device_index is None else device_index),
+        cuda_visible_devices=None if simulated else os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    try:
+        return controller.start()
+    except BaseException:
+        device.close()
+        raise
 
 
 def _sample_idle_power(device: GPUDevice, seconds: float, period_s: float = 0.01) -> float:

@@ -192,6 +192,11 @@ def make_fake_pynvml(
         d.mem_locked = None
 
     @api
+    def nvmlDeviceGetMinorNumber(h: _Handle) -> int:
+        dev(h)
+        return h.index
+
+    @api
     def nvmlDeviceGetClockInfo(h: _Handle, kind: int) -> int:
         d = dev(h)
         return d.sm_clock if kind == 1 else max(d.mem_clocks)

@@ -201,3 +201,18 @@ def test_cuda_timer_refuses_without_cuda():
 
     with pytest.raises(GPUError, match="CUDA build"):
         CUDAInstructionTimer()
+
+
+def test_poller_takes_the_devices_own_update_times():
+    # Readings (value, time of the counter's last update): a value that differs only in its last
+    # bits at the same update time is no new update; a later update time is, at that time.
+    class Device:
+        readings = iter([(10.0, 1.0), (10.000000000001, 1.0), (12.5, 1.1), (12.5, 1.1), (15.0, 1.3)])
+
+        def energy_counter_reading(self):
+            return next(self.readings)
+
+    poller = EnergyPoller(Device(), clock=iter([5.0, 6.0, 7.0, 8.0, 9.0]).__next__)
+    for _ in range(5):
+        poller.poll_once()
+    assert poller.updates() == [CounterUpdate(1.1, 12.5), CounterUpdate(1.3, 15.0)]

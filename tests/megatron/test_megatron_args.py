@@ -56,6 +56,16 @@ def test_invalid_value_names_the_flag():
         config_from_args(args)
 
 
+def test_planner_options_flag_maps_onto_the_planners_settings_and_a_typo_fails_at_startup():
+    from perseus.planner import PlannerOptions
+
+    parser = add_perseus_args(_megatron_like_parser())
+    config = config_from_args(parser.parse_args(["--perseus", "--perseus-planner-options", '{"num_anchors": 16}']))
+    assert config.planner_options == PlannerOptions(num_anchors=16)
+    with pytest.raises(ConfigError, match="unknown planner option.*num_anchor"):
+        config_from_args(parser.parse_args(["--perseus", "--perseus-planner-options", '{"num_anchor": 16}']))
+
+
 def test_impossible_combination_is_a_config_error():
     args = add_perseus_args(_megatron_like_parser()).parse_args(
         ["--perseus", "--perseus-freq-min", "1500", "--perseus-freq-max", "900"]
@@ -93,3 +103,12 @@ def test_composed_providers_apply_in_order_and_skip_none():
     parser = provider(_megatron_like_parser())
     args = parser.parse_args(["--modelopt-flag", "--perseus"])
     assert calls == ["theirs"] and args.modelopt_flag and args.perseus
+
+
+def test_switch_ahead_flag_takes_on_or_off():
+    parser = add_perseus_args(_megatron_like_parser())
+    on = config_from_args(parser.parse_args(["--perseus"]))
+    off = config_from_args(parser.parse_args(["--perseus", "--perseus-switch-ahead", "off"]))
+    assert on.switch_ahead is True and off.switch_ahead is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--perseus", "--perseus-switch-ahead", "maybe"])

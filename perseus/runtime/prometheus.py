@@ -1,0 +1,160 @@
+"""Prometheus exporter: Perseus's state as metrics on a local HTTP endpoint.
+
+Optional (``pip install -e '.[prometheus]'``). A ``PrometheusExporter`` owns its own
+``CollectorRegistry`` (nothing lands in the process-wide default registry) and serves it on
+``addr:port``; port 0 picks a free port, reported as ``exporter.port``. It is updated at most once
+per training iteration from a plain snapshot dict, never from the per-instruction hot path::
+
+    exporter = PrometheusExporter(port=9400)
+    exporter.update({"phase": "deployed", "clock_mhz": 1200, "energy_total_j": {"0": 1234.5},
+                     "instructions_total": {1410: 96, 1200: 160}, "point_slowdown": 1.0,
+                     "point_energy_j": 101.1, "straggler_ratio": 1.0, "energy_saving": 0.093})
+    ...
+    exporter.close()
+
+Snapshot keys (all optional; a key left out leaves its metric as it was):
+
+- ``phase``: the runtime phase now (``perseus_phase{phase}`` is 1 for it, 0 for the others).
+- ``clock_mhz``: SM clock of this GPU now (``perseus_clock_mhz``).
+- ``energy_total_j``: cumulative energy per GPU since any fixed origin, ``{gpu: J}``; the
+  counter ``perseus_energy_joules_total{gpu}`` grows by the increase since the last snapshot (a
+  lower value means the source restarted: counting continues from it).
+- ``instructions_total``: cumulative instructions run per clock, ``{clock_mhz: count}``; the
+  counter ``perseus_instructions_total{clock_mhz}`` grows the same way.
+- ``point_slowdown``, ``point_energy_j``: the deployed frontier point's planned iteration time
+  over the no-slowdown point's, and its planned iteration energy in J.
+- ``straggler_ratio``: slowdown the straggler policy follows (1 = none).
+- ``energy_saving``: fraction of energy saved against the baseline (0.09 = 9 %).
+
+A value of ``None`` also leaves its metric unchanged (e.g. no point deployed yet).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Mapping
+
+from perseus.errors import PerseusError
+
+PHASES = ("warmup", "profiling", "planning", "deployed", "fallback", "steady")
+SNAPSHOT_KEYS = frozenset({
+    "phase", "clock_mhz", "energy_total_j", "instructions_total", "point_slowdown", "point_energy_j",
+    "straggler_ratio", "energy_saving",
+})
+INSTALL_HINT = "pip install -e '.[prometheus]'"
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise PerseusError(f"the Prometheus exporter needs prometheus-client: {INSTALL_HINT}") from None
+    return prometheus_client
+
+
+def _finite(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PerseusError(f"prometheus snapshot: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+class PrometheusExporter:
+    """Serves Perseus metrics on ``http://addr:port/metrics``; ``update`` once per step, ``close`` at the end."""
+
+    def __init__(self, port: int = 0, addr: str = "127.0.0.1") -> None:
+        client = _client()
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._energy = Counter("perseus_energy_joules", "GPU energy measured by Perseus (J)", ["gpu"], registry=r)
+        self._instructions = Counter("perseus_instructions", "Instructions run, by the SM clock they ran at",
+                                     ["clock_mhz"], registry=r)
+        self._clock = Gauge("perseus_clock_mhz", "SM clock of this GPU now (MHz)", registry=r)
+        self._phase = Gauge("perseus_phase", "Runtime phase: 1 for the current one, 0 for the others", ["phase"],
+                            registry=r)
+        self._slowdown = Gauge("perseus_deployed_point_slowdown",
+                               "Planned iteration time of the deployed point over the no-slowdown point's (ratio)",
+                               registry=r)
+        self._point_energy = Gauge("perseus_deployed_point_energy_joules",
+                                   "Planned iteration energy of the deployed point (J)", registry=r)
+        self._straggler = Gauge("perseus_straggler_ratio", "Slowdown the straggler policy follows (1 = none)",
+                                registry=r)
+        self._saving = Gauge("perseus_energy_saving_ratio", "Fraction of energy saved against the baseline",
+                             registry=r)
+        for phase in PHASES:
+            self._phase.labels(phase=phase).set(0)
+        self._last_energy: dict[str, float] = {}
+        self._last_count: dict[str, float] = {}
+        self._known_phases = set(PHASES)
+        self._lock = threading.Lock()
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise PerseusError(f"prometheus exporter: port must be 0..65535 (0 = pick a free one), got {port!r}")
+        try:
+            started = client.start_http_server(port, addr=addr, registry=r)
+        except OSError as exc:
+            raise PerseusError(f"prometheus exporter: cannot listen on {addr}:{port} ({exc.strerror or exc})") from None
+        if not isinstance(started, tuple):  # prometheus-client < 0.20 returns nothing: no way to close it
+            raise PerseusError(f"the Prometheus exporter needs prometheus-client >= 0.20: {INSTALL_HINT}")
+        self._server, self._thread = started
+        self.addr = addr
+        self.port: int = self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr}:{self.port}/metrics"
+
+    def update(self, snapshot: Mapping[str, Any]) -> None:
+        """Set every metric named in ``snapshot`` (see the module docstring for the keys)."""
+        unknown = set(snapshot) - SNAPSHOT_KEYS
+        if unknown:
+            raise PerseusError(f"prometheus snapshot: unknown key(s) {', '.join(sorted(unknown))}; "
+                               f"known: {', '.join(sorted(SNAPSHOT_KEYS))}")
+        with self._lock:
+            phase = snapshot.get("phase")
+            if phase is not None:
+                self._known_phases.add(str(phase))
+                for name in self._known_phases:
+                    self._phase.labels(phase=name).set(1 if name == str(phase) else 0)
+            self._counters(snapshot.get("energy_total_j"), "energy_total_j", self._energy, "gpu", self._last_energy)
+            self._counters(snapshot.get("instructions_total"), "instructions_total", self._instructions, "clock_mhz",
+                           self._last_count)
+            for key, gauge in (("clock_mhz", self._clock), ("point_slowdown", self._slowdown),
+                               ("point_energy_j", self._point_energy), ("straggler_ratio", self._straggler),
+                               ("energy_saving", self._saving)):
+                value = snapshot.get(key)
+                if value is not None:
+                    gauge.set(_finite(value, key))
+
+    @staticmethod
+    def _counters(totals: Any, key: str, counter: Any, label: str, last: dict[str, float]) -> None:
+        if totals is None:
+            return
+        if not isinstance(totals, Mapping):
+            raise PerseusError(f"prometheus snapshot: {key} must map {label} to a cumulative total, got {totals!r}")
+        for name, total in totals.items():
+            total = _finite(total, f"{key}[{name}]")
+            name = str(name)
+            previous = last.get(name)
+            # First sight or a restarted source (lower total): count from its current value.
+            increase = total if previous is None or total < previous else total - previous
+            if increase > 0:
+                counter.labels(**{label: name}).inc(increase)
+            else:
+                counter.labels(**{label: name})
+            last[name] = total
+
+    def close(self) -> None:
+        """Stop serving and free the port; idempotent."""
+        server, self._server = getattr(self, "_server", None), None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> PrometheusExporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

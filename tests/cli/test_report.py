@@ -1,0 +1,271 @@
+"""perseus report: one self-contained HTML page from a metrics file (or demo results) and the cache.
+
+Inputs are built here: a synthetic metrics JSONL (warm-up, profiling, planning, two deployed
+points, a straggler switch) and a frontier planned on the shipped example profile, so no torchrun
+is needed. The page is checked structurally: sections, embedded images that decode as PNG and
+equal the files next to it, and table numbers equal to what the test computes from the input.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from statistics import median, quantiles
+
+import pytest
+
+from perseus.cli import main
+from perseus.examples import load_example_profile
+from perseus.frontier import Frontier
+from perseus.html_report import load_run, used_points
+from perseus.planner import PlannerOptions, plan_frontier
+from perseus.schedule import build_schedule
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WARMUP_E = [100.0, 104.0, 98.0, 101.0]
+WARMUP_T = [0.200, 0.210, 0.198, 0.202]
+DEPLOYED_E = [88.0, 90.5, 87.0, 89.0, 91.0, 86.5]
+DEPLOYED_T = [0.203, 0.205, 0.201, 0.204, 0.206, 0.202]
+SLOW_E = [84.0, 83.5, 85.0]
+SLOW_T = [0.240, 0.238, 0.242]
+
+
+@pytest.fixture(scope="module")
+def frontier() -> Frontier:
+    schedule = build_schedule("1f1b", 4, 4)
+    return plan_frontier(schedule, load_example_profile(), PlannerOptions(num_anchors=8, num_deadlines=64,
+                         improve_sweeps=0, search_time_s=0, beam_width=0))
+
+
+def _write_cache(root: Path, frontier: Frontier) -> Path:
+    entry = root / "cache" / "0123456789abcdef"
+    entry.mkdir(parents=True)
+    frontier.save(entry / "frontier.json")
+    load_example_profile().save_json(entry / "profile.json")
+    return entry
+
+
+def _step(step, phase, t, e, freq=None, target=None, slowdown=1.0):
+    return {"step": step, "phase": phase, "time_s": t, "energy_j": e, "freq_mhz": freq, "target_time_s": target,
+            "slowdown": slowdown, "baseline_time_s": None, "baseline_energy_j": None, "saving": None}
+
+
+def _metrics_lines(frontier: Frontier) -> list[dict]:
+    default = frontier.default_point()
+    slow = frontier.points[len(frontier.points) // 2]
+    lines, step = [], 0
+    for t, e in zip(WARMUP_T, WARMUP_E):
+        lines.append(_step(step, "warmup", t, e)); step += 1
+    lines.append({"event": "phase", "step": step, "data": "profiling"})
+    for freq in (1410, 1410, 1200, 1200):
+        lines.append(_step(step, "profiling", 0.2 * 1410 / freq, 80.0, freq=freq)); step += 1
+    lines.append({"event": "profiled", "step": step, "data": [1410, 1200]})
+    lines.append({"event": "phase", "step": step, "data": "planning"})
+    for _ in range(2):
+        lines.append(_step(step, "planning", 0.2, 101.0)); step += 1
+    lines.append({"event": "phase", "step": step, "data": "deployed"})
+    for t, e in zip(DEPLOYED_T, DEPLOYED_E):
+        lines.append(_step(step, "deployed", t, e, target=default.time_s)); step += 1
+    lines.append({"event": "slowdown_seen", "step": step, "data": 1.2})
+    lines.append({"event": "straggler", "step": step, "data": 1.2})
+    ratio = slow.time_s / default.time_s
+    lines.append({"event": "point", "step": step,
+                  "data": {"time_s": slow.time_s, "energy_j": slow.energy_j, "slowdown": ratio}})
+    for t, e in zip(SLOW_T, SLOW_E):
+        lines.append(_step(step, "deployed", t, e, target=slow.time_s, slowdown=ratio)); step += 1
+    return lines
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, frontier: Frontier) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in _metrics_lines(frontier)))
+    _write_cache(run, frontier)
+    return run
+
+
+def _cells(page: str, table: str) -> dict[str, float]:
+    body = re.search(rf'<table id="{table}">(.*?)</table>', page, re.S)
+    assert body, f"no table {table}"
+    return {k: float(v) for k, v in re.findall(r'data-key="([^"]+)" data-value="([^"]+)"', body.group(1))}
+
+
+def _images(page: str) -> dict[str, bytes]:
+    found = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="[^"]*" data-file="([^"]+)"', page)
+    return {name: base64.b64decode(data, validate=True) for data, name in found}
+
+
+def test_report_of_a_metrics_file_has_every_section_and_the_numbers_of_the_input(run_dir, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    page = out.read_text()
+    for section in ("saving", "iterations", "frontier", "timeline", "phase-table", "events"):
+        assert f"id='{section}'" in page, section
+    images = _images(page)
+    assert set(images) == {"page-iterations.png", "page-frontier.png", "page-timeline.png"}
+    for name, png in images.items():
+        assert png.startswith(PNG_MAGIC)
+        assert (tmp_path / name).read_bytes() == png  # the files next to the page are the embedded ones
+    assert "src=\"http" not in page and "<script" not in page  # self-contained
+
+    cells = _cells(page, "comparison")
+    deployed_e, deployed_t = DEPLOYED_E + SLOW_E, DEPLOYED_T + SLOW_T
+    base_e, base_t = median(WARMUP_E), median(WARMUP_T)
+    savings = [1 - e / base_e for e in deployed_e]
+    q1, _, q3 = quantiles(savings, n=4, method="inclusive")
+    assert cells["baseline_iterations"] == len(WARMUP_E)
+    assert cells["deployed_iterations"] == len(deployed_e)
+    assert cells["baseline_energy_median_j"] == pytest.approx(base_e)
+    assert cells["baseline_time_median_s"] == pytest.approx(base_t)
+    assert cells["deployed_energy_median_j"] == pytest.approx(median(deployed_e))
+    assert cells["saving_median"] == pytest.approx(1 - median(deployed_e) / base_e)
+    assert cells["saving_median"] == pytest.approx(median(savings))
+    assert cells["saving_iqr"] == pytest.approx(q3 - q1)
+    assert cells["time_change_median"] == pytest.approx(median(deployed_t) / base_t - 1)
+    assert cells["deployed_energy_range"] == pytest.approx(max(deployed_e) - min(deployed_e))
+
+    phases = re.findall(r"<tr><td>([a-z ]+)</td><td data-key=\"iterations\" data-value=\"(\d+)\"", page)
+    assert phases == [("warmup", "4"), ("profiling", "4"), ("planning", "2"), ("deployed", "9")]
+    assert "straggler" in re.search(r'<table id="events">(.*?)</table>', page, re.S).group(1)
+
+
+def test_the_frontier_marks_the_points_the_run_deployed(run_dir, frontier):
+    data = load_run(run_dir)
+    used = used_points(data)
+    slow = frontier.points[len(frontier.points) // 2]
+    assert [(p.time_s, n) for p, n, _ in used] == [(frontier.default_point().time_s, 6), (slow.time_s, 3)]
+    assert not data.notes
+
+
+def test_report_default_output_and_without_a_cache(tmp_path, frontier):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in _metrics_lines(frontier)))
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert set(_images(page)) == {"report-iterations.png"}  # no frontier, no timeline: said so
+    assert "no frontier.json" in page and "id='saving'" in page
+
+
+def _rank_result(rank: int, phases: list[tuple[str, float, float]]) -> dict:
+    steps = [{"phase": p, "time_s": t, "energy_j": e, "step": i,
+              "instructions": [["forward", 0, 0, 1410 if p != "profiling" else 1200]]}
+             for i, (p, t, e) in enumerate(phases)]
+    summary = {"events": [[1, "phase", "profiling"], [2, "phase", "deployed"]], "point": None}
+    return {"rank": rank, "stage": rank, "dp_rank": 0, "steps": steps, "summary": summary}
+
+
+def test_report_of_a_demo_directory_sums_energy_and_takes_the_slowest_rank(tmp_path):
+    run = tmp_path / "demo"
+    run.mkdir()
+    r0 = [("warmup", 0.2, 50.0), ("profiling", 0.25, 40.0), ("deployed", 0.21, 45.0), ("deployed", 0.22, 44.0),
+          ("deployed", 0.2, 46.0), ("baseline again", 0.2, 52.0), ("baseline again", 0.19, 51.0)]
+    r1 = [(p, t + 0.01 * (i % 2), e + 10) for i, (p, t, e) in enumerate(r0)]
+    (run / "rank0.json").write_text(json.dumps(_rank_result(0, r0)))
+    (run / "rank1.json").write_text(json.dumps(_rank_result(1, r1)))
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    cells = _cells(page, "comparison")
+    base_e = median([a[2] + b[2] for a, b in zip(r0[5:], r1[5:])])  # "baseline again" is the baseline
+    plan_e = [a[2] + b[2] for a, b in zip(r0[2:5], r1[2:5])]
+    plan_t = [max(a[1], b[1]) for a, b in zip(r0[2:5], r1[2:5])]
+    assert cells["baseline_energy_median_j"] == pytest.approx(base_e)
+    assert cells["deployed_time_median_s"] == pytest.approx(median(plan_t))
+    assert cells["saving_median"] == pytest.approx(1 - median(plan_e) / base_e)
+    assert "baseline again" in page and "sum over 2 ranks" in page
+    assert load_run(run).steps[1].freq_mhz == 1200  # profiling clock read from the instructions
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("perseus: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_report_errors_are_one_line(tmp_path, run_dir, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such directory" in _error(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 2
+    assert "no metrics file" in _error(capsys)
+
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 99, "phase": "deployed", "time_s": 0.2\n')
+    assert main(["report", str(run_dir)]) == 2
+    assert f"{metrics}:" in _error(capsys)
+    assert not (run_dir / "report.html").exists()
+
+    metrics.write_text('{"step": 0, "phase": "warmup", "time_s": "fast", "energy_j": 1.0}\n')
+    assert main(["report", str(run_dir)]) == 2
+    assert "time_s must be a finite number" in _error(capsys)
+
+    metrics.write_text(json.dumps(_step(0, "warmup", 0.2, 100.0)) + "\n")
+    frontier_file = next((run_dir / "cache").glob("*/frontier.json"))
+    frontier_file.write_text("{not json")
+    assert main(["report", str(run_dir)]) == 2
+    assert "frontier.json" in _error(capsys)
+
+    (empty / "rank0.json").write_text("[1, 2]")
+    assert main(["report", str(empty)]) == 2
+    assert "rank0.json" in _error(capsys)
+
+
+def test_demo_deployed_steps_follow_the_point_events(tmp_path, frontier):
+    run = tmp_path / "demo"
+    run.mkdir()
+    _write_cache(run, frontier)
+    slow = frontier.points[len(frontier.points) // 2]
+    phases = [("warmup", 0.2, 50.0), ("deployed", 0.2, 45.0), ("deployed (straggler)", 0.25, 44.0),
+              ("deployed (straggler)", 0.25, 43.0), ("deployed", 0.2, 45.0)]
+    result = _rank_result(0, phases)
+    result["summary"]["events"] = [[2, "straggler", 1.2], [2, "point", {"time_s": slow.time_s, "energy_j": slow.energy_j}],
+                                   [4, "point", {"time_s": frontier.default_point().time_s, "energy_j": 1.0}]]
+    (run / "rank0.json").write_text(json.dumps(result))
+    data = load_run(run)
+    default = frontier.default_point().time_s
+    assert [s.target_time_s for s in data.steps] == [None, default, slow.time_s, slow.time_s, default]
+    assert [(p.time_s, n) for p, n, _ in used_points(data)] == [(default, 2), (slow.time_s, 2)]
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert set(_images(page)) == {"report-iterations.png", "report-frontier.png", "report-timeline.png"}
+    assert "deployed (straggler)" in re.search(r'<table id="phases">(.*?)</table>', page, re.S).group(1)
+
+
+def test_a_shared_cache_gives_the_frontier_that_holds_the_runs_planned_times(run_dir, frontier):
+    import os
+
+    from cli_helpers import hand_frontier
+
+    other = run_dir / "cache" / "fedcba9876543210"
+    other.mkdir()
+    hand_frontier().save(other / "frontier.json")  # another job's, and newer
+    os.utime(other / "frontier.json", (4e9, 4e9))
+    data = load_run(run_dir)
+    assert data.frontier_path.parent.name == "0123456789abcdef" and not data.notes
+    assert data.frontier.schedule == frontier.schedule
+
+
+def test_report_help_has_an_example_and_the_module_imports_no_matplotlib(capsys):
+    import subprocess
+    import sys
+
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--help"])
+    assert exc.value.code == 0
+    assert "perseus report runs/job42 --cache" in capsys.readouterr().out
+    code = "import sys, perseus.html_report; print('matplotlib' in sys.modules)"
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_report_accepts_the_metrics_file_itself(run_dir, capsys):
+    assert main(["report", str(run_dir / "metrics.jsonl")]) == 0
+    page = (run_dir / "report.html").read_text()  # next to the file; the cache of its directory
+    assert set(_images(page)) == {"report-iterations.png", "report-frontier.png", "report-timeline.png"}
