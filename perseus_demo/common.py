@@ -25,48 +25,41 @@ DEFAULT_PERSEUS = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6,
                    "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None}
 
 
-class NoListener:
-    """Stands in for the runtime while a demo re-measures the baseline at default clocks."""
-
-    def on_step_begin(self) -> None: ...
-    def on_step_end(self) -> None: ...
-    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None: ...
-    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None: ...
-
-
 class SimulatedCompute:
-    """Listener in front of the runtime: each instruction is a busy section of a simulated GPU.
+    """Listener in front of the runtime: pads each instruction's kernel to a nominal time and records it.
 
-    The runtime sees the instruction begin first (it may change the clock); the simulated GPU then
-    takes ``nominal_s`` per kind as the work's time at the max clock (or the CPU time, if the work
-    took longer), so CPU noise on a shared machine does not drown the clock's effect, and waits
-    out the stretched duration on the way out before the runtime records the end. Each iteration is measured from step begin
-    to step end into ``iterations``, with the clock and energy counter at step begin (the data-
-    parallel gradient sync after a step is outside it, so a cycle is begin to next begin);
-    ``phase`` labels them (the runtime's phase unless a demo overrides it). ``slow_factor`` > 1
-    makes this GPU a straggler (its kernels take that much longer). Swapping ``listener`` for
-    ``NoListener()`` keeps the compute, drops Perseus.
+    On a simulated GPU the runtime itself makes every instruction a kernel (``sim_kernels``): its
+    CPU time is the time at the max clock, stretched by the clock. The demo's instructions are a
+    tiny model's, so before each one ends this wrapper pads that kernel to ``nominal_s`` per kind
+    at the max clock (the CPU time counts when it is longer), so CPU noise on a shared machine
+    does not drown the clock's effect; nothing else depends on it. Each iteration is measured from
+    step begin to step end into ``iterations``, with the clock and energy counter at step begin
+    (the data-parallel gradient sync after a step is outside it, so a cycle is begin to next
+    begin); ``phase`` labels them (the runtime's phase unless a demo overrides it).
+    ``slow_factor`` > 1 makes this GPU a straggler (its kernels take that much longer).
 
     Every iteration also lists its instructions as ``[kind, microbatch, chunk, clock]``, the clock
-    being the SM clock the GPU held when the instruction's work ended: what tests check against
+    being the SM clock the GPU held when the instruction's kernel ended: what tests check against
     the plan and account for in the simulator, independent of how busy the machine was.
     """
 
-    def __init__(self, listener: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
-        self.listener, self.gpu = listener, gpu
+    def __init__(self, runtime: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
+        kernels = runtime.sim_kernels
+        if kernels is None:
+            raise PerseusError("SimulatedCompute needs Perseus enabled on a simulated GPU (gpu: 'sim')")
+        self.listener, self.kernels, self.gpu = runtime, kernels, gpu
         self.nominal_s = nominal_s or {}
         self.iterations: list[dict[str, Any]] = []
         self.phase_override: str | None = None
         self.phase_suffix = ""
         self.slow_factor = 1.0
-        self._t0 = self._step_t0 = self._step_e0 = 0.0
+        self._step_t0 = self._step_e0 = 0.0
         self._phase = ""
         self._instructions: list[list[Any]] = []
 
     def on_step_begin(self) -> None:
         self.listener.on_step_begin()
-        phase = getattr(self.listener, "phase", None)
-        self._phase = (self.phase_override or (phase.value if phase is not None else "")) + self.phase_suffix
+        self._phase = (self.phase_override or self.listener.phase.value) + self.phase_suffix
         self._instructions = []
         self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()
 
@@ -79,16 +72,13 @@ class SimulatedCompute:
 
     def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
         self.listener.on_instruction_begin(kind, microbatch, chunk)
-        self.gpu.begin_busy()
-        self._t0 = time.perf_counter()
 
     def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
         # The kernel's max-clock time: the nominal one, or the CPU work if that took longer. The
-        # simulated GPU then waits out the stretched duration in one sleep.
-        t_max = max(self.nominal_s.get(kind, 0.0) * self.slow_factor, time.perf_counter() - self._t0)
-        self.gpu.end_busy(t_max)
-        self._instructions.append([kind, microbatch, chunk, self.gpu.locked_sm_clock_mhz()])
+        # runtime's kernel then waits out the stretched duration in one sleep.
+        self.kernels.pad(self.nominal_s.get(kind, 0.0) * self.slow_factor)
         self.listener.on_instruction_end(kind, microbatch, chunk)
+        self._instructions.append([kind, microbatch, chunk, self.gpu.last_busy_clock_mhz()])
 
 
 @dataclass(frozen=True)
@@ -153,7 +143,8 @@ class DemoSettings:
 
 def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, settings: DemoSettings,
                dp_rank: int = 0) -> tuple[list[dict[str, Any]], dict]:
-    """Train through Perseus's phases, then A/B/A: the deployed plan, then default clocks again.
+    """Train through Perseus's phases, then A/B/A: the deployed plan, then default clocks again
+    (the runtime stopped: its instructions stay kernels of the simulated GPU, at default clocks).
 
     ``handle`` has ``.runtime`` and ``.summary()`` (both adapters' handles do). Returns the
     per-iteration records (the first ``startup_steps`` labelled "startup") and the runtime summary.
@@ -180,10 +171,10 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, se
             deployed += 1
     summary = handle.summary()
     if deployed:
-        # Same model, nominal times and simulated GPU, but default clocks and no runtime in the loop.
+        # Same model, nominal times and simulated GPU, but default clocks and Perseus stopped.
         for c in compute:
-            c.listener, c.phase_override, c.phase_suffix, c.slow_factor = NoListener(), "baseline again", "", 1.0
-        handle.runtime.restore_default_clocks()
+            c.phase_override, c.phase_suffix, c.slow_factor = "baseline again", "", 1.0
+        handle.runtime.stop()
         for _ in range(settings.rebaseline_steps):
             train_step()
     records = [{**it, "step": i, "phase": "startup" if i < settings.startup_steps else it["phase"]}

@@ -23,10 +23,13 @@ of it is imported by ``perseus_megatron``; on a machine with CUDA it refuses to 
 
 Flags Megatron needs on CPU are in ``CPU_GPT_ARGS`` (gloo, local transformer, no fusions, dropout
 0, ``--rerun-mode disabled``, ``--clip-grad 0``, mock data). Runner options: ``--summary-dir DIR``
-writes each rank's Perseus summary to ``DIR/rank<R>.json`` when Perseus closes (tests read it);
-``--simulate-compute`` makes each forward/backward a busy section of the rank's simulated GPU (as
-``perseus demo`` does), so clocks change measured time and energy. :func:`launch` runs it all
-under torchrun (``perseus demo --megatron-lm PATH``).
+writes each rank's Perseus summary to ``DIR/rank<R>.json`` when Perseus closes (tests read it).
+On the simulated GPU the runtime makes every forward/backward one of its kernels: the CPU time
+is its max-clock time, stretched by the clock in force, so clocks change measured time and
+energy and the profile, plan and saving mean something. ``--simulate-compute`` also pads each
+kernel to a nominal time at the max clock (as ``perseus demo`` does), so the clocks' effect
+stands out of CPU noise on a shared machine. :func:`launch` runs it all under torchrun
+(``perseus demo --megatron-lm PATH``).
 """
 
 from __future__ import annotations
@@ -210,9 +213,9 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
     """Wrap ``perseus_megatron.integration.enable`` (which the launcher calls) for CPU runs.
 
     ``summary_dir``: each rank's Perseus summary goes to ``summary_dir/rank<R>.json`` when Perseus
-    closes. ``simulate_compute``: every forward/backward is a busy section of this rank's simulated
-    GPU, padded to ``NOMINAL_S`` at the max clock (``perseus_demo.common.SimulatedCompute``), so the
-    clocks Perseus sets change measured time and energy as on hardware.
+    closes. ``simulate_compute``: every forward/backward kernel of this rank's simulated GPU (the
+    runtime makes each instruction one) is padded to ``NOMINAL_S`` at the max clock
+    (``perseus_demo.common.SimulatedCompute``), so the clocks' effect stands out of CPU noise.
     """
     from perseus_megatron import integration
 

@@ -9,7 +9,8 @@ on top. Where the plan comes from (``sources.py``), the summary (``report.py``) 
 process exit (``lifecycle.py``) are small pieces of their own that return values.
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
-non-blocking request to the frequency controller. Everything that talks to other ranks
+non-blocking request to the frequency controller. On a simulated GPU they also make each
+instruction a kernel of it (``sim_kernels.py``), so lower clocks cost time in any client. Everything that talks to other ranks
 (``collective.py``, a dedicated gloo group) runs in ``on_step_end`` on every rank at the same
 step, so phase changes and plan switches happen on all ranks together.
 """
@@ -37,6 +38,7 @@ from perseus.runtime.planning import BackgroundPlanner, share_outcome
 from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
+from perseus.runtime.sim_kernels import SimulatedKernels
 from perseus.runtime.sources import cache_key, open_cache, share_sources
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.schedule import InstructionKind
@@ -61,7 +63,10 @@ class PerseusRuntime:
         self.job = job
         self.config = config if config is not None else PerseusConfig()
         self._closed = False
+        self._stopped = False
         self._hot = _HOT_IDLE
+        # On a simulated GPU every observed instruction is one of its kernels; None on real GPUs.
+        self.sim_kernels: SimulatedKernels | None = None
         self._switch_ahead = self.config.switch_ahead
         self.enabled = self.config.enabled
         if not self.enabled:
@@ -75,6 +80,8 @@ class PerseusRuntime:
             ensure_log_handler()
         install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
         self.gpu = self._open_gpu(gpu)
+        if self.gpu.is_simulated:
+            self.sim_kernels = SimulatedKernels(self.gpu.device)
         self.reporter = Reporter(self.rank, self.config.log_every_steps, self.config.metrics_file if self.is_root else None)
         self.phases = PhaseMachine()
         self.step = 0
@@ -154,7 +161,7 @@ class PerseusRuntime:
     # ================================================================ hooks (hot path)
 
     def on_step_begin(self) -> None:
-        if not self.enabled or self._closed:
+        if not self.enabled or self._closed or self._stopped:
             return
         if self._target_dirty and self.phases.phase is Phase.DEPLOYED:
             self._retarget()
@@ -174,8 +181,14 @@ class PerseusRuntime:
                 self.gpu.request(freq)
         elif hot == _HOT_PROFILE:
             self.timer.begin((chunk, kind))
+        kernels = self.sim_kernels
+        if kernels is not None:  # after the clock request and the timer: the kernel runs inside both
+            kernels.begin()
 
     def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+        kernels = self.sim_kernels
+        if kernels is not None:  # the kernel ends (stretched by the clock) before it is timed
+            kernels.end()
         hot = self._hot
         if hot == _HOT_DEPLOY:
             if self._switch_ahead:
@@ -189,7 +202,7 @@ class PerseusRuntime:
         self._last_end = perf_counter()
 
     def on_step_end(self) -> None:
-        if not self.enabled or self._closed or not self._in_step:
+        if not self.enabled or self._closed or self._stopped or not self._in_step:
             return
         self._in_step = False
         t1 = perf_counter()
@@ -446,13 +459,17 @@ class PerseusRuntime:
         self._external = None
         self._target_dirty = True
 
-    def restore_default_clocks(self) -> None:
-        """Stop changing clocks and wait until the GPU is back at default clocks.
+    def stop(self) -> None:
+        """Leave the training to itself from now on, at default clocks; waits until they are in effect.
 
-        For A/B comparisons (the demo re-measures default clocks after the plan): the requests
-        already sent reach the controller first, so no planned clock lands after this returns.
+        For A/B comparisons (the demo re-measures default clocks after the plan). Afterwards the
+        hooks change no clock and time nothing, steps are neither recorded nor checked (no phase
+        change, no straggler check, no collective), and on a simulated GPU each instruction is
+        still one of its kernels, now at default clocks. The requests already sent reach the
+        controller first, so no planned clock lands after this returns. Only ``close`` follows.
         """
         self._hot = _HOT_IDLE
+        self._stopped = True
         if self.enabled and not self._closed:
             self.gpu.reset()
 
@@ -503,6 +520,9 @@ class PerseusRuntime:
         self._hot = _HOT_IDLE
         if not self.enabled:
             return
+        kernels, self.sim_kernels = self.sim_kernels, None
+        if kernels is not None:
+            kernels.close()
         if self._profiling is not None:
             self._profiling.stop()
         try:

@@ -6,8 +6,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from perseus_demo.common import NoListener, SimulatedCompute, Straggler, format_report, phase_table
+from perseus_demo.common import SimulatedCompute, Straggler, format_report, phase_table
 from perseus.errors import PerseusError
+
+
+class _Kernels:
+    """The runtime's simulated kernels: remembers the nominal max-clock times it is padded to."""
+
+    def __init__(self, log: list[str]):
+        self.log, self.padded = log, []
+
+    def pad(self, t_max_s: float) -> None:
+        self.log.append("pad")
+        self.padded.append(t_max_s)
 
 
 class _Recorder:
@@ -16,50 +27,45 @@ class _Recorder:
     def __init__(self, log: list[str], energy: list[float] | None = None):
         self.log, self.energy = log, energy
         self.phase = SimpleNamespace(value="deployed")
+        self.sim_kernels = _Kernels(log)
 
     def total_energy_j(self) -> float:
         self.energy[0] += 5.0
         return self.energy[0]
 
-    def end_busy(self, t_max_s: float | None = None) -> float:
-        """The simulated GPU's end of a kernel: remembers the max-clock time it was given."""
-        self.log.append("end_busy")
-        self.t_max.append(t_max_s)
-        return t_max_s or 0.0
-
-    def locked_sm_clock_mhz(self) -> int:
+    def last_busy_clock_mhz(self) -> int:
         return 1410
 
     def __getattr__(self, name: str):
-        if name == "t_max":
-            self.t_max: list[float | None] = []
-            return self.t_max
         return lambda *args: self.log.append(name)
 
 
-def test_simulated_compute_brackets_the_work_inside_the_runtime_events_and_declares_the_nominal_time():
+def test_simulated_compute_pads_the_runtimes_kernel_to_the_nominal_time_and_records_its_clock():
     log: list[str] = []
-    gpu = _Recorder(log, [0.0])
-    wrapper = SimulatedCompute(_Recorder(log), gpu, {"forward": 0.01})
+    runtime = _Recorder(log)
+    wrapper = SimulatedCompute(runtime, _Recorder(log, [0.0]), {"forward": 0.01})
     wrapper.on_step_begin()
     wrapper.on_instruction_begin("forward", 0, 0)
     wrapper.on_instruction_end("forward", 0, 0)
     wrapper.on_step_end()
-    assert log == ["on_step_begin", "on_instruction_begin", "begin_busy", "end_busy", "on_instruction_end",
-                   "on_step_end"]
+    # the runtime's kernel spans the instruction; it is padded before the runtime ends it
+    assert log == ["on_step_begin", "on_instruction_begin", "pad", "on_instruction_end", "on_step_end"]
     (it,) = wrapper.iterations
-    # the kernel's max-clock time is the nominal one (the CPU work took less); the simulated GPU
-    # waits out its stretched duration; the clock it ran at is recorded with the instruction
-    assert gpu.t_max == [0.01] and it["instructions"] == [["forward", 0, 0, 1410]]
+    # the kernel's max-clock time is at least the nominal one; the clock it ended at is recorded
+    assert runtime.sim_kernels.padded == [0.01] and it["instructions"] == [["forward", 0, 0, 1410]]
     assert it["phase"] == "deployed" and it["energy_j"] == 5.0
-    # Without the runtime the compute still runs; iterations carry the demo's label.
-    wrapper.listener, wrapper.phase_override = NoListener(), "baseline again"
-    log.clear()
+    # With the runtime stopped (default clocks), the kernels still run; iterations carry the demo's label.
+    wrapper.phase_override = "baseline again"
     wrapper.on_step_begin()
     wrapper.on_instruction_begin("backward", 0, 0)
     wrapper.on_instruction_end("backward", 0, 0)
     wrapper.on_step_end()
-    assert log == ["begin_busy", "end_busy"] and wrapper.iterations[-1]["phase"] == "baseline again"
+    assert wrapper.iterations[-1]["phase"] == "baseline again" and runtime.sim_kernels.padded[-1] == 0.0
+
+
+def test_simulated_compute_needs_the_runtime_on_a_simulated_gpu():
+    with pytest.raises(PerseusError, match="simulated GPU"):
+        SimulatedCompute(SimpleNamespace(sim_kernels=None), None, {})
 
 
 def test_phase_table_takes_slowest_rank_time_and_sums_energy_over_ranks():
@@ -87,8 +93,8 @@ def test_median_resists_one_disturbed_iteration():
 def test_straggler_slows_only_its_replica_inside_the_window_and_labels_every_rank():
     log: list[str] = []
     straggler = Straggler(dp_rank=1, factor=3.0, start=1, stop=2)
-    slow_gpu = _Recorder(log, [0.0])
-    slow = SimulatedCompute(_Recorder(log), slow_gpu, {"forward": 0.01})
+    slow_runtime = _Recorder(log)
+    slow = SimulatedCompute(slow_runtime, _Recorder(log, [0.0]), {"forward": 0.01})
     fast = SimulatedCompute(_Recorder(log), _Recorder(log, [0.0]), {"forward": 0.01})
     for deployed in range(3):
         straggler.apply([slow], 1, deployed)
@@ -102,7 +108,7 @@ def test_straggler_slows_only_its_replica_inside_the_window_and_labels_every_ran
     assert [it["phase"] for it in fast.iterations] == ["deployed", "deployed (straggler)", "deployed"]
     assert [it["slow_factor"] for it in slow.iterations] == [1.0, 3.0, 1.0]
     assert [it["slow_factor"] for it in fast.iterations] == [1.0, 1.0, 1.0]
-    assert slow_gpu.t_max[1] == pytest.approx(0.03)  # 3x the nominal kernel time while straggling
+    assert slow_runtime.sim_kernels.padded[1] == pytest.approx(0.03)  # 3x the nominal kernel time while straggling
     assert slow.iterations[1]["begin_s"] < slow.iterations[2]["begin_s"]
 
 

@@ -87,6 +87,21 @@ def test_clock_change_during_busy_is_time_weighted(sim_dir):
     assert g.true_energy_j() - e0 == pytest.approx(expected)
 
 
+def test_end_busy_pads_the_work_to_min_s_and_remembers_the_clock_it_ended_at(sim_dir):
+    g, vc = vgpu()
+    g.set_locked_sm_clock(705)
+    g.begin_busy(compute_fraction=1.0)
+    vc.sleep(0.002)  # CPU work shorter than the nominal kernel: padded to it, then stretched
+    assert g.end_busy(min_s=0.010) == pytest.approx(0.020)
+    assert g.last_busy_clock_mhz() == 705
+    g.reset_locked_sm_clock()  # a later request does not change what the last kernel ran at
+    assert g.last_busy_clock_mhz() == 705 and g.locked_sm_clock_mhz() == 1410
+    g.begin_busy(compute_fraction=1.0)
+    vc.sleep(0.004)  # CPU work longer than the nominal kernel: its own time counts
+    assert g.end_busy(min_s=0.001) == pytest.approx(0.004)
+    assert g.last_busy_clock_mhz() == 1410
+
+
 def test_switch_latency_delays_the_clock_and_a_newer_request_replaces_a_pending_one(sim_dir):
     g, vc = vgpu(switch_latency_s=0.005)
     assert g.switch_latency_s == 0.005

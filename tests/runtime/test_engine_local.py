@@ -1,8 +1,11 @@
-"""Single-process runtime (no torch.distributed): modes, privileges, targets, disabled runtime."""
+"""Single-process runtime (no torch.distributed): modes, privileges, targets, disabled runtime,
+and the simulated GPU stretching a client's plain CPU work."""
 
 from __future__ import annotations
 
 import logging
+import time
+from statistics import median
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from perseus.errors import ConfigError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.controller import NullController
 from perseus.gpu.sim.device import SimulatedGPU
+from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.cache import RunCache
@@ -31,11 +35,12 @@ def config(tmp_path, **kw):
 
 
 def train(runtime, device, steps, t=0.002):
+    """A client whose instructions are plain CPU work: the runtime makes each a simulated kernel."""
     for _ in range(steps):
         runtime.on_step_begin()
         for inst in runtime.schedule.stages[0]:
             runtime.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
-            device.run_for(t * (2 if inst.kind == "backward" else 1))
+            time.sleep(t * (2 if inst.kind == "backward" else 1))
             runtime.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
         runtime.on_step_end()
 
@@ -176,3 +181,108 @@ def test_switch_ahead_requests_the_next_clock_when_the_previous_instruction_ends
     # ahead: each clock is asked for when the previous instruction ends (the next step's first at
     # the end of a step), so it is already right when its instruction begins
     assert log[-8:] == (ahead if switch_ahead else at_start)
+
+
+class DirectController(NullController):
+    """Applies each clock at once, in the calling thread (no controller process): clocks change only
+    in the hooks, outside the kernels, so every kernel runs at one known clock."""
+
+    enabled = True
+
+    def __init__(self, device: SimulatedGPU) -> None:
+        super().__init__()
+        self.device = device
+
+    def set_frequency(self, mhz: int) -> None:
+        super().set_frequency(mhz)
+        self.device.set_locked_sm_clock(mhz)
+
+    def reset(self) -> None:
+        super().reset()
+        self.device.reset_locked_sm_clock()
+
+
+def test_plain_cpu_work_is_stretched_by_the_clock_profiled_and_planned(tmp_path):
+    """A client that only sleeps inside its instructions (no busy section of its own): on the
+    simulated GPU each instruction is a kernel whose max-clock time is that CPU time, stretched
+    by the clock; profiling records the stretched times, and the deployed plan's clocks change
+    the simulated energy. Exact identities of the simulator's own accounting, whatever the load."""
+    model = get_preset("A100-SXM")
+    waits: list[float] = []  # the simulated GPU's waits for the rest of a kernel, after the CPU work
+
+    def sleep(dt: float) -> None:
+        waits.append(dt)
+        time.sleep(dt)
+
+    device = sim(tmp_path, sleep=sleep)
+    port = GPUPort(device, DirectController(device))
+    cfg = config(tmp_path, freq_min_mhz=900, freq_step_mhz=255, iters_per_freq=1, early_stop_patience=0,
+                 p_blocking_w=model.p_blocking_w, switch_ahead=False)
+    cpu_s = {"forward": 0.004, "backward": 0.008}
+    kernels: list[dict] = []
+    with PerseusRuntime(JOB, cfg, gpu=port) as rt:
+        assert rt.sim_kernels is not None and rt.sim_kernels.device is device
+        # Less energy at a slower pace (as behind a straggler): the deployed plan lowers clocks.
+        rt.set_target_slowdown(1.4)
+        for _ in range(5000):  # hang guard: planning runs in the background meanwhile
+            if rt.phase.value == "deployed" and sum(k["phase"] == "deployed" for k in kernels) >= 8:
+                break
+            rt.on_step_begin()
+            phase = rt.phase.value
+            for inst in rt.schedule.stages[0]:
+                waits.clear()
+                rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+                begin = device.snapshot()  # settled when the kernel began
+                time.sleep(cpu_s[inst.kind])
+                rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+                end = device.snapshot()
+                start, duration = device.last_busy_interval()
+                kernels.append({"phase": phase, "kind": inst.kind, "mhz": device.last_busy_clock_mhz(),
+                                "start": start, "duration": duration, "wait": sum(waits),
+                                "energy": end.energy_j - begin.energy_j, "span": end.t_ref - begin.t_ref})
+                assert start == begin.busy_start and begin.busy
+            rt.on_step_end()
+        summary = rt.summary()
+        profile = rt._profile
+        # Stopped (the demo's "baseline again"): default clocks, steps no longer counted or
+        # checked, and the instructions are still kernels of the simulated GPU.
+        rt.stop()
+        steps = rt.step
+        train(rt, device, 2)
+        assert rt.step == steps and rt.phase.value == "deployed" and not device.is_clock_locked()
+        assert device.last_busy_clock_mhz() == 1410 and device.last_busy_interval()[0] > kernels[-1]["start"]
+    assert summary["phase"] == "deployed" and summary["fallback"] is None, summary
+    assert summary["profiled_clocks_mhz"] == [1410, 1155, 900]
+    assert {k["phase"] for k in kernels} >= {"warmup", "profiling", "planning", "deployed"}
+
+    # 1. Every instruction, in every phase, was a kernel: its CPU time (the kernel's time before
+    # the simulated GPU waited) is its max-clock time, stretched by the clock it ran at.
+    for k in kernels:
+        cpu = k["duration"] - k["wait"]
+        assert cpu >= cpu_s[k["kind"]], k  # the kernel contains the client's work
+        assert k["duration"] == pytest.approx(cpu * model.slowdown(k["mhz"], 0.8), rel=1e-9), k
+    slow = [k for k in kernels if k["mhz"] < 1410]
+    assert slow and all(k["wait"] > 0 for k in slow), "a lower clock makes the instruction take longer"
+
+    # 2. Profiling recorded the stretched kernels: per kind and clock, the median of its kernels.
+    assert profile is not None
+    for kind in cpu_s:
+        entry = profile.get(0, kind)
+        assert entry.freqs_mhz == (1410, 1155, 900)
+        for f, t in zip(entry.freqs_mhz, entry.times_s):
+            runs = [k["duration"] for k in kernels if k["phase"] == "profiling" and k["kind"] == kind and k["mhz"] == f]
+            assert runs and t == pytest.approx(median(runs), rel=1e-6), (kind, f, t, runs)
+            assert t >= cpu_s[kind] * model.slowdown(f, 0.8)
+
+    # 3. The deployed plan ran below the max clock, and the simulated GPU's energy followed each
+    # kernel's clock: busy power at that clock while it ran, blocking power around it.
+    deployed = [k for k in kernels if k["phase"] == "deployed"]
+    assert any(k["mhz"] < 1410 for k in deployed), deployed
+    for k in kernels:
+        busy = model.busy_power_w(k["mhz"], 1.0) * k["duration"]
+        assert k["energy"] == pytest.approx(busy + model.p_blocking_w * (k["span"] - k["duration"]), rel=1e-9), k
+    for k in deployed:  # the same max-clock work costs less energy at the plan's lower clocks
+        if k["mhz"] < 1410:
+            cpu = k["duration"] - k["wait"]
+            assert model.busy_power_w(k["mhz"], 1.0) * k["duration"] < model.busy_power_w(1410, 1.0) * cpu
+    device.close()

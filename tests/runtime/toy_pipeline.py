@@ -4,10 +4,12 @@ Each process is one pipeline stage of one data-parallel replica (rank = dp × st
 executes its stage's instructions of a ``Schedule`` in order, with real P2P over torch.distributed
 (gloo): a forward receives its activation from the previous virtual stage and sends its output
 to the next; a backward receives the gradient from the next and sends one to the previous.
-"Compute" is a busy section on the simulated GPU: the section lasts ``duration × t(f)/t(f_max)``
-at the GPU's current clock and integrates busy power, while waiting in ``recv`` integrates
-P_blocking, so frequency plans change time and energy exactly as on hardware (per the
-simulated GPU's DVFS model). The runtime is driven only through the adapter event API.
+"Compute" is a kernel of the simulated GPU: the runtime makes every instruction one
+(``perseus.runtime.sim_kernels``), and the toy pads it to its exact max-clock ``duration``, so
+it lasts ``duration × t(f)/t(f_max)`` at the GPU's current clock and integrates busy power,
+while waiting in ``recv`` integrates P_blocking: frequency plans change time and energy exactly
+as on hardware (per the simulated GPU's DVFS model). The runtime is driven only through the
+adapter event API (plus that padding).
 
 Launch with ``launch(ToyConfig(...), out_dir)``; each rank writes ``rank<N>.json`` (the runtime's
 summary, per-step times and energies, warnings) into ``out_dir``.
@@ -82,7 +84,7 @@ def _tag(inst: Instruction, num_chunks: int) -> int:
 class _StageWorker:
     """Executes one stage's instruction list with P2P and simulated compute."""
 
-    def __init__(self, cfg: ToyConfig, rank: int, device: Any) -> None:
+    def __init__(self, cfg: ToyConfig, rank: int, device: Any, kernels: Any = None) -> None:
         import torch
 
         self.torch = torch
@@ -91,13 +93,20 @@ class _StageWorker:
         self.stage = rank % cfg.num_stages
         self.dp = rank // cfg.num_stages
         self.device = device
+        self.kernels = kernels  # the runtime's SimulatedKernels (None with Perseus disabled)
+        if kernels is not None:
+            kernels.activity, kernels.compute_fraction = cfg.activity, cfg.compute_fraction
         self.buf = torch.zeros(cfg.tensor_numel)
 
     def peer(self, stage: int) -> int:
         return self.dp * self.cfg.num_stages + stage
 
     def compute(self, seconds: float) -> None:
-        self.device.run_for(seconds, activity=self.cfg.activity, compute_fraction=self.cfg.compute_fraction)
+        """Inside an instruction: its kernel takes exactly ``seconds`` at the max clock."""
+        if self.kernels is not None:
+            self.kernels.pad(seconds)  # the runtime's kernel waits it out when the instruction ends
+        else:
+            self.device.run_for(seconds, activity=self.cfg.activity, compute_fraction=self.cfg.compute_fraction)
 
     def run_instruction(self, sched: Schedule, inst: Instruction, listener: Any, step: int) -> None:
         import torch.distributed as dist
@@ -164,16 +173,16 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
         )
         device = SimulatedGPU(rank, preset=cfg.sim_preset, state_dir=cfg.sim_dir,
                               energy_update_period_s=cfg.energy_update_period_s, reset_state=True)
-        worker = _StageWorker(cfg, rank, device)
         job = PipelineJob(
-            num_stages=cfg.num_stages, num_microbatches=cfg.num_microbatches, stage=worker.stage,
-            schedule=cfg.schedule, num_chunks=cfg.num_chunks, dp_rank=worker.dp, dp_size=cfg.dp_size,
+            num_stages=cfg.num_stages, num_microbatches=cfg.num_microbatches, stage=rank % cfg.num_stages,
+            schedule=cfg.schedule, num_chunks=cfg.num_chunks, dp_rank=rank // cfg.num_stages, dp_size=cfg.dp_size,
             rank=rank, world_size=world_size, model_config={"toy": asdict(cfg) | {"perseus": None, "steps": None}},
         )
         config = PerseusConfig.from_dict({"gpu": "sim", "device_index": rank, **cfg.perseus,
                                           "enabled": cfg.perseus_enabled})
         sched = job.build_schedule()
         with PerseusRuntime(job, config) as runtime:
+            worker = _StageWorker(cfg, rank, device, runtime.sim_kernels)
             (out / f"rank{rank}.pid").write_text(str(os.getpid()))
             if cfg.target_slowdown is not None:
                 runtime.set_target_slowdown(cfg.target_slowdown)

@@ -386,14 +386,15 @@ class SimulatedGPU(GPUDevice):
             st.busy_start, st.slow_integral = now, 0.0
             self._refresh_power(st)
 
-    def end_busy(self, cpu_elapsed_s: float | None = None) -> float:
+    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float:
         """End the instruction: sleep until its simulated duration has passed; return that duration.
 
         ``cpu_elapsed_s`` is the instruction's duration at the max clock; ``None`` uses the wall
-        time since ``begin_busy``. The simulated duration stretches it by the clock in force
-        (changes during the interval are weighted by time), and this call returns once that much
-        time has passed since ``begin_busy``: one sleep, whatever the caller did before, so a
-        busy machine's wake-up delays are paid once per instruction.
+        time since ``begin_busy``; either is raised to ``min_s`` (a nominal kernel time the work
+        is padded to). The simulated duration stretches it by the clock in force (changes during
+        the interval are weighted by time), and this call returns once that much time has passed
+        since ``begin_busy``: one sleep, whatever the caller did before, so a busy machine's
+        wake-up delays are paid once per instruction.
         """
         with self._file.update() as st:
             if not st.busy or st.busy_pid != os.getpid():
@@ -407,6 +408,7 @@ class SimulatedGPU(GPUDevice):
         cpu = wall if cpu_elapsed_s is None else float(cpu_elapsed_s)
         if cpu < 0:
             raise GPUInvalidArgumentError(f"cpu_elapsed_s must be >= 0, got {cpu}")
+        cpu = max(cpu, float(min_s))
         duration = cpu * mean_slow
         extra = duration - wall
         if extra > 0:
@@ -418,6 +420,7 @@ class SimulatedGPU(GPUDevice):
             self._settle(st, min(now, start + duration))
             st.busy, st.busy_pid = 0, 0
             st.last_busy_start, st.last_busy_s = start, duration
+            st.last_busy_mhz = self._set_clock(st)
             self._refresh_power(st)
             self._settle(st, now)
         return duration
@@ -430,6 +433,11 @@ class SimulatedGPU(GPUDevice):
         """
         st = self._file.read()
         return st.last_busy_start, st.last_busy_s
+
+    def last_busy_clock_mhz(self) -> int:
+        """The SM clock set (locked, else the default) when the last finished instruction ended:
+        the clock it ran at, unlike ``locked_sm_clock_mhz`` which a later request may change."""
+        return self._file.read().last_busy_mhz
 
     @contextmanager
     def busy(self, activity: float = 1.0, compute_fraction: float = 0.8) -> Iterator[BusyResult]:

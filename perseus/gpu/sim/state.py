@@ -32,7 +32,7 @@ from pathlib import Path
 from perseus.gpu.errors import GPUError, GPUNotFoundError
 
 MAGIC = b"PSG1"
-VERSION = 3
+VERSION = 4
 FILE_SIZE = 4096
 _HEADER = struct.Struct("<4sI")  # magic, version
 _PARAMS_OFFSET = 512  # u32 length + JSON
@@ -70,11 +70,12 @@ class SimState:
     pending_locked: int = 0  # what it will set: locked (1) at pending_mhz, or default clocks (0)
     pending_mhz: int = 0
     pending_at: float = 0.0  # CLOCK_MONOTONIC time it takes effect
+    last_busy_mhz: int = 0  # SM clock set (locked, else the default) when the last instruction ended
 
 
-_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d")
+_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d" + "I")
 _NAMES = tuple(f.name for f in fields(SimState))
-assert len(_NAMES) == 26 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
+assert len(_NAMES) == 27 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
 
 
 def _values(state: SimState) -> tuple[object, ...]:
