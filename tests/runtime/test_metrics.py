@@ -142,3 +142,24 @@ def test_prometheus_port_zero_serves_the_run_while_it_trains(tmp_path):
         (records[2].energy_j + records[3].energy_j) / 2)  # the check after deployed steps 2 and 3
     with pytest.raises(urllib.error.URLError):  # closing the runtime stops the exporter
         scrape(url)
+
+
+def test_prometheus_port_is_offset_by_the_local_rank_and_a_busy_port_is_an_error(tmp_path, monkeypatch):
+    import socket
+
+    from perseus.errors import ConfigError, PerseusError
+
+    with pytest.raises(ConfigError, match="prometheus_port"):
+        PerseusConfig.from_dict({"prometheus_port": -1})
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("LOCAL_RANK", "1")  # torchrun's second process on this node: port N + 1
+        device, cfg = setup(tmp_path, prometheus_port=port - 1, mode="measure-only")
+        with pytest.raises(PerseusError, match=f"cannot listen on 127.0.0.1:{port}"):
+            PerseusRuntime(JOB, cfg)
+        device.close()
+    finally:
+        busy.close()
