@@ -173,13 +173,15 @@ def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line
     """An unmodified Megatron-LM core_v0.16.1 ``pretrain_gpt.py`` (2 stages, CPU) with
     ``--tensorboard-dir``: Megatron's own writer (last rank) gets the ``perseus/*`` scalars at its
     iterations, and its iteration line carries the last rank's Perseus numbers."""
+    import re
+
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from megatron_lm_archive import unpack
 
     from perseus_demo.megatron_lm_cpu import launch
 
     checkout = unpack("0.16.1", tmp_path / "megatron-lm")
-    iters = 10
+    iters = 14  # warm-up 2, profiling 3 clocks, planning in the background, then deployed
     results = launch(checkout, tmp_path / "run", stages=2, microbatches=4, train_iters=iters, simulate_compute=False,
                      extra_args=["--tensorboard-dir", str(tmp_path / "tb"), "--perseus-straggler-period", "2"])
     last = next(r for r in results if r["stage"] == 1)  # Megatron's writers and log line are the last rank's
@@ -190,12 +192,15 @@ def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line
     assert scalars["perseus/energy_j"] == [(i + 1, pytest.approx(r["energy_j"], rel=1e-6)) for i, r in enumerate(records)]
     assert [v for _, v in scalars["perseus/phase"]] == [
         ["warmup", "profiling", "planning", "deployed", "fallback", "steady"].index(r["phase"]) for r in records]
-    assert [s for s, _ in scalars.get("perseus/job_energy_j", [])], "a job check ran: whole-job energy logged"
+    checked = sum(r["phase"] == "deployed" for r in records) >= 2  # a periodic job check ran
+    assert bool(scalars.get("perseus/job_energy_j")) == checked
+    # Megatron's iteration lines (split at each "iteration N/ M |", in case another rank's output interleaves)
     log = (tmp_path / "run" / "pretrain_gpt.log").read_text()
-    lines = [line for line in log.splitlines() if " iteration " in line and "lm loss" in line]
-    assert len(lines) == iters
-    for i, line in enumerate(lines):
-        assert f"iteration {i + 1:8d}/" in line
-        assert f"perseus energy this GPU (J/iter): {records[i]['energy_j']:.1f} |" in line, line
-        assert f"perseus phase: {records[i]['phase']} |" in line
-    assert "perseus saved this GPU (J):" in lines[-1] and "perseus job energy all GPUs" in lines[-1]
+    starts = list(re.finditer(r"iteration +(\d+)/ +%d \|" % iters, log))
+    assert [int(m.group(1)) for m in starts] == list(range(1, iters + 1))
+    for m, end, r in zip(starts, [*(n.start() for n in starts[1:]), len(log)], records):
+        line = log[m.start():end]
+        assert f"perseus energy this GPU (J/iter): {r['energy_j']:.1f} |" in line, line
+        assert f"perseus phase: {r['phase']} |" in line
+    assert "perseus saved this GPU (J):" in log[starts[-1].start():]
+    assert ("perseus job energy all GPUs" in log[starts[-1].start():]) == checked
