@@ -59,6 +59,11 @@ def _no_leftover_hooks():
         handle.uninstall()
 
 
+def sim_gpu(tmp_path: Path) -> dict:
+    # energy integrated continuously: a short CPU step still has energy (no coarse counter updates)
+    return {"state_dir": str(tmp_path / "sim"), "reset_state": True, "energy_update_period_s": 0}
+
+
 class Wandb:
     def __init__(self) -> None:
         self.logged: list[tuple[dict, int]] = []
@@ -84,7 +89,7 @@ def test_megatron_writers_get_the_runtimes_records_at_megatrons_iteration(traine
     global_vars.get_tensorboard_writer = lambda: writer
     global_vars.get_wandb_writer = lambda: wandb
     monkeypatch.setitem(sys.modules, "megatron.training.global_vars", global_vars)
-    handle = enable(gpu="sim", device_index=0, sim_gpu={"state_dir": str(tmp_path / "sim"), "reset_state": True},
+    handle = enable(gpu="sim", device_index=0, sim_gpu=sim_gpu(tmp_path),
                     cache_dir=None, warmup_steps=2, frontier_path=str(tmp_path / "f.json"), log_every_steps=0)
     first = 100  # a resumed run: Megatron's iterations, not the runtime's steps, are the x-axis
     try:
@@ -140,7 +145,7 @@ def test_iteration_log_line_gets_perseus_numbers_only_in_training_log(trainer, t
         training.__dict__,
     )
     training.print_rank_last = printed.append
-    handle = enable(gpu="sim", device_index=0, sim_gpu={"state_dir": str(tmp_path / "sim"), "reset_state": True},
+    handle = enable(gpu="sim", device_index=0, sim_gpu=sim_gpu(tmp_path),
                     cache_dir=None, warmup_steps=2, mode="measure-only", log_every_steps=0,
                     straggler_period_steps=0)
     undo = add_to_iteration_log(handle, training)
