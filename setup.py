@@ -32,7 +32,9 @@ setup(
         # start_http_server returns its server (so it can be closed) from 0.20 on
         "prometheus": ["prometheus-client>=0.20"],
         "dev": ["pytest>=8", "torch>=2.1", "megatron-core>=0.16,<0.20", "deepspeed>=0.19,<0.20",
-                "prometheus-client>=0.20"],
+                "prometheus-client>=0.20",
+                # tests read the event files Megatron's and DeepSpeed's TensorBoard writers produce
+                "tensorboard>=2.14"],
     },
     entry_points={
         "console_scripts": ["perseus=perseus.cli:main"],

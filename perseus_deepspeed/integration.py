@@ -18,6 +18,7 @@ from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
 from perseus_deepspeed.compat import check_engine, load_pipe_modules
 from perseus_deepspeed.hooks import HookHandle, install_hooks
 from perseus_deepspeed.job import SECTION, job_from_engine, perseus_section, raw_config
+from perseus_deepspeed.observability import MonitorSink, monitor_enabled
 
 log = logging.getLogger("perseus.deepspeed")
 
@@ -137,6 +138,9 @@ def attach(
         handle.hooks = install_hooks(engine, listener)
         handle._close_with_engine(engine)
         engine.__dict__[_HANDLE_ATTRIBUTE] = handle
+        add_sink = getattr(runtime, "add_metrics_sink", None)
+        if callable(add_sink) and monitor_enabled(engine):  # whatever monitors the DeepSpeed config enables
+            add_sink(MonitorSink(engine))
     except BaseException:
         handle.close()
         raise

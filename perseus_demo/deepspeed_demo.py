@@ -16,7 +16,7 @@ planning → deployed plan.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,9 @@ from perseus_demo.common import DemoSettings, SimulatedCompute, demo_main, launc
 @dataclass
 class DemoConfig(DemoSettings):
     """What the demo runs (see ``DemoSettings``); the model is Linear layers, two per stage."""
+
+    # More DeepSpeed config entries, e.g. {"csv_monitor": {"enabled": true, ...}}: monitors get Perseus's metrics.
+    deepspeed: dict[str, Any] = field(default_factory=dict)
 
 
 def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
@@ -48,8 +51,9 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
         compute.append(SimulatedCompute(runtime, gpu, cfg.nominal_s(stage)))
         return compute[-1]
 
+    config = {**deepspeed_config(cfg.microbatches, shape, section, cfg.dp_size), **cfg.deepspeed}
     engine, *_ = initialize(
-        model=model, optimizer=client_optimizer(model), config=deepspeed_config(cfg.microbatches, shape, section, cfg.dp_size),
+        model=model, optimizer=client_optimizer(model), config=config,
         model_config={"demo": "tiny-linear"}, listener_wrapper=wrap,
     )
     handle = get_handle(engine)

@@ -23,7 +23,8 @@ of it is imported by ``perseus_megatron``; on a machine with CUDA it refuses to 
 
 Flags Megatron needs on CPU are in ``CPU_GPT_ARGS`` (gloo, local transformer, no fusions, dropout
 0, ``--rerun-mode disabled``, ``--clip-grad 0``, mock data). Runner options: ``--summary-dir DIR``
-writes each rank's Perseus summary to ``DIR/rank<R>.json`` when Perseus closes (tests read it).
+writes each rank's Perseus summary (and its per-step records, ``step_records``) to
+``DIR/rank<R>.json`` when Perseus closes (tests read it).
 On the simulated GPU the runtime makes every forward/backward one of its kernels: the CPU time
 is its max-clock time, stretched by the clock in force, so clocks change measured time and
 energy and the profile, plan and saving mean something. ``--simulate-compute`` also pads each
@@ -241,6 +242,9 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
                 summary_dir.mkdir(parents=True, exist_ok=True)
                 hooks = handle._hooks
                 summary = {**handle.summary(), "hooks_from_patched_source": hooks.patched_source if hooks else None}
+                runtime = handle.runtime
+                if runtime is not None and getattr(runtime, "enabled", False):  # every step, for tests
+                    summary["step_records"] = [vars(r) for r in runtime.reporter.records]
                 (summary_dir / f"rank{rank}.json").write_text(json.dumps(summary, default=str))
             try:
                 close()

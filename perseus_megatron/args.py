@@ -92,6 +92,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--perseus-metrics-file", "metrics_file", str, "rank 0 writes per-iteration time/energy as JSON lines here",
          metavar="PATH"),
     Flag("--perseus-log-every", "log_every_steps", int, "log progress every N iterations (0: never)", metavar="N"),
+    Flag("--perseus-prometheus-port", "prometheus_port", int,
+         "serve Perseus metrics for Prometheus on 127.0.0.1, one exporter per rank (0: any free port; N: port "
+         "N + LOCAL_RANK)", metavar="N"),
 )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 from perseus.errors import ConfigError, PerseusError
 from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
 from perseus_megatron.hooks import HookHandle, install_hooks
+from perseus_megatron.observability import MegatronWritersSink, add_to_iteration_log
 from perseus_megatron.tracker import StepInfo
 
 log = logging.getLogger("perseus.megatron")
@@ -113,6 +114,7 @@ class MegatronPerseus:
         self._job_builder = job_builder
         self._listener: InstructionListener | None = None
         self._hooks: HookHandle | None = None
+        self._undo_log: Callable[[], None] | None = None
         self._closed = False
 
     def _listener_for_step(self, info: StepInfo) -> InstructionListener:
@@ -129,6 +131,9 @@ class MegatronPerseus:
             factory = self._factory or _default_runtime_factory()
             self.runtime = factory(job, self.config, process_group=self._process_group)
             self.job = job
+            add_sink = getattr(self.runtime, "add_metrics_sink", None)
+            if callable(add_sink):  # Megatron-LM's TensorBoard/wandb writers, when it has them
+                add_sink(MegatronWritersSink())
             self._listener = self._wrap(self.runtime) if self._wrap is not None else self.runtime
         assert self._listener is not None
         return self._listener
@@ -137,12 +142,21 @@ class MegatronPerseus:
         """The runtime's measured results (empty before the first training step)."""
         return self.runtime.summary() if self.runtime is not None else {}
 
+    def add_to_iteration_log(self) -> bool:
+        """Append Perseus's energy and saving to Megatron-LM's iteration log line (``training_log``);
+        needs ``megatron.training`` already imported. True if installed (perseus_megatron/observability.py)."""
+        if self._undo_log is None and not self._closed and self.config.enabled:
+            self._undo_log = add_to_iteration_log(self)
+        return self._undo_log is not None
+
     def close(self) -> None:
         """Remove the hooks and close the runtime (default clocks); idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            if self._undo_log is not None:
+                self._undo_log()
             if self._hooks is not None:
                 self._hooks.uninstall()
         finally:
@@ -204,7 +218,13 @@ def enable_from_argv(argv: Sequence[str] | None = None) -> MegatronPerseus | Non
     from perseus_megatron.args import config_from_argv
 
     config = config_from_argv(sys.argv[1:] if argv is None else argv)
-    return enable(config) if config.enabled else None
+    return _with_iteration_log(enable(config)) if config.enabled else None
+
+
+def _with_iteration_log(handle: MegatronPerseus) -> MegatronPerseus:
+    """Megatron-LM entry points also extend its iteration log line (when its training loop is loaded)."""
+    handle.add_to_iteration_log()
+    return handle
 
 
 def enable_from_args(args: Any) -> MegatronPerseus | None:
@@ -216,4 +236,4 @@ def enable_from_args(args: Any) -> MegatronPerseus | None:
     from perseus_megatron.args import config_from_args
 
     config = config_from_args(args)
-    return enable(config) if config.enabled else None
+    return _with_iteration_log(enable(config)) if config.enabled else None

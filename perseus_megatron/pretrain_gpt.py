@@ -149,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         from perseus_megatron.integration import enable
 
         handle = enable(config)
+        # Perseus's energy and saving in Megatron's own iteration log line (observability.py);
+        # megatron.training.training was imported with megatron.training.arguments above.
+        handle.add_to_iteration_log()
     try:
         runpy.run_path(str(script), run_name="__main__")
     finally:

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from perseus.runtime.config import MODES, PerseusConfig
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
+from perseus.runtime.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
 from perseus.runtime.phases import Phase
 
 if TYPE_CHECKING:
     from perseus.runtime.engine import PerseusRuntime
 
-__all__ = ["MODES", "InstructionListener", "PerseusConfig", "PerseusRuntime", "Phase", "PipelineJob", "RecordingListener"]
+__all__ = ["MODES", "EventListSink", "InstructionListener", "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase",
+           "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink"]
 
 
 def __getattr__(name: str) -> Any:

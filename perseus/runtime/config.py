@@ -75,6 +75,8 @@ class PerseusConfig(BaseModel):
     cache_dir: str | None = "perseus-cache"
     metrics_file: str | None = None
     log_every_steps: int = Field(default=1, ge=0)
+    # Prometheus exporter on 127.0.0.1, one per rank: 0 = any free port; N = port N + LOCAL_RANK.
+    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> PerseusConfig:

@@ -71,3 +71,15 @@ class PlanFollower:
     def _break(self, problem: str) -> None:
         self.broken = True
         self.problem = problem
+
+    def step_clocks(self, default_mhz: int) -> dict[int, int]:
+        """Instructions of the current step per clock (step end only, never the hot path): the
+        planned clocks of those followed; after a divergence, the rest of the plan's count at
+        ``default_mhz`` (the clock it falls back to)."""
+        counts: dict[int, int] = {}
+        for freq in self._freqs[: self._pos]:
+            counts[freq] = counts.get(freq, 0) + 1
+        rest = len(self._freqs) - self._pos
+        if self.broken and rest:
+            counts[default_mhz] = counts.get(default_mhz, 0) + rest
+        return counts

@@ -33,6 +33,7 @@ from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
 from perseus.runtime.job_check import check_job
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
+from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.planning import BackgroundPlanner, share_outcome
 from perseus.runtime.profiler import instruction_keys
@@ -69,6 +70,8 @@ class PerseusRuntime:
         self.sim_kernels: SimulatedKernels | None = None
         self._switch_ahead = self.config.switch_ahead
         self.enabled = self.config.enabled
+        self._sinks: list[MetricsSink] = []  # per-step metrics (metrics.py), written at step end
+        self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
         if not self.enabled:
             return
         job.check()
@@ -113,6 +116,8 @@ class PerseusRuntime:
         self.cache = open_cache(self.config, self._cache_key()) if self.is_root else None
         track(self)
         self._load_sources()
+        self._metrics = MetricsBuilder(self.rank)
+        self._start_prometheus()
 
     # ================================================================ setup
 
@@ -227,6 +232,8 @@ class PerseusRuntime:
             self._poll_plan()
         if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
             self._after_deployed_step(natural_time(span, self._slowdown), energy)
+        if self._sinks:
+            self._publish(record, phase)
 
     # ================================================================ phases
 
@@ -482,6 +489,54 @@ class PerseusRuntime:
         if self.enabled:
             self.reporter.write_event(what, step=self.step, data=data)
 
+    # ================================================================ per-step metrics (step end only)
+
+    def add_metrics_sink(self, sink: MetricsSink) -> None:
+        """Give every step's ``StepMetrics`` to ``sink`` (``write(step, metrics)`` at step end;
+        ``close()`` when the runtime closes). See perseus/runtime/metrics.py."""
+        if self.enabled and not self._closed:
+            self._sinks.append(sink)
+
+    def _start_prometheus(self) -> None:
+        """One exporter per rank on 127.0.0.1 when ``prometheus_port`` is set (N: N + LOCAL_RANK)."""
+        port = self.config.prometheus_port
+        if port is None:
+            return
+        import os
+
+        from perseus.runtime.prometheus import PrometheusExporter
+
+        if port:
+            port += int(os.environ.get("LOCAL_RANK", "0") or 0)
+        error: PerseusError | None = None
+        try:
+            self.prometheus = PrometheusExporter(port, "127.0.0.1")
+        except PerseusError as exc:
+            error = exc
+        if not self.collective.all_true(error is None):
+            self.close()
+            raise error or ConfigError("perseus: another rank could not start its Prometheus exporter (see its log)")
+        self._sinks.append(PrometheusSink(self.prometheus))
+        log.info("perseus: rank %d serves Prometheus metrics at %s", self.rank, self.prometheus.url)
+
+    def _publish(self, record: StepRecord, phase: Phase) -> None:
+        n = len(self._stage_instructions)
+        if phase is Phase.DEPLOYED and self._follower is not None:
+            clocks = self._follower.step_clocks(self.gpu.default_mhz)
+        else:
+            clocks = {record.freq_mhz if record.freq_mhz is not None else self.gpu.default_mhz: n}
+        deployed = phase is Phase.DEPLOYED and self.point is not None and self.frontier is not None
+        job = self.job_numbers
+        metrics = self._metrics.build(
+            step=record.step, phase=record.phase, time_s=record.time_s, energy_j=record.energy_j,
+            clock_mhz=self.gpu.current_mhz, instructions=clocks, baseline_energy_j=self.reporter.baseline_energy_j,
+            straggler_ratio=self._policy.ratio,
+            point_slowdown=self._slowdown if deployed else None,
+            point_energy_j=self.point.energy_j if deployed and self.point is not None else None,
+            job_energy_j=job.get("energy_per_iteration_j") if job.get("step") == self.step else None,
+        )
+        write_all(self._sinks, record.step, metrics)
+
     # ================================================================ results and shutdown
 
     def summary(self) -> dict[str, Any]:
@@ -490,7 +545,7 @@ class PerseusRuntime:
             return {"enabled": False}
         c = self.config
         sweep = self._profiling.sweep if self._profiling is not None else None
-        return summarize(
+        out = summarize(
             self.reporter,
             rank=self.rank,
             job=self.job,
@@ -511,6 +566,9 @@ class PerseusRuntime:
             frontier=self.frontier,
             point=self.point,
         )
+        if self.prometheus is not None:
+            out["prometheus"] = {"addr": self.prometheus.addr, "port": self.prometheus.port, "url": self.prometheus.url}
+        return out
 
     def close(self) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths."""
@@ -525,6 +583,9 @@ class PerseusRuntime:
             kernels.close()
         if self._profiling is not None:
             self._profiling.stop()
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            close_quietly(sink)
         try:
             self.gpu.close()
         finally:

@@ -25,6 +25,9 @@ Snapshot keys (all optional; a key left out leaves its metric as it was):
   over the no-slowdown point's, and its planned iteration energy in J.
 - ``straggler_ratio``: slowdown the straggler policy follows (1 = none).
 - ``energy_saving``: fraction of energy saved against the baseline (0.09 = 9 %).
+- ``energy_saved_total_j``: energy saved against the baseline so far, J (a gauge: it may fall).
+- ``job_energy_per_iteration_j``: energy per iteration of all GPUs of the job, J, as of the
+  runtime's last periodic job check.
 
 A value of ``None`` also leaves its metric unchanged (e.g. no point deployed yet).
 """
@@ -40,7 +43,7 @@ from perseus.errors import PerseusError
 PHASES = ("warmup", "profiling", "planning", "deployed", "fallback", "steady")
 SNAPSHOT_KEYS = frozenset({
     "phase", "clock_mhz", "energy_total_j", "instructions_total", "point_slowdown", "point_energy_j",
-    "straggler_ratio", "energy_saving",
+    "straggler_ratio", "energy_saving", "energy_saved_total_j", "job_energy_per_iteration_j",
 })
 INSTALL_HINT = "pip install -e '.[prometheus]'"
 
@@ -83,6 +86,10 @@ class PrometheusExporter:
                                 registry=r)
         self._saving = Gauge("perseus_energy_saving_ratio", "Fraction of energy saved against the baseline",
                              registry=r)
+        self._saved = Gauge("perseus_energy_saved_joules", "Energy saved against the baseline so far (J)",
+                            registry=r)
+        self._job_energy = Gauge("perseus_job_energy_per_iteration_joules",
+                                 "Energy per iteration of all GPUs of the job at the last job check (J)", registry=r)
         for phase in PHASES:
             self._phase.labels(phase=phase).set(0)
         self._last_energy: dict[str, float] = {}
@@ -122,7 +129,8 @@ class PrometheusExporter:
                            self._last_count)
             for key, gauge in (("clock_mhz", self._clock), ("point_slowdown", self._slowdown),
                                ("point_energy_j", self._point_energy), ("straggler_ratio", self._straggler),
-                               ("energy_saving", self._saving)):
+                               ("energy_saving", self._saving), ("energy_saved_total_j", self._saved),
+                               ("job_energy_per_iteration_j", self._job_energy)):
                 value = snapshot.get(key)
                 if value is not None:
                     gauge.set(_finite(value, key))

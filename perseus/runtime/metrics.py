@@ -1,0 +1,220 @@
+"""Per-step metrics: one snapshot built at step end, written to sinks (Prometheus, TensorBoard, wandb, DeepSpeed).
+
+``PerseusRuntime.on_step_end`` builds one ``StepMetrics`` from the state it already keeps (the
+step's record, the baseline, the deployed point, the straggler policy, the last job check) and
+hands it to every ``MetricsSink`` added with ``PerseusRuntime.add_metrics_sink``. Nothing here
+runs on the per-instruction hot path: instruction counts per clock come from the plan being
+followed, not from counting instructions as they run.
+
+Names are the same whatever writes them (``SCALARS``, documented with units in
+docs/observability.md): ``perseus/energy_j``, ``perseus/power_w``, ``perseus/saving_j_total``, ...
+Energies are this rank's GPU; ``perseus/job_energy_j`` (all GPUs of the job) only exists at the
+steps where the runtime's periodic job check ran, the only time a rank learns the others' energy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+log = logging.getLogger("perseus.runtime")
+
+PREFIX = "perseus/"
+# ``perseus/phase`` as a number (scalar writers take numbers): the index in this tuple.
+PHASE_CODES: tuple[str, ...] = ("warmup", "profiling", "planning", "deployed", "fallback", "steady")
+
+# name (without PREFIX) -> (unit, meaning); docs/observability.md has the same table.
+SCALARS: dict[str, tuple[str, str]] = {
+    "energy_j": ("J", "energy of this rank's GPU over the step"),
+    "power_w": ("W", "average power of this rank's GPU over the step (energy_j / time_s)"),
+    "time_s": ("s", "iteration time, step begin to step end"),
+    "phase": ("code", "runtime phase the step ran in: " + ", ".join(f"{i} {p}" for i, p in enumerate(PHASE_CODES))),
+    "clock_mhz": ("MHz", "SM clock requested for this GPU at the end of the step"),
+    "energy_j_total": ("J", "energy of this rank's GPU summed over all steps so far"),
+    "saving_ratio": ("fraction", "1 - energy_j / baseline energy, steps after warm-up only"),
+    "saving_j_total": ("J", "sum of (baseline energy - energy_j) over the steps after warm-up (profiling included)"),
+    "straggler_ratio": ("ratio", "slowdown the straggler policy follows (1 = none)"),
+    "point_slowdown": ("ratio", "deployed frontier point's planned time / no-slowdown point's (deployed steps only)"),
+    "point_energy_j": ("J", "deployed frontier point's planned iteration energy, whole pipeline (deployed steps only)"),
+    "job_energy_j": ("J", "energy per iteration of all GPUs of the job, from the periodic job check (check steps only)"),
+    "instructions_at_<MHz>mhz": ("count", "this step's instructions of this rank run (as planned) at that SM clock"),
+}
+
+
+def instructions_name(mhz: int) -> str:
+    return f"{PREFIX}instructions_at_{int(mhz)}mhz"
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """Everything a sink may show about one step of one rank. ``None``: not known at this step."""
+
+    step: int
+    rank: int
+    phase: str
+    time_s: float
+    energy_j: float
+    clock_mhz: int
+    energy_j_total: float
+    saving_j_total: float
+    straggler_ratio: float
+    instructions: dict[int, int] = field(default_factory=dict)  # this step, per clock (MHz)
+    instructions_total: dict[int, int] = field(default_factory=dict)  # all steps so far, per clock
+    saving_ratio: float | None = None
+    point_slowdown: float | None = None
+    point_energy_j: float | None = None
+    job_energy_j: float | None = None
+
+    @property
+    def power_w(self) -> float:
+        return self.energy_j / self.time_s if self.time_s > 0 else 0.0
+
+    def scalars(self) -> dict[str, float]:
+        """``{"perseus/energy_j": 12.3, ...}``: what scalar writers (TensorBoard, wandb, DeepSpeed) get."""
+        out: dict[str, float] = {
+            "energy_j": self.energy_j, "power_w": self.power_w, "time_s": self.time_s,
+            "phase": float(PHASE_CODES.index(self.phase)) if self.phase in PHASE_CODES else -1.0,
+            "clock_mhz": float(self.clock_mhz), "energy_j_total": self.energy_j_total,
+            "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
+        }
+        for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = float(value)
+        scalars = {PREFIX + k: float(v) for k, v in out.items()}
+        for mhz, count in sorted(self.instructions.items()):
+            scalars[instructions_name(mhz)] = float(count)
+        return scalars
+
+    def prometheus(self) -> dict[str, Any]:
+        """The snapshot ``PrometheusExporter.update`` takes (see perseus/runtime/prometheus.py)."""
+        return {
+            "phase": self.phase, "clock_mhz": self.clock_mhz, "energy_total_j": {str(self.rank): self.energy_j_total},
+            "instructions_total": dict(self.instructions_total), "point_slowdown": self.point_slowdown,
+            "point_energy_j": self.point_energy_j, "straggler_ratio": self.straggler_ratio,
+            "energy_saving": self.saving_ratio, "energy_saved_total_j": self.saving_j_total,
+            "job_energy_per_iteration_j": self.job_energy_j,
+        }
+
+
+class MetricsBuilder:
+    """Keeps the running totals between steps; ``build`` is called once per step, at step end."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.energy_j_total = 0.0
+        self.saving_j_total = 0.0
+        self.instructions_total: dict[int, int] = {}
+
+    def build(self, *, step: int, phase: str, time_s: float, energy_j: float, clock_mhz: int,
+              instructions: dict[int, int], baseline_energy_j: float | None, straggler_ratio: float,
+              point_slowdown: float | None = None, point_energy_j: float | None = None,
+              job_energy_j: float | None = None) -> StepMetrics:
+        self.energy_j_total += energy_j
+        saving_ratio = None
+        if baseline_energy_j and phase != "warmup":
+            self.saving_j_total += baseline_energy_j - energy_j
+            saving_ratio = 1.0 - energy_j / baseline_energy_j
+        for mhz, count in instructions.items():
+            self.instructions_total[mhz] = self.instructions_total.get(mhz, 0) + count
+        return StepMetrics(
+            step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j, clock_mhz=int(clock_mhz),
+            energy_j_total=self.energy_j_total, saving_j_total=self.saving_j_total, straggler_ratio=straggler_ratio,
+            instructions=dict(instructions), instructions_total=dict(self.instructions_total),
+            saving_ratio=saving_ratio, point_slowdown=point_slowdown, point_energy_j=point_energy_j,
+            job_energy_j=job_energy_j,
+        )
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    """Where per-step metrics go. ``write`` runs at step end on the rank that owns the sink;
+    ``close`` when the runtime closes. A sink that raises is dropped with one warning."""
+
+    def write(self, step: int, metrics: StepMetrics) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PrometheusSink:
+    """Feeds a ``PrometheusExporter``; closing the sink stops the exporter and frees its port."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.exporter = exporter
+
+    def write(self, step: int, metrics: StepMetrics) -> None:
+        self.exporter.update(metrics.prometheus())
+
+    def close(self) -> None:
+        self.exporter.close()
+
+
+class ScalarWriterSink:
+    """A TensorBoard-style writer: ``writer.add_scalar(name, value, step)`` per metric.
+
+    ``step_of(step)`` maps the runtime's step to the x-axis the framework uses (Megatron's
+    iteration); the writer belongs to the caller, so ``close`` only flushes it.
+    """
+
+    def __init__(self, writer: Any, step_of: Any = None) -> None:
+        self.writer = writer
+        self.step_of = step_of
+
+    def write(self, step: int, metrics: StepMetrics) -> None:
+        x = self.step_of(step) if self.step_of is not None else step
+        for name, value in metrics.scalars().items():
+            self.writer.add_scalar(name, value, x)
+
+    def close(self) -> None:
+        flush = getattr(self.writer, "flush", None)
+        if callable(flush):
+            flush()
+
+
+class WandbSink:
+    """A wandb run (or the ``wandb`` module, as Megatron keeps it): ``log({name: value}, step)``."""
+
+    def __init__(self, run: Any, step_of: Any = None) -> None:
+        self.run = run
+        self.step_of = step_of
+
+    def write(self, step: int, metrics: StepMetrics) -> None:
+        self.run.log(metrics.scalars(), self.step_of(step) if self.step_of is not None else step)
+
+    def close(self) -> None:
+        pass
+
+
+class EventListSink:
+    """DeepSpeed's monitor interface: ``monitor.write_events([(name, value, step), ...])``."""
+
+    def __init__(self, monitor: Any, step_of: Any = None) -> None:
+        self.monitor = monitor
+        self.step_of = step_of
+
+    def write(self, step: int, metrics: StepMetrics) -> None:
+        x = self.step_of(step) if self.step_of is not None else step
+        self.monitor.write_events([(name, value, x) for name, value in metrics.scalars().items()])
+
+    def close(self) -> None:
+        pass
+
+
+def write_all(sinks: list[Any], step: int, metrics: StepMetrics) -> None:
+    """Write to every sink; one that raises is dropped (training goes on) with a warning."""
+    for sink in list(sinks):
+        try:
+            sink.write(step, metrics)
+        except Exception as exc:  # noqa: BLE001 - a dashboard must never stop training
+            sinks.remove(sink)
+            log.warning("perseus: metrics sink %s failed (%s: %s); it gets no more metrics",
+                        type(sink).__name__, type(exc).__name__, exc)
+            close_quietly(sink)
+
+
+def close_quietly(sink: Any) -> None:
+    try:
+        sink.close()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("perseus: closing metrics sink %s failed (%s)", type(sink).__name__, exc)

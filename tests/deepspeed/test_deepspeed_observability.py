@@ -1,0 +1,119 @@
+"""Perseus metrics through DeepSpeed's monitor: the DeepSpeed config's csv_monitor and tensorboard get them.
+
+A real ``PipelineEngine`` in this process (one rank, gloo, CPU) running the real runtime on a
+simulated GPU with a given frontier (warm-up, then the plan deployed); the CSV files and
+TensorBoard event files DeepSpeed's monitors write are read back and compared with the runtime's
+own records. The distributed demo run with ``csv_monitor`` is the second test.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+deepspeed = pytest.importorskip("deepspeed")
+
+from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
+from perseus.schedule import build_schedule  # noqa: E402
+from perseus_deepspeed import get_handle, initialize  # noqa: E402
+from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config  # noqa: E402
+
+SHAPE = TinyPipeShape(hidden_size=8, layers_per_stage=1, micro_batch_size=2)
+MICROBATCHES = 2
+PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
+
+
+def read_csv(folder: Path, name: str) -> list[tuple[int, float]]:
+    with (folder / (name.replace("/", "_") + ".csv")).open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", name.split("/")[-1]]
+    return [(int(s), float(v)) for s, v in rows[1:]]
+
+
+def test_monitor_csv_and_tensorboard_get_the_runtimes_records(dist_world, tmp_path, monkeypatch):
+    monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
+    Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
+             [FrontierPoint(1.0, 1.5, np.array(PLAN))]).save(tmp_path / "f.json")
+    section = {"gpu": "sim", "sim_gpu": {"energy_update_period_s": 0}, "warmup_steps": 2, "cache_dir": None,
+               "log_every_steps": 0, "frontier_path": str(tmp_path / "f.json"), "straggler_period_steps": 2}
+    config = deepspeed_config(MICROBATCHES, SHAPE, section)
+    config["csv_monitor"] = {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "job"}
+    config["tensorboard"] = {"enabled": True, "output_path": str(tmp_path / "tb"), "job_name": "job"}
+    model = build_pipeline(1, SHAPE)
+    engine, *_ = initialize(model=model, optimizer=client_optimizer(model), config=config)
+    handle = get_handle(engine)
+    data = data_iterator(SHAPE)
+    for _ in range(5):
+        engine.train_batch(data)
+    records = list(handle.runtime.reporter.records)
+    baseline = handle.runtime.reporter.baseline_energy_j
+    engine.destroy()
+    assert [r.phase for r in records] == ["warmup", "warmup", "deployed", "deployed", "deployed"]
+    samples = [SHAPE.micro_batch_size * MICROBATCHES * (i + 1) for i in range(5)]  # DeepSpeed's x: global_samples
+    folder = tmp_path / "csv" / "job"
+    assert read_csv(folder, "perseus/energy_j") == [(s, pytest.approx(r.energy_j, rel=1e-12))
+                                                    for s, r in zip(samples, records)]
+    assert read_csv(folder, "perseus/power_w") == [(s, pytest.approx(r.energy_j / r.time_s, rel=1e-12))
+                                                   for s, r in zip(samples, records)]
+    assert [v for _, v in read_csv(folder, "perseus/phase")] == [0, 0, 3, 3, 3]
+    saved = np.cumsum([baseline - r.energy_j for r in records[2:]])
+    assert [v for _, v in read_csv(folder, "perseus/saving_j_total")] == pytest.approx([0, 0, *saved], rel=1e-9)
+    assert read_csv(folder, "perseus/point_slowdown") == [(s, 1.0) for s in samples[2:]]
+    assert [v for _, v in read_csv(folder, "perseus/instructions_at_900mhz")] == [2, 2, 2]
+    assert read_csv(folder, "perseus/job_energy_j") == [
+        (samples[3], pytest.approx((records[2].energy_j + records[3].energy_j) / 2, rel=1e-12))]
+    assert (folder / "Train_Samples_train_loss.csv").exists()  # DeepSpeed's own events, same folder and x-axis
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb" / "job"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("perseus/energy_j")] == [
+        (s, pytest.approx(r.energy_j, rel=1e-6)) for s, r in zip(samples, records)]
+
+
+def test_without_a_monitor_no_sink_is_added(dist_world, tmp_path, monkeypatch):
+    monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
+    section = {"gpu": "sim", "mode": "measure-only", "cache_dir": None, "log_every_steps": 0}
+    model = build_pipeline(1, SHAPE)
+    engine, *_ = initialize(model=model, optimizer=client_optimizer(model),
+                            config=deepspeed_config(MICROBATCHES, SHAPE, section))
+    try:
+        assert get_handle(engine).runtime._sinks == []
+    finally:
+        engine.destroy()
+
+
+@pytest.mark.distributed
+def test_demo_run_writes_rank_zeros_metrics_to_the_csv_monitor(tmp_path):
+    """Two pipeline stages under torchrun (perseus_demo.deepspeed_demo): profile, plan, deploy.
+    DeepSpeed's monitor writes on global rank 0, the metrics file is rank 0's: the same numbers."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from perseus_demo.deepspeed_demo import DemoConfig, launch
+
+    cfg = DemoConfig(stages=2, microbatches=4, max_steps=40, deployed_steps=4, startup_steps=1, hidden_size=16,
+                     rebaseline_steps=0)
+    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache"),
+                   "metrics_file": str(tmp_path / "metrics.jsonl")}
+    cfg.deepspeed = {"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "demo"}}
+    launch(cfg, tmp_path / "out", timeout_s=300)
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "event" not in s]
+    folder = tmp_path / "csv" / "demo"
+    energy = read_csv(folder, "perseus/energy_j")
+    assert [v for _, v in energy] == pytest.approx([s["energy_j"] for s in steps], rel=1e-12)
+    assert [x for x, _ in energy] == [cfg.micro_batch_size * cfg.microbatches * (i + 1) for i in range(len(steps))]
+    phases = ["warmup", "profiling", "planning", "deployed", "fallback", "steady"]
+    assert [v for _, v in read_csv(folder, "perseus/phase")] == [phases.index(s["phase"]) for s in steps]
+    assert "deployed" in {s["phase"] for s in steps}
+    saving = read_csv(folder, "perseus/saving_ratio")
+    after_warmup = [s for s in steps if s["phase"] != "warmup"]
+    assert [v for _, v in saving] == pytest.approx([s["saving"] for s in after_warmup], rel=1e-9)

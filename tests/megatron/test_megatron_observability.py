@@ -1,0 +1,211 @@
+"""Perseus metrics in Megatron-LM's views: its TensorBoard/wandb writers and its iteration log line.
+
+Real megatron-core training steps in this process (one rank, gloo, CPU) through ``enable()``; a
+real ``torch.utils.tensorboard.SummaryWriter`` registered where Megatron-LM keeps its writer
+(``megatron.training.global_vars``, absent with megatron-core alone, so a stand-in module holds
+it); the event files are read back with TensorBoard's ``EventAccumulator``. The real Megatron-LM
+``pretrain_gpt.py`` with ``--tensorboard-dir`` is in test_megatron_lm_pretrain_gpt.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("tensorboard")
+
+import torch.distributed as dist  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+
+from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
+from perseus.runtime.metrics import StepMetrics  # noqa: E402
+from perseus.schedule import build_schedule  # noqa: E402
+from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
+from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel  # noqa: E402
+from perseus_megatron import hooks  # noqa: E402
+from perseus_megatron.integration import enable  # noqa: E402
+from perseus_megatron.observability import IterationLogText, MegatronWritersSink, add_to_iteration_log  # noqa: E402
+
+MICROBATCHES = 3
+PLAN = [1410, 1200, 1200, 1005, 1410, 1005]  # one clock per instruction of the one-stage 1F1B order
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    store = tmp_path_factory.mktemp("gloo") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        with cpu_execution():
+            initialize_parallel(1)
+            yield TinyGPTTrainer(TinyGPTShape(num_layers=2), 1)
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_hooks():
+    yield
+    handle = hooks.active_handle()
+    if handle is not None:
+        handle.uninstall()
+
+
+def sim_gpu(tmp_path: Path) -> dict:
+    # energy integrated continuously: a short CPU step still has energy (no coarse counter updates)
+    return {"state_dir": str(tmp_path / "sim"), "reset_state": True, "energy_update_period_s": 0}
+
+
+class Wandb:
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict, int]] = []
+
+    def log(self, data: dict, step: int) -> None:
+        self.logged.append((dict(data), step))
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_megatron_writers_get_the_runtimes_records_at_megatrons_iteration(trainer, tmp_path, monkeypatch):
+    Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
+             [FrontierPoint(1.0, 3.0, np.array(PLAN))]).save(tmp_path / "f.json")
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    wandb = Wandb()
+    args = types.SimpleNamespace(curr_iteration=0)
+    global_vars = types.ModuleType("megatron.training.global_vars")  # what megatron.training keeps
+    global_vars._GLOBAL_ARGS = args
+    global_vars.get_tensorboard_writer = lambda: writer
+    global_vars.get_wandb_writer = lambda: wandb
+    monkeypatch.setitem(sys.modules, "megatron.training.global_vars", global_vars)
+    handle = enable(gpu="sim", device_index=0, sim_gpu=sim_gpu(tmp_path),
+                    cache_dir=None, warmup_steps=2, frontier_path=str(tmp_path / "f.json"), log_every_steps=0)
+    first = 100  # a resumed run: Megatron's iterations, not the runtime's steps, are the x-axis
+    try:
+        with cpu_execution():
+            for i in range(5):
+                args.curr_iteration = first + i  # train() sets it before each train_step
+                trainer.step(MICROBATCHES)
+        records = list(handle.runtime.reporter.records)
+        baseline = handle.runtime.reporter.baseline_energy_j
+    finally:
+        handle.close()
+    writer.close()
+    assert [r.phase for r in records] == ["warmup", "warmup", "deployed", "deployed", "deployed"]
+    scalars = read_scalars(tmp_path / "tb")
+    iterations = [first + 1 + i for i in range(5)]
+    assert scalars["perseus/energy_j"] == [(it, pytest.approx(r.energy_j, rel=1e-6)) for it, r in zip(iterations, records)]
+    assert scalars["perseus/power_w"] == [(it, pytest.approx(r.energy_j / r.time_s, rel=1e-6))
+                                          for it, r in zip(iterations, records)]
+    assert scalars["perseus/time_s"] == [(it, pytest.approx(r.time_s, rel=1e-6)) for it, r in zip(iterations, records)]
+    assert [v for _, v in scalars["perseus/phase"]] == [0, 0, 3, 3, 3]
+    saved = np.cumsum([baseline - r.energy_j for r in records[2:]])
+    assert [v for _, v in scalars["perseus/saving_j_total"]] == pytest.approx([0, 0, *saved], rel=1e-5, abs=1e-6)
+    assert [s for s, _ in scalars["perseus/point_energy_j"]] == iterations[2:]  # deployed steps only
+    assert [v for _, v in scalars["perseus/point_energy_j"]] == [3.0] * 3
+    assert [v for _, v in scalars["perseus/instructions_at_1005mhz"]] == [2, 2, 2]
+    assert [v for _, v in scalars["perseus/instructions_at_1410mhz"]] == [6, 6, 2, 2, 2]
+    # wandb: one log call per iteration with the same names and values
+    assert [step for _, step in wandb.logged] == iterations
+    assert wandb.logged[-1][0]["perseus/energy_j"] == records[-1].energy_j
+    assert set(wandb.logged[-1][0]) == set(scalars)
+
+
+def test_without_megatron_training_the_writers_sink_does_nothing(monkeypatch):
+    monkeypatch.delitem(sys.modules, "megatron.training.global_vars", raising=False)
+    metrics = StepMetrics(step=0, rank=0, phase="warmup", time_s=1.0, energy_j=2.0, clock_mhz=1410,
+                          energy_j_total=2.0, saving_j_total=0.0, straggler_ratio=1.0)
+    sink = MegatronWritersSink()
+    sink.write(0, metrics)
+    sink.close()
+    assert "megatron.training.global_vars" not in sys.modules, "the sink never imports Megatron-LM"
+
+
+def test_iteration_log_line_gets_perseus_numbers_only_in_training_log(trainer, tmp_path):
+    """A stand-in for megatron.training.training: ``training_log`` builds the line and prints it
+    with the module's ``print_rank_last``, as Megatron-LM's does (the real one runs in
+    test_megatron_lm_pretrain_gpt.py)."""
+    printed: list[str] = []
+    training = types.ModuleType("megatron.training.training")
+    exec(  # noqa: S102 - module code looking up print_rank_last in its globals, like Megatron-LM's
+        "def training_log(iteration):\n"
+        "    print_rank_last(' [2026] iteration {:8d}/      10 | lm loss: 1.0 |'.format(iteration))\n"
+        "    return True\n",
+        training.__dict__,
+    )
+    training.print_rank_last = printed.append
+    handle = enable(gpu="sim", device_index=0, sim_gpu=sim_gpu(tmp_path),
+                    cache_dir=None, warmup_steps=2, mode="measure-only", log_every_steps=0,
+                    straggler_period_steps=0)
+    undo = add_to_iteration_log(handle, training)
+    assert undo is not None and add_to_iteration_log(handle, training) is None  # once
+    try:
+        training.training_log(0)  # before the first step: nothing to add
+        with cpu_execution():
+            for i in range(1, 4):
+                trainer.step(MICROBATCHES)
+                assert training.training_log(i) is True
+        training.print_rank_last("validation loss at iteration 3 | 1.0")  # other prints unchanged
+        records = list(handle.runtime.reporter.records)
+        baseline = handle.runtime.reporter.baseline_energy_j
+    finally:
+        handle.close()
+        undo()
+    assert training.print_rank_last == printed.append
+    assert printed[0].endswith("lm loss: 1.0 |") and printed[-1] == "validation loss at iteration 3 | 1.0"
+    last = printed[3]
+    assert f"perseus energy this GPU (J/iter): {records[2].energy_j:.1f} |" in last
+    assert f"perseus power this GPU (W): {records[2].energy_j / records[2].time_s:.1f} |" in last
+    assert f"perseus saved this GPU (J): {baseline - records[2].energy_j:.1f} |" in last
+    assert "perseus phase: steady" in last and "perseus phase: warmup" in printed[1]
+    assert "perseus saved" not in printed[1]  # no baseline yet
+    assert IterationLogText(handle)() != ""  # a fresh reader starts from the first step
+
+
+@pytest.mark.distributed
+def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line(tmp_path):
+    """An unmodified Megatron-LM core_v0.16.1 ``pretrain_gpt.py`` (2 stages, CPU) with
+    ``--tensorboard-dir``: Megatron's own writer (last rank) gets the ``perseus/*`` scalars at its
+    iterations, and its iteration line carries the last rank's Perseus numbers."""
+    import re
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from megatron_lm_archive import unpack
+
+    from perseus_demo.megatron_lm_cpu import launch
+
+    checkout = unpack("0.16.1", tmp_path / "megatron-lm")
+    iters = 14  # warm-up 2, profiling 3 clocks, planning in the background, then deployed
+    results = launch(checkout, tmp_path / "run", stages=2, microbatches=4, train_iters=iters, simulate_compute=False,
+                     extra_args=["--tensorboard-dir", str(tmp_path / "tb"), "--perseus-straggler-period", "2"])
+    last = next(r for r in results if r["stage"] == 1)  # Megatron's writers and log line are the last rank's
+    records = last["step_records"]
+    assert len(records) == iters and records[-1]["phase"] == "deployed"
+    scalars = read_scalars(tmp_path / "tb")
+    assert {"lm loss", "perseus/energy_j", "perseus/saving_j_total"} <= set(scalars)  # next to Megatron's own
+    assert scalars["perseus/energy_j"] == [(i + 1, pytest.approx(r["energy_j"], rel=1e-6)) for i, r in enumerate(records)]
+    assert [v for _, v in scalars["perseus/phase"]] == [
+        ["warmup", "profiling", "planning", "deployed", "fallback", "steady"].index(r["phase"]) for r in records]
+    checked = sum(r["phase"] == "deployed" for r in records) >= 2  # a periodic job check ran
+    assert bool(scalars.get("perseus/job_energy_j")) == checked
+    # Megatron's iteration lines (split at each "iteration N/ M |", in case another rank's output interleaves)
+    log = (tmp_path / "run" / "pretrain_gpt.log").read_text()
+    starts = list(re.finditer(r"iteration +(\d+)/ +%d \|" % iters, log))
+    assert [int(m.group(1)) for m in starts] == list(range(1, iters + 1))
+    for m, end, r in zip(starts, [*(n.start() for n in starts[1:]), len(log)], records):
+        line = log[m.start():end]
+        assert f"perseus energy this GPU (J/iter): {r['energy_j']:.1f} |" in line, line
+        assert f"perseus phase: {r['phase']} |" in line
+    assert "perseus saved this GPU (J):" in log[starts[-1].start():]
+    assert ("perseus job energy all GPUs" in log[starts[-1].start():]) == checked
