@@ -67,14 +67,17 @@ class CPUInstructionTimer(InstructionTimer):
             raise GPUError("end() without a matching begin()")
         key, t0 = self._open
         self._open = None
-        self._done.append(TimedInstruction(key, t0, t))
+        self._done.append(self._timed(key, t0, t))
+
+    def _timed(self, key: Hashable, t0: float, t1: float) -> TimedInstruction:
+        return TimedInstruction(key, t0, t1)
 
     def resolve(self) -> list[TimedInstruction]:
         done, self._done = self._done, []
         return done
 
 
-class SimulatedKernelTimer(InstructionTimer):
+class SimulatedKernelTimer(CPUInstructionTimer):
     """Kernel times as a simulated GPU ran them, the way CUDA events time a real GPU's kernels.
 
     The host's view of an instruction adds what is not the kernel: hook cost, sleep overshoot,
@@ -85,31 +88,14 @@ class SimulatedKernelTimer(InstructionTimer):
     """
 
     def __init__(self, device: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
         self._device = device
-        self._clock = clock
-        self._open: tuple[Hashable, float] | None = None
-        self._done: list[TimedInstruction] = []
 
-    def begin(self, key: Hashable) -> None:
-        if self._open is not None:
-            raise GPUError(f"instruction {key!r} began while {self._open[0]!r} is still open")
-        self._open = (key, self._clock())
-
-    def end(self) -> None:
-        t = self._clock()
-        if self._open is None:
-            raise GPUError("end() without a matching begin()")
-        key, t0 = self._open
-        self._open = None
+    def _timed(self, key: Hashable, t0: float, t1: float) -> TimedInstruction:
         start, duration = self._device.last_busy_interval()
-        if t0 <= start <= t:
-            self._done.append(TimedInstruction(key, start, start + duration))
-        else:
-            self._done.append(TimedInstruction(key, t0, t))
-
-    def resolve(self) -> list[TimedInstruction]:
-        done, self._done = self._done, []
-        return done
+        if t0 <= start <= t1:
+            return TimedInstruction(key, start, start + duration)
+        return TimedInstruction(key, t0, t1)
 
 
 class CUDAInstructionTimer(InstructionTimer):
