@@ -12,14 +12,7 @@ from perseus.runtime.events import PipelineJob, RecordingListener  # noqa: E402
 from perseus_megatron import enable, enable_from_argv, hooks  # noqa: E402
 from perseus_megatron.integration import MegatronPerseus  # noqa: E402
 from perseus_megatron.tracker import StepInfo  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_hooks():
-    yield
-    handle = hooks.active_handle()
-    if handle is not None:
-        handle.uninstall()
+from megatron_fixtures import no_leftover_hooks  # noqa: E402,F401  (fixtures)
 
 
 def test_enable_installs_hooks_and_close_removes_them_idempotently():

@@ -23,14 +23,7 @@ from perseus_megatron.compat import (  # noqa: E402
     load_schedules_module,
 )
 from perseus_megatron.hooks import HooksAlreadyInstalled, install_hooks  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_hooks():
-    yield
-    handle = hooks.active_handle()
-    if handle is not None:
-        handle.uninstall()
+from megatron_fixtures import no_leftover_hooks  # noqa: E402,F401  (fixtures)
 
 
 def test_install_wraps_every_hook_point_and_uninstall_restores_the_originals():

@@ -19,7 +19,6 @@ import pytest
 pytest.importorskip("megatron.core")
 pytest.importorskip("tensorboard")
 
-import torch.distributed as dist  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
@@ -27,36 +26,12 @@ from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
 from perseus.runtime.metrics import StepMetrics  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
-from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel  # noqa: E402
-from perseus_megatron import hooks  # noqa: E402
 from perseus_megatron.integration import enable  # noqa: E402
 from perseus_megatron.observability import IterationLogText, MegatronWritersSink, add_to_iteration_log  # noqa: E402
+from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
 
 MICROBATCHES = 3
 PLAN = [1410, 1200, 1200, 1005, 1410, 1005]  # one clock per instruction of the one-stage 1F1B order
-
-
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        with cpu_execution():
-            initialize_parallel(1)
-            yield TinyGPTTrainer(TinyGPTShape(num_layers=2), 1)
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_hooks():
-    yield
-    handle = hooks.active_handle()
-    if handle is not None:
-        handle.uninstall()
 
 
 def sim_gpu(tmp_path: Path) -> dict:

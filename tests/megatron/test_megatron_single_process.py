@@ -18,43 +18,18 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-import torch.distributed as dist  # noqa: E402
 from megatron.core import pipeline_parallel  # noqa: E402
 from megatron.core.pipeline_parallel import schedules  # noqa: E402
 
 from perseus.runtime.events import RecordingListener  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
-from perseus_megatron import hooks  # noqa: E402
 from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
 from perseus_megatron.hooks import install_hooks  # noqa: E402
-from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel  # noqa: E402
+from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "patches" / "megatron-core-0.16-schedules.patch"
 MICROBATCHES = 3
-
-
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        with cpu_execution():
-            initialize_parallel(1)
-            yield TinyGPTTrainer(TinyGPTShape(num_layers=2), 1)
-    finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_hooks():
-    yield
-    handle = hooks.active_handle()
-    if handle is not None:
-        handle.uninstall()
 
 
 def _orders(recorder: RecordingListener) -> list[list[tuple[str, int, int]]]:
