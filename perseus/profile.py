@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from perseus.errors import ProfileError
-from perseus.schedule import KINDS, InstructionKind, Schedule
+from perseus.schedule import KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
 
 PROFILE_FORMAT = "perseus-profile"
 PROFILE_VERSION = 1
@@ -167,7 +167,10 @@ def _assemble(
         if stage < 0 or chunk < 0:
             raise ProfileError(f"{where}: stage and chunk must be >= 0")
         if kind not in KINDS:
-            raise ProfileError(f"{where}: instruction must be 'forward' or 'backward', got {kind!r}")
+            raise ProfileError(
+                f"{where}: instruction must be 'forward' or 'backward' (or zero-bubble's 'backward_input' / "
+                f"'backward_weight'), got {kind!r}"
+            )
         _check_positive(freq, "frequency", where)
         _check_positive(time_s, "time", where)
         _check_positive(energy_j, "energy", where)
@@ -181,7 +184,7 @@ def _assemble(
     chunks = sorted({c for _, c, _ in grouped})
     for stage in range(stages[-1] + 1):
         for chunk in chunks:
-            for kind in KINDS:
+            for kind in required_kinds({k for _, _, k in grouped}):
                 if (stage, chunk, kind) not in grouped:
                     raise ProfileError(f"{source}: no {kind} measurements for stage {stage} chunk {chunk}")
     return {
@@ -190,6 +193,14 @@ def _assemble(
         )
         for key, per_freq in grouped.items()
     }
+
+
+def required_kinds(present: set[str]) -> tuple[str, ...]:
+    """Kinds every (stage, chunk) of a profile must have: forward and backward, or forward and
+    zero-bubble's I and W when the profile has split backwards (plus any full backward it has)."""
+    if present & set(SPLIT_BACKWARD):
+        return tuple(k for k in KINDS if k in present or k == "forward" or k in SPLIT_BACKWARD)
+    return ("forward", "backward")
 
 
 def load_csv(path: str | Path, p_blocking_w: float | None = None, gpu_name: str = "unknown") -> Profile:
@@ -297,6 +308,6 @@ def uniform_profile(
 ) -> Profile:
     """Same measurements on every stage and chunk: handy for examples and tests."""
     entries = {
-        (s, c, k): by_kind[k] for s in range(schedule_stages) for c in range(num_chunks) for k in KINDS
+        (s, c, k): by_kind[k] for s in range(schedule_stages) for c in range(num_chunks) for k in KINDS if k in by_kind
     }
     return Profile(entries, p_blocking_w, "synthetic")
