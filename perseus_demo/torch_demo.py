@@ -35,6 +35,7 @@ class DemoConfig(DemoSettings):
 
     stages: int = 2
     microbatches: int = 4
+    max_steps: int = 200  # the planner runs in the background while training; ZBV takes it longer
     schedule: str = "1f1b"  # a key of TORCH_CLASSES
     chunks: int = 1  # torch stages per rank (2 for zbv; >= 2 for torch-interleaved)
 
