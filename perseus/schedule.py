@@ -13,8 +13,8 @@ Orders reproduce the frameworks exactly:
   pipeline chunks, its ``get_schedule_table`` order and warm-up count).
 - ``gpipe``: all forwards, then all backwards.
 
-and torch.distributed.pipelining (torch 2.13, TorchTitan), whose ``1f1b`` and ``gpipe`` execute the
-orders above:
+torch.distributed.pipelining (torch 2.13, TorchTitan) executes the ``1f1b`` and ``gpipe`` orders above
+for ``Schedule1F1B`` and ``ScheduleGPipe``, and:
 
 - ``torch-interleaved``: ``ScheduleInterleaved1F1B`` (rounds of ``M // (M // S)`` microbatches;
   no joint receives: every receive waits for its own input only).
