@@ -13,13 +13,11 @@ No torch import here: the logic is tested with plain objects.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any, Callable, Iterator, TypeVar
 
 from perseus.errors import PerseusError
 from perseus.runtime import InstructionListener
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from perseus.dag import InstructionDAG
-from perseus.frontier import Frontier, FrontierPoint, load_frontier
+from perseus.frontier import Frontier, load_frontier
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile, load_json
 from perseus.simulator import max_frequency_plan, simulate_plan
