@@ -1,4 +1,4 @@
-"""Perseus: energy-bloat removal for pipeline-parallel training (Megatron-LM, DeepSpeed)."""
+"""Perseus: energy-bloat removal for pipeline-parallel training (Megatron-LM, DeepSpeed, torch.distributed.pipelining)."""
 
 from pathlib import Path
 
@@ -13,7 +13,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["perseus", "perseus.*", "perseus_megatron", "perseus_megatron.*", "perseus_deepspeed",
-                                    "perseus_deepspeed.*", "perseus_demo", "perseus_demo.*"]),
+                                    "perseus_deepspeed.*", "perseus_torch", "perseus_torch.*", "perseus_demo",
+                                    "perseus_demo.*"]),
     package_data={"perseus.examples": ["*.csv"]},
     install_requires=[
         "numpy>=1.24",
@@ -28,6 +29,7 @@ setup(
     extras_require={
         "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.20"],
         "deepspeed": ["torch>=2.1", "deepspeed>=0.19,<0.20"],
+        "torch": ["torch>=2.13"],
         "bench": ["lowtime==0.3.0"],
         # start_http_server returns its server (so it can be closed) from 0.20 on
         "prometheus": ["prometheus-client>=0.20"],

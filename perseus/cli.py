@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Sequence
 from perseus import __version__
 from perseus.errors import ConfigError, PerseusError
 from perseus.examples import EXAMPLE_MICROBATCHES, example_profile_path, load_example_profile
-from perseus.profile import Profile, load_profile
-from perseus.schedule import SCHEDULES, Schedule, build_schedule
+from perseus.profile import Profile, load_profile, split_backward, split_into_chunks
+from perseus.schedule import SCHEDULES, SPLIT_BACKWARD, Schedule, build_schedule
 
 if TYPE_CHECKING:
     from perseus.emulator import DataParallelJob
@@ -64,7 +64,7 @@ def _load_profile_arg(args: argparse.Namespace) -> tuple[Profile, str]:
         profile, source = load_example_profile(), f"{example_profile_path()} (shipped example)"
     else:
         profile, source = load_profile(args.profile), str(args.profile)
-    profile = profile.with_p_blocking(args.p_blocking)
+    profile = _adapt_profile(args, profile.with_p_blocking(args.p_blocking))
     if getattr(args, "gpu_name", None):
         profile = replace(profile, gpu_name=args.gpu_name)
     return profile, source
@@ -82,9 +82,31 @@ def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int 
             raise UsageError("--microbatches is required with --profile (microbatches per iteration)")
         microbatches = EXAMPLE_MICROBATCHES
     schedule = build_schedule(args.schedule, stages, microbatches, args.chunks)
+    _check_split_backward(schedule, profile)
     profile.check_matches(schedule)
     profile.require_p_blocking()
     return schedule
+
+
+def _adapt_profile(args: argparse.Namespace, profile: Profile) -> Profile:
+    """--example with --chunks C: the example's stages split evenly into C chunks; --split-backward:
+    zero-bubble's I and W derived from each backward."""
+    if getattr(args, "example", False) and args.chunks > 1 and profile.num_chunks == 1:
+        profile = split_into_chunks(profile, args.chunks)
+    if getattr(args, "split_backward", None) is not None:
+        profile = split_backward(profile, args.split_backward)
+    return profile
+
+
+def _check_split_backward(schedule: Schedule, profile: Profile) -> None:
+    needs = {inst.kind for stage in schedule.stages for inst in stage} & set(SPLIT_BACKWARD)
+    has = {kind for _, _, kind in profile.entries}
+    if needs and not needs <= has:
+        raise UsageError(
+            f"schedule {schedule.name!r} splits backwards into backward_input (I) and backward_weight (W), which "
+            f"{profile.source} does not measure; profile them (perseus_torch's online profiling does) or derive "
+            "them from backward with --split-backward 0.5 (I's share of B)"
+        )
 
 
 @contextmanager
@@ -140,6 +162,16 @@ def _number_list(kind: type) -> Callable[[str], list]:
     return parse
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
+    return value
+
+
 def _positive(kind: type) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
         try:
@@ -182,6 +214,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     frontier.metadata.update(
         {"created_by": f"perseus {__version__} plan", "profile": "example" if args.example else str(args.profile)}
     )
+    if args.split_backward is not None:
+        frontier.metadata["split_backward"] = args.split_backward
     try:
         frontier.save(out, args.max_points)
     except OSError as exc:
@@ -204,10 +238,13 @@ def _timeline_profile(args: argparse.Namespace, frontier: Frontier) -> Profile:
     if args.profile is not None:
         return load_profile(args.profile, frontier.p_blocking_w)
     recorded = frontier.metadata.get("profile")
+    share = frontier.metadata.get("split_backward")
+    adapt = argparse.Namespace(example=recorded == "example", chunks=frontier.schedule.num_chunks,
+                               split_backward=float(share) if share is not None else None)
     if recorded == "example":
-        return load_example_profile()
+        return _adapt_profile(adapt, load_example_profile())
     if recorded and Path(recorded).is_file():
-        return load_profile(recorded, frontier.p_blocking_w)
+        return _adapt_profile(adapt, load_profile(recorded, frontier.p_blocking_w))
     if recorded:
         raise UsageError(f"the frontier was planned from {recorded}, which is not there; pass --profile P")
     raise UsageError("--timeline needs --profile P (the profile the frontier was planned from)")
@@ -341,6 +378,10 @@ examples:
   perseus plan --example --out frontier.json
   perseus plan --profile prof.csv --p-blocking 83.64 --stages 8 --microbatches 12 --out frontier.json
   perseus plan --profile prof.json --stages 4 --microbatches 16 --schedule interleaved --chunks 2 --out f.json
+  perseus plan --example --schedule zbv --chunks 2 --split-backward 0.5 --out zbv.json
+
+schedules: 1f1b, gpipe, interleaved (megatron-core); torch-interleaved, zb-interleaved, zbv
+(torch.distributed.pipelining's Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble).
 
 P_blocking is the power (W) a GPU draws while blocked on pipeline communication (A100: 83.64 W).
 A perseus JSON profile may carry it; a Zeus CSV does not, so --p-blocking is required then.
@@ -367,7 +408,12 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
         source.add_argument("--frontier", type=Path, metavar="F", help="use an existing frontier.json instead of planning")
     p.add_argument("--stages", type=_positive(int), metavar="S", help="pipeline stages (required with --profile)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default: 1f1b)")
-    p.add_argument("--chunks", type=_positive(int), default=1, metavar="C", help="virtual chunks per stage, for --schedule interleaved")
+    p.add_argument("--chunks", type=_positive(int), default=1, metavar="C",
+                   help="virtual chunks per stage: interleaved, torch-interleaved, zb-interleaved; 2 for zbv "
+                        "(--example: its stages split evenly into C chunks)")
+    p.add_argument("--split-backward", type=_share, metavar="SHARE",
+                   help="zero-bubble schedules (zb-interleaved, zbv) on a profile without I/W: derive backward_input "
+                        "as SHARE of each backward's time and energy and backward_weight as the rest (e.g. 0.5)")
     p.add_argument("--p-blocking", type=_positive(float), metavar="W", help="power while blocked on communication, watts (overrides the profile's)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="planner progress bar on stderr (default: only on a terminal)")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from perseus.atomic import write_atomic
 from perseus.errors import ProfileError
-from perseus.schedule import KINDS, InstructionKind, Schedule
+from perseus.schedule import KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
 
 PROFILE_FORMAT = "perseus-profile"
 PROFILE_VERSION = 1
@@ -165,7 +165,10 @@ def _assemble(
         if stage < 0 or chunk < 0:
             raise ProfileError(f"{where}: stage and chunk must be >= 0")
         if kind not in KINDS:
-            raise ProfileError(f"{where}: instruction must be 'forward' or 'backward', got {kind!r}")
+            raise ProfileError(
+                f"{where}: instruction must be 'forward' or 'backward' (or zero-bubble's 'backward_input' / "
+                f"'backward_weight'), got {kind!r}"
+            )
         _check_positive(freq, "frequency", where)
         _check_positive(time_s, "time", where)
         _check_positive(energy_j, "energy", where)
@@ -179,7 +182,7 @@ def _assemble(
     chunks = sorted({c for _, c, _ in grouped})
     for stage in range(stages[-1] + 1):
         for chunk in chunks:
-            for kind in KINDS:
+            for kind in required_kinds({k for _, _, k in grouped}):
                 if (stage, chunk, kind) not in grouped:
                     raise ProfileError(f"{source}: no {kind} measurements for stage {stage} chunk {chunk}")
     return {
@@ -188,6 +191,14 @@ def _assemble(
         )
         for key, per_freq in grouped.items()
     }
+
+
+def required_kinds(present: set[str]) -> tuple[str, ...]:
+    """Kinds every (stage, chunk) of a profile must have: forward and backward, or forward and
+    zero-bubble's I and W when the profile has split backwards (plus any full backward it has)."""
+    if present & set(SPLIT_BACKWARD):
+        return tuple(k for k in KINDS if k in present or k == "forward" or k in SPLIT_BACKWARD)
+    return ("forward", "backward")
 
 
 def load_csv(path: str | Path, p_blocking_w: float | None = None, gpu_name: str = "unknown") -> Profile:
@@ -295,6 +306,38 @@ def uniform_profile(
 ) -> Profile:
     """Same measurements on every stage and chunk: handy for examples and tests."""
     entries = {
-        (s, c, k): by_kind[k] for s in range(schedule_stages) for c in range(num_chunks) for k in KINDS
+        (s, c, k): by_kind[k] for s in range(schedule_stages) for c in range(num_chunks) for k in KINDS if k in by_kind
     }
     return Profile(entries, p_blocking_w, "synthetic")
+
+
+def split_into_chunks(profile: Profile, num_chunks: int) -> Profile:
+    """Each stage's layers divided evenly over ``num_chunks`` chunks: every chunk-0 measurement's
+    time and energy divided by ``num_chunks`` (an assumption, for comparing schedules on one
+    profile; measured chunk profiles are better)."""
+    if num_chunks < 1:
+        raise ProfileError(f"number of chunks must be positive, got {num_chunks}")
+    entries = {
+        (stage, chunk, kind): InstructionProfile(p.freqs_mhz, tuple(t / num_chunks for t in p.times_s),
+                                                 tuple(e / num_chunks for e in p.energies_j))
+        for (stage, c0, kind), p in profile.entries.items() if c0 == 0
+        for chunk in range(num_chunks)
+    }
+    return replace(profile, entries=entries, source=f"{profile.source} (split into {num_chunks} chunks)")
+
+
+def split_backward(profile: Profile, input_share: float = 0.5) -> Profile:
+    """Zero-bubble's I and W derived from each full backward B: I gets ``input_share`` of B's time
+    and energy at every clock, W the rest (an assumption: the split is not measured). Profiles
+    that already have I/W are returned unchanged."""
+    if not 0.0 < input_share < 1.0:
+        raise ProfileError(f"the input-gradient share of a backward must be between 0 and 1, got {input_share}")
+    if any(kind in SPLIT_BACKWARD for _, _, kind in profile.entries):
+        return profile
+    entries = dict(profile.entries)
+    for (stage, chunk, kind), p in profile.entries.items():
+        if kind == "backward":
+            for split, share in (("backward_input", input_share), ("backward_weight", 1.0 - input_share)):
+                entries[(stage, chunk, split)] = InstructionProfile(
+                    p.freqs_mhz, tuple(t * share for t in p.times_s), tuple(e * share for e in p.energies_j))
+    return replace(profile, entries=entries, source=f"{profile.source} (I/W = {input_share:g}/{1 - input_share:g} of B)")

@@ -12,6 +12,19 @@ Orders reproduce the frameworks exactly:
 - ``interleaved``: megatron-core ``forward_backward_pipelining_with_interleaving`` (virtual
   pipeline chunks, its ``get_schedule_table`` order and warm-up count).
 - ``gpipe``: all forwards, then all backwards.
+
+torch.distributed.pipelining (torch 2.13, TorchTitan) executes the ``1f1b`` and ``gpipe`` orders above
+for ``Schedule1F1B`` and ``ScheduleGPipe``, and:
+
+- ``torch-interleaved``: ``ScheduleInterleaved1F1B`` (rounds of ``M // (M // S)`` microbatches;
+  no joint receives: every receive waits for its own input only).
+- ``zb-interleaved``: ``ScheduleInterleavedZeroBubble`` (ZB1P): backwards split into
+  ``backward_input`` (I, the input gradient sent upstream) and ``backward_weight`` (W, local).
+- ``zbv``: ``ScheduleZBVZeroBubble``: two chunks per rank in a V (rank r holds torch stages r and
+  2S-1-r); the hop from torch stage S-1 to S (both on rank S-1) is local, no P2P.
+
+The torch orders are ports of torch's own ``pipeline_order`` generators (compute actions, idle
+slots dropped); ``tests/torch`` checks them against torch's schedule objects.
 """
 
 from __future__ import annotations
@@ -21,11 +34,17 @@ from typing import Callable, Literal, Sequence
 
 from perseus.errors import ScheduleError
 
-InstructionKind = Literal["forward", "backward"]
-KINDS: tuple[InstructionKind, ...] = ("forward", "backward")
+InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
+# forward, full backward, and zero-bubble's split backward: input gradient (I), weight gradient (W).
+KINDS: tuple[InstructionKind, ...] = ("forward", "backward", "backward_input", "backward_weight")
+SPLIT_BACKWARD: tuple[InstructionKind, ...] = ("backward_input", "backward_weight")
+SHORT_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
+# Kinds whose output (an activation gradient) flows to the previous virtual stage.
+_GRAD_SENDING = ("backward", "backward_input")
 # Bumped whenever the dependency rules change (2: interleaved joint receives; 3: none on a stage
-# whose microbatches are all in warm-up), so that plans made under older rules are not reused.
-DAG_MODEL_VERSION = 3
+# whose microbatches are all in warm-up; 4: zero-bubble kinds and placements), so that plans made
+# under older rules are not reused from a cache.
+DAG_MODEL_VERSION = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +56,8 @@ class Instruction:
     chunk: int = 0
 
     def short(self) -> str:
-        """Compact label such as ``F3`` or ``B1.c1`` (chunk shown only when nonzero)."""
-        label = f"{self.kind[0].upper()}{self.microbatch}"
+        """Compact label such as ``F3``, ``B1.c1`` or ``W2`` (chunk shown only when nonzero)."""
+        label = f"{SHORT_KIND.get(self.kind, self.kind[:1].upper())}{self.microbatch}"
         return label if self.chunk == 0 else f"{label}.c{self.chunk}"
 
 
@@ -59,21 +78,36 @@ class Schedule:
     num_chunks: int
     stages: tuple[tuple[Instruction, ...], ...]
     joint_receives: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # How chunks sit along the model: "loop" (chunk-major: megatron-core, torch interleaved) or
+    # "v" (two chunks; rank s holds virtual stages s and 2S-1-s: torch's ZBV).
+    placement: str = "loop"
 
     @property
     def num_instructions(self) -> int:
         return sum(len(stage) for stage in self.stages)
 
     def virtual_stage(self, stage: int, chunk: int) -> int:
-        """Position of (stage, chunk) along the model: chunk-major, as megatron-core lays it out."""
+        """Position of (stage, chunk) along the model (torch's stage index): chunk-major, as
+        megatron-core and torch's interleaved schedules lay it out, or a V for ``placement="v"``."""
+        if self.placement == "v" and chunk == 1:
+            return 2 * self.num_stages - 1 - stage
         return chunk * self.num_stages + stage
+
+    def locate(self, virtual: int) -> tuple[int, int]:
+        """(stage, chunk) holding a virtual stage; the inverse of :meth:`virtual_stage`."""
+        chunk, stage = divmod(virtual, self.num_stages)
+        if self.placement == "v" and chunk == 1:
+            stage = self.num_stages - 1 - stage
+        return stage, chunk
 
     def dependencies(self) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         """Edges ``((stage, index), (stage, index))``: program order plus cross-stage data flow.
 
-        Forward of a microbatch on virtual stage v feeds virtual stage v+1 and backward flows the
-        other way. The last virtual stage's backward needing its own forward is implied by that
-        stage's program order.
+        Forward of a microbatch on virtual stage v feeds virtual stage v+1 and backward (or the
+        input-gradient part I of a split backward) flows the other way. A weight-gradient part W
+        needs its own I. The last virtual stage's backward needing its own forward is implied by
+        that stage's program order. An edge between two virtual stages on one rank (ZBV's turn)
+        is an ordinary edge within that stage.
         """
         position: dict[tuple[int, Instruction], int] = {}
         for s, stage in enumerate(self.stages):
@@ -84,17 +118,24 @@ class Schedule:
             for i in range(1, len(stage)):
                 edges.append(((s, i - 1), (s, i)))
         num_virtual = self.num_stages * self.num_chunks
+
+        def gradient_step(stage: int, microbatch: int, chunk: int) -> int:
+            found = position.get((stage, Instruction("backward", microbatch, chunk)))
+            return position[(stage, Instruction("backward_input", microbatch, chunk))] if found is None else found
+
         for s, stage in enumerate(self.stages):
             for i, inst in enumerate(stage):
                 v = self.virtual_stage(s, inst.chunk)
                 if inst.kind == "forward" and v + 1 < num_virtual:
-                    ns, nc = (v + 1) % self.num_stages, (v + 1) // self.num_stages
+                    ns, nc = self.locate(v + 1)
                     j = position[(ns, Instruction("forward", inst.microbatch, nc))]
                     edges.append(((s, i), (ns, j)))
-                elif inst.kind == "backward" and v > 0:
-                    ps, pc = (v - 1) % self.num_stages, (v - 1) // self.num_stages
-                    j = position[(ps, Instruction("backward", inst.microbatch, pc))]
-                    edges.append(((s, i), (ps, j)))
+                elif inst.kind in _GRAD_SENDING and v > 0:
+                    ps, pc = self.locate(v - 1)
+                    edges.append(((s, i), (ps, gradient_step(ps, inst.microbatch, pc))))
+                elif inst.kind == "backward_weight":
+                    j = position[(s, Instruction("backward_input", inst.microbatch, inst.chunk))]
+                    edges.append(((s, j), (s, i)))
         if self.joint_receives:
             inputs: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for src, dst in edges:
@@ -212,8 +253,138 @@ def interleaved_joint_receives(order: Sequence[Instruction], all_warmup: bool = 
     return tuple(pairs)
 
 
-ScheduleName = Literal["1f1b", "interleaved", "gpipe"]
-SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+# ---------------------------------------------------------------- torch.distributed.pipelining
+#
+# Ports of torch 2.13's ``pipeline_order`` generators (``_get_1f1b_rank_ops``, ``_get_warmup_ops``,
+# ``ScheduleZBVZeroBubble._calculate_single_rank_operations``) reduced to the compute order of one
+# rank: torch pads ranks with idle slots (None) to line the ranks up in time, which the DAG
+# derives from the dependencies instead. Actions are (torch stage index, kind, microbatch).
+
+_Action = tuple[int, InstructionKind, int]
+
+
+def _torch_rounds(num_stages: int, num_microbatches: int, what: str) -> int:
+    """Microbatches per round of torch's interleaved schedules (``M // max(1, M // S)``)."""
+    rounds = max(1, num_microbatches // num_stages)
+    if num_microbatches % rounds:
+        raise ScheduleError(
+            f"{what}: microbatches ({num_microbatches}) must be a multiple of the number of rounds "
+            f"({rounds} = microbatches // stages), as torch.distributed.pipelining requires"
+        )
+    return num_microbatches // rounds
+
+
+def _torch_rank_ops(rank: int, num_stages: int, num_microbatches: int, num_chunks: int,
+                    zero_bubble: bool) -> list[_Action]:
+    """``_get_1f1b_rank_ops`` of ``ScheduleInterleaved1F1B`` / ``ScheduleInterleavedZeroBubble``."""
+    per_round = _torch_rounds(num_stages, num_microbatches,
+                              "zb-interleaved" if zero_bubble else "torch-interleaved")
+    factor = 1 if zero_bubble else 2
+    warmup = min((num_chunks - 1) * per_round + factor * (num_stages - 1 - rank), num_microbatches * num_chunks)
+    total_mb_ops = num_chunks * num_microbatches
+    fwd_bwd = total_mb_ops - warmup
+    total = warmup + fwd_bwd + warmup  # warm-up + steady + cool-down (cool-down = warm-up)
+    num_1f1b = rank  # zero bubble: the first `rank` steady pairs run without a W
+
+    def fwd_stage(step: int) -> int:
+        return ((step // per_round) % num_chunks) * num_stages + rank
+
+    def bwd_stage(step: int) -> int:
+        return (num_chunks - 1 - ((step - warmup) // per_round) % num_chunks) * num_stages + rank
+
+    fwd_mb: dict[int, int] = {}
+    bwd_mb: dict[int, int] = {}
+    w_mb: dict[int, int] = {}
+    ops: list[_Action] = []
+    backward_steps: list[int] = []
+    weights = 0
+    bkind: InstructionKind = "backward_input" if zero_bubble else "backward"
+
+    def take(counter: dict[int, int], stage: int) -> int:
+        counter[stage] = counter.get(stage, 0) + 1
+        return counter[stage] - 1
+
+    def weight() -> None:
+        nonlocal weights
+        stage = bwd_stage(backward_steps[weights])
+        ops.append((stage, "backward_weight", take(w_mb, stage)))
+        weights += 1
+
+    for op in range(total):
+        if op < warmup + fwd_bwd:
+            stage = fwd_stage(op)
+            ops.append((stage, "forward", take(fwd_mb, stage)))
+            if op < warmup:
+                continue
+        stage = bwd_stage(op)
+        ops.append((stage, bkind, take(bwd_mb, stage)))
+        backward_steps.append(op)
+        if zero_bubble and op - warmup >= num_1f1b:
+            weight()
+    while zero_bubble and weights < len(backward_steps):
+        weight()
+    return ops
+
+
+def _torch_zbv_rank_ops(rank: int, num_stages: int, num_microbatches: int) -> list[_Action]:
+    """``ScheduleZBVZeroBubble._calculate_single_rank_operations`` (two chunks per rank, in a V)."""
+    n_micro = max(2 * num_stages - 1, num_microbatches)
+    chunk0, chunk1 = rank, 2 * num_stages - 1 - rank
+    f0 = f1 = b0 = b1 = 0
+    ops: list[_Action] = []
+    for _ in range(2 * (num_stages - rank) - 1):
+        ops.append((chunk0, "forward", f0))
+        f0 += 1
+    for _ in range(rank):
+        ops += [(chunk1, "forward", f1), (chunk0, "forward", f0)]
+        f1, f0 = f1 + 1, f0 + 1
+    for _ in range(num_stages - rank):
+        ops += [(chunk1, "forward", f1), (chunk1, "backward_input", b1), (chunk1, "backward_weight", b1)]
+        f1, b1 = f1 + 1, b1 + 1
+    while f1 < f0 or f0 < n_micro:
+        if f0 < n_micro:
+            ops.append((chunk0, "forward", f0))
+            f0 += 1
+        ops += [(chunk0, "backward_input", b0), (chunk0, "backward_weight", b0)]
+        b0 += 1
+        ops += [(chunk1, "forward", f1), (chunk1, "backward_input", b1), (chunk1, "backward_weight", b1)]
+        f1, b1 = f1 + 1, b1 + 1
+    w0, w1 = b0, b1
+    for _ in range(rank):
+        ops += [(chunk0, "backward_input", b0), (chunk1, "backward_input", b1)]
+        b0, b1 = b0 + 1, b1 + 1
+    for _ in range(num_stages - rank):
+        ops += [(chunk0, "backward_input", b0), (chunk0, "backward_weight", w0)]
+        b0, w0 = b0 + 1, w0 + 1
+    ops += [(chunk1, "backward_weight", m) for m in range(w1, b1)]
+    ops += [(chunk0, "backward_weight", m) for m in range(w0, b0)]
+    return [op for op in ops if op[2] < num_microbatches]
+
+
+def torch_rank_order(name: str, rank: int, num_stages: int, num_microbatches: int,
+                     num_chunks: int) -> list[tuple[int, InstructionKind, int]]:
+    """One rank's compute actions ``(torch stage index, kind, microbatch)`` under a torch schedule."""
+    if name == "zbv":
+        return _torch_zbv_rank_ops(rank, num_stages, num_microbatches)
+    return _torch_rank_ops(rank, num_stages, num_microbatches, num_chunks, zero_bubble=name == "zb-interleaved")
+
+
+def _torch_order(name: str, rank: int, num_stages: int, num_microbatches: int, num_chunks: int) -> list[Instruction]:
+    """A torch rank's order as Perseus instructions: chunk = position of the torch stage among the
+    rank's stages in ascending torch stage index (``stage // S`` interleaved; 0 and 1 along the V)."""
+    local = sorted({stage for stage, _, _ in torch_rank_order(name, rank, num_stages, num_microbatches, num_chunks)})
+    chunk_of = {stage: i for i, stage in enumerate(local)}
+    return [Instruction(kind, mb, chunk_of[stage])
+            for stage, kind, mb in torch_rank_order(name, rank, num_stages, num_microbatches, num_chunks)]
+
+
+ScheduleName = Literal["1f1b", "interleaved", "gpipe", "torch-interleaved", "zb-interleaved", "zbv"]
+SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe", "torch-interleaved", "zb-interleaved", "zbv")
+# Schedules Perseus cannot plan, with the reason (one line each).
+UNSUPPORTED = {
+    "dualpipev": "DualPipeV overlaps a forward with a backward in one action (OVERLAP_F_B), so its "
+                 "instructions cannot be clocked one at a time; Perseus does not support it",
+}
 
 
 def build_schedule(
@@ -226,6 +397,7 @@ def build_schedule(
     """Build a named schedule; raises ``ScheduleError`` for impossible configurations."""
     _check_sizes(num_stages, num_microbatches, num_chunks)
     make: Callable[[int], Sequence[Instruction]]
+    placement = "loop"
     if name == "1f1b" or name == "gpipe":
         if num_chunks != 1:
             raise ScheduleError(f"schedule {name!r} has no virtual chunks; use --chunks 1 or 'interleaved'")
@@ -235,6 +407,17 @@ def build_schedule(
         if num_chunks < 2:
             raise ScheduleError("interleaved schedule needs at least 2 chunks (--chunks)")
         make = lambda s: interleaved_order(s, num_stages, num_microbatches, num_chunks, group_size)  # noqa: E731
+    elif name in ("torch-interleaved", "zb-interleaved", "zbv"):
+        if name == "zbv" and num_chunks != 2:
+            raise ScheduleError(f"zbv places exactly 2 chunks per stage in a V; use --chunks 2, got {num_chunks}")
+        if name == "torch-interleaved" and num_chunks < 2:
+            raise ScheduleError("torch-interleaved schedule needs at least 2 chunks (--chunks); use 1f1b for one")
+        if name != "zbv" and num_microbatches < num_stages:
+            raise ScheduleError(f"{name}: needs at least as many microbatches ({num_microbatches}) as stages ({num_stages})")
+        placement = "v" if name == "zbv" else "loop"
+        make = lambda s: _torch_order(name, s, num_stages, num_microbatches, num_chunks)  # noqa: E731
+    elif name.lower() in UNSUPPORTED:
+        raise ScheduleError(UNSUPPORTED[name.lower()])
     else:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     stages = tuple(tuple(make(s)) for s in range(num_stages))
@@ -247,4 +430,4 @@ def build_schedule(
             )
             for s, order in enumerate(stages)
         )
-    return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint)
+    return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint, placement)

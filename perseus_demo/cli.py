@@ -12,7 +12,10 @@ from perseus.frontier import load_frontier
 from perseus.profile import load_json
 from perseus_demo.common import format_report, phase_table
 
-FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo"}
+FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo",
+              "torch": "perseus_demo.torch_demo"}
+# torch.distributed.pipelining schedules the torch demo runs, and their torch stages per rank
+TORCH_SCHEDULES = {"1f1b": 1, "gpipe": 1, "torch-interleaved": 2, "zb-interleaved": 2, "zbv": 2}
 
 
 def _framework_demo(framework: str):
@@ -21,7 +24,7 @@ def _framework_demo(framework: str):
     except KeyError:
         raise PerseusError(f"unknown framework {framework!r}; choose one of {', '.join(FRAMEWORKS)}") from None
     except ImportError as exc:
-        extra = "megatron" if framework == "megatron" else "deepspeed"
+        extra = framework
         raise PerseusError(
             f"the {framework} demo needs {exc.name}: pip install -e '.[{extra}]' (after pip install torch==2.13.0)"
         ) from None
@@ -42,15 +45,22 @@ def draw_pictures(cache_dir: Path, out_dir: Path) -> list[Path]:
     return written
 
 
-def run_demo(framework: str, stages: int, microbatches: int, max_steps: int, out_dir: Path) -> str:
-    """Run the demo and return the printable report."""
+def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | None, out_dir: Path,
+             schedule: str | None = None) -> str:
+    """Run the demo and return the printable report (``schedule``: the torch demo's schedule)."""
     module = _framework_demo(framework)
-    cfg = module.DemoConfig(stages=stages, microbatches=microbatches, max_steps=max_steps)
+    if schedule is not None and framework != "torch":
+        raise PerseusError(f"--schedule picks a torch.distributed.pipelining schedule; the {framework} demo runs 1F1B")
+    extra: dict = {"schedule": schedule, "chunks": TORCH_SCHEDULES[schedule]} if schedule is not None else {}
+    if max_steps is not None:
+        extra["max_steps"] = max_steps
+    cfg = module.DemoConfig(stages=stages, microbatches=microbatches, **extra)
     cfg.perseus = {**cfg.perseus, "cache_dir": str((out_dir / "cache").resolve())}
     started = time.perf_counter()
     results = module.launch(cfg, out_dir)
+    name = f"{framework} ({schedule})" if schedule else framework
     lines = [
-        f"{framework} pipeline on CPU: {stages} stages x {microbatches} microbatches, simulated "
+        f"{name} pipeline on CPU: {stages} stages x {microbatches} microbatches, simulated "
         f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s)",
         format_report(phase_table(results)),
     ]
@@ -64,14 +74,14 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int, out
 MEGATRON_LM_ITERATIONS = 24  # real pretrain_gpt.py iterations: warm-up, a few clocks, planning, deployed
 
 
-def run_megatron_lm_demo(checkout: Path, stages: int, microbatches: int, max_steps: int, out_dir: Path,
+def run_megatron_lm_demo(checkout: Path, stages: int, microbatches: int, max_steps: int | None, out_dir: Path,
                          chunks: int = 1) -> str:
     """A real Megatron-LM checkout's ``pretrain_gpt.py`` on CPU with Perseus; the printable report."""
     from perseus_demo import megatron_lm_cpu
 
     started = time.perf_counter()
     summaries = megatron_lm_cpu.launch(checkout, out_dir, stages=stages, chunks=chunks, microbatches=microbatches,
-                                       train_iters=min(max_steps, MEGATRON_LM_ITERATIONS),
+                                       train_iters=min(max_steps or MEGATRON_LM_ITERATIONS, MEGATRON_LM_ITERATIONS),
                                        extra_args=["--perseus-warmup-steps", "4"])
     schedule = f"interleaved ({chunks} chunks)" if chunks > 1 else "1F1B"
     lines = [
@@ -95,7 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(run_megatron_lm_demo(Path(args.megatron_lm).expanduser().resolve(), args.stages, args.microbatches,
                                    args.max_steps, Path(args.out), args.chunks))
         return 0
-    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out)))
+    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out), args.schedule))
     return 0
 
 
@@ -103,15 +113,19 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
     """Register ``demo`` on the ``perseus`` command's subparsers."""
     p = sub.add_parser(
         "demo",
-        help="end-to-end demo: a real Megatron (or DeepSpeed) pipeline on CPU with simulated GPUs",
+        help="end-to-end demo: a real Megatron (DeepSpeed, torch pipelining) pipeline on CPU with simulated GPUs",
         description="Train a tiny model with a real framework pipeline on CPU (torchrun, gloo), one "
         "simulated GPU per stage: baseline steps, online profiling, planning, deployed plan. Prints "
         "iteration time and energy per phase and draws frontier.png and timeline.png.",
     )
-    p.add_argument("--framework", choices=["megatron", "deepspeed"], default="megatron")
+    p.add_argument("--framework", choices=list(FRAMEWORKS), default="megatron")
+    p.add_argument("--schedule", choices=list(TORCH_SCHEDULES), default=None,
+                   help="--framework torch: the torch.distributed.pipelining schedule (default: 1f1b)")
     p.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default: 4)")
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
-    p.add_argument("--max-steps", type=int, default=60, help="give up if the plan is not deployed by then")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="give up if the plan is not deployed by then (default: 60; torch: 200, planning zero-bubble "
+                        "schedules on a busy CPU takes longer)")
     p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
     p.add_argument("--megatron-lm", metavar="PATH",
                    help="run this Megatron-LM checkout's own pretrain_gpt.py (unmodified; tiny GPT, mock data) "

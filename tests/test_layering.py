@@ -19,10 +19,10 @@ DATA_CORE = ["perseus/schedule.py", "perseus/dag.py", "perseus/profile.py", "per
              "perseus/frontier.py", "perseus/frontier_file.py", "perseus/frontier_v1.py", "perseus/errors.py",
              "perseus/atomic.py", "perseus/cache.py", "perseus/planner", "perseus/emulator.py", "perseus/tables.py",
              "perseus/export.py", "perseus/plot.py", "perseus/examples"]
-CORE_FORBIDDEN = ("torch", "perseus.runtime", "perseus.gpu", "perseus_megatron", "perseus_deepspeed", "perseus_demo",
+CORE_FORBIDDEN = ("torch", "perseus.runtime", "perseus.gpu", "perseus_megatron", "perseus_deepspeed", "perseus_torch", "perseus_demo",
                   "megatron", "deepspeed")
-LIBRARY = ["perseus", "perseus_megatron", "perseus_deepspeed"]
-ADAPTERS = ["perseus_megatron", "perseus_deepspeed"]
+LIBRARY = ["perseus", "perseus_megatron", "perseus_deepspeed", "perseus_torch"]
+ADAPTERS = ["perseus_megatron", "perseus_deepspeed", "perseus_torch"]
 
 
 def _files(paths: list[str]) -> list[Path]:

@@ -20,14 +20,19 @@ def synthetic_profile(
     num_chunks: int = 1,
     p_blocking_w: float = 80.0,
     noise: float = 0.01,
+    split_backward: bool = False,
 ) -> Profile:
+    """``split_backward``: zero-bubble kinds, forward, backward_input and backward_weight (each
+    about as long as the forward, with their own memory-boundness and power), instead of backward."""
     rng = np.random.default_rng(seed)
     freqs = np.linspace(1410, 1410 - 15 * (num_freqs - 1), num_freqs).round().astype(int)
     entries = {}
     for stage in range(num_stages):
         for chunk in range(num_chunks):
             base = rng.uniform(0.04, 0.06)
-            for kind, scale in (("forward", 1.0), ("backward", rng.uniform(1.8, 2.2))):
+            kinds = ((("forward", 1.0), ("backward_input", rng.uniform(0.9, 1.1)), ("backward_weight", rng.uniform(0.8, 1.2)))
+                     if split_backward else (("forward", 1.0), ("backward", rng.uniform(1.8, 2.2))))
+            for kind, scale in kinds:
                 t0 = base * scale
                 mem = rng.uniform(0.15, 0.35)
                 t = t0 * (mem + (1 - mem) * freqs.max() / freqs)

@@ -16,6 +16,9 @@ from milp_oracle import exact_min_energy
 from synthetic import synthetic_profile
 
 GAP_LIMIT = 0.001  # 0.1 %: the target; measured worst is printed (pytest -s) and in docs/planner.md
+# Zero-bubble DAGs (split I/W, V placement) are not yet within the target: measured gaps up to
+# 0.142 % at interior deadlines (docs/torch-pipelining.md); this limit keeps them from growing.
+GAP_LIMIT_SPLIT_BACKWARD = 0.002
 
 
 def deadlines_across(frontier, count: int = 5) -> list[float]:
@@ -24,7 +27,7 @@ def deadlines_across(frontier, count: int = 5) -> list[float]:
     return [frontier.baseline_time_s, frontier.slowest.time_s, *inner.tolist()]
 
 
-def check_against_milp(schedule, profile, count: int = 5, deadlines=None) -> list[float]:
+def check_against_milp(schedule, profile, count: int = 5, deadlines=None, limit: float = GAP_LIMIT) -> list[float]:
     frontier = plan_frontier(schedule, profile)
     dag = InstructionDAG.from_schedule(schedule)
     gaps = []
@@ -37,7 +40,7 @@ def check_against_milp(schedule, profile, count: int = 5, deadlines=None) -> lis
         # The oracle is exact up to HiGHS's tolerances (mip_rel_gap 1e-6, feasibility 1e-7 s on
         # start times); beyond them, a plan below it means the oracle or the evaluation is wrong.
         assert gap >= -2e-5, "planner below the exact optimum: oracle or evaluation is wrong"
-        assert gap <= GAP_LIMIT, f"deadline {deadline:.4f} s: {ours.energy_j:.3f} J vs optimum {exact:.3f} J"
+        assert gap <= limit, f"deadline {deadline:.4f} s: {ours.energy_j:.3f} J vs optimum {exact:.3f} J"
     print(f"{schedule.name} {schedule.num_stages}x{schedule.num_microbatches}: gaps % " + " ".join(f"{100 * g:.3f}" for g in gaps))
     return gaps
 
@@ -57,6 +60,14 @@ def test_4_stages_6_microbatches_12_frequencies(seed):
 
 def test_interleaved_2_stages_2_chunks():
     check_against_milp(build_schedule("interleaved", 2, 4, 2), synthetic_profile(2, 16, 7, num_chunks=2))
+
+
+@pytest.mark.parametrize("name,stages,microbatches,seed", [("zbv", 2, 3, 5), ("zb-interleaved", 2, 2, 6)])
+def test_zero_bubble_split_backward(name, stages, microbatches, seed):
+    # I and W as separate instructions (W depends only on its own I, sends nothing), ZBV's V
+    # placement with the local turn between a rank's two chunks.
+    profile = synthetic_profile(stages, 12, seed, num_chunks=2, split_backward=True)
+    check_against_milp(build_schedule(name, stages, microbatches, 2), profile, limit=GAP_LIMIT_SPLIT_BACKWARD)
 
 
 def test_real_a100_profile_slice(a100_slice):

@@ -1,0 +1,137 @@
+"""``perseus_torch.enable(schedule, stages, config)``: Perseus on a torch.distributed.pipelining job.
+
+One rank is one Perseus pipeline stage (its pipeline-parallel group rank); the torch stages it
+holds are its chunks, in ascending torch stage index (docs/torch-pipelining.md). The schedule
+object has everything else: the schedule kind (its class), microbatches, pipeline size.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import Any, Callable, Mapping
+
+from perseus.errors import ConfigError
+from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
+from perseus_torch.compat import schedule_name
+from perseus_torch.hooks import HookHandle, install_hooks, resolve_stages
+
+ListenerWrapper = Callable[[InstructionListener], InstructionListener]
+RuntimeFactory = Callable[..., Any]
+
+
+class TorchPerseus:
+    """Perseus attached to one schedule: the runtime, the hooks that drive it, and shutdown."""
+
+    def __init__(self, job: PipelineJob, config: PerseusConfig, runtime: Any) -> None:
+        self.job, self.config, self.runtime = job, config, runtime
+        self.hooks: HookHandle | None = None
+        self._closed = False
+
+    def summary(self) -> dict[str, Any]:
+        return self.runtime.summary()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Remove the hooks and close the runtime (default clocks); idempotent, also runs at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.hooks is not None:
+                self.hooks.uninstall()
+        finally:
+            self.runtime.close()
+
+    def __enter__(self) -> TorchPerseus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def job_from_schedule(schedule: Any, stages: Any = None, *, dp_rank: int = 0, dp_size: int = 1,
+                      model_config: Mapping[str, Any] | None = None) -> PipelineJob:
+    """This rank's ``PipelineJob``: stage = pipeline rank, chunks = torch stages on this rank.
+
+    Data parallelism is not visible from a pipelining schedule (TorchTitan keeps it in its device
+    mesh): pass ``dp_rank``/``dp_size`` when there are several pipelines.
+    """
+    name = schedule_name(schedule)
+    resolved = resolve_stages(schedule, stages)
+    first = resolved[0]
+    pp, pp_rank = int(first.group_size), int(first.group_rank)
+    rank, world = pp_rank, pp
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover - torch is there whenever a schedule is
+        pass
+    fingerprint = {
+        "framework": "torch.distributed.pipelining",
+        "torch_stages": sorted(int(s.stage_index) for s in resolved),
+        "num_torch_stages": int(first.num_stages),
+        "parameters": [sum(int(p.numel()) for p in s.submod.parameters()) for s in resolved
+                       if hasattr(getattr(s, "submod", None), "parameters")],
+    }
+    return PipelineJob(
+        num_stages=pp,
+        num_microbatches=int(schedule._n_microbatches),
+        stage=pp_rank,
+        schedule=name,
+        num_chunks=len(resolved),
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        rank=rank,
+        world_size=world,
+        model_config={**fingerprint, **dict(model_config or {})},
+    )
+
+
+def _config(config: PerseusConfig | Mapping[str, Any] | None) -> PerseusConfig:
+    if config is None:
+        return PerseusConfig()
+    if isinstance(config, PerseusConfig):
+        return config
+    if isinstance(config, Mapping):
+        return PerseusConfig.from_dict(dict(config))
+    raise ConfigError(f"perseus_torch.enable: config must be a PerseusConfig or a mapping, got {type(config).__name__}")
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    handle = ref()
+    if handle is not None:
+        handle.close()
+
+
+def enable(schedule: Any, stages: Any = None, config: PerseusConfig | Mapping[str, Any] | None = None, *,
+           dp_rank: int = 0, dp_size: int = 1, process_group: Any = None,
+           model_config: Mapping[str, Any] | None = None, listener_wrapper: ListenerWrapper | None = None,
+           runtime_factory: RuntimeFactory | None = None) -> TorchPerseus:
+    """Start Perseus for a pipelining schedule on this rank (call on every rank, after building it).
+
+    Every later ``schedule.step()`` is one Perseus iteration; ``schedule.eval()`` is not reported.
+    Returns the handle (``.runtime``, ``.summary()``, ``.close()``); ``close()`` or interpreter
+    exit restores default clocks and removes the hooks.
+    """
+    cfg = _config(config)
+    job = job_from_schedule(schedule, stages, dp_rank=dp_rank, dp_size=dp_size, model_config=model_config)
+    if runtime_factory is None:
+        from perseus.runtime import PerseusRuntime
+
+        runtime_factory = PerseusRuntime
+    runtime = runtime_factory(job, cfg, process_group=process_group)
+    handle = TorchPerseus(job, cfg, runtime)
+    try:
+        listener = listener_wrapper(runtime) if listener_wrapper is not None else runtime
+        handle.hooks = install_hooks(schedule, listener, stages)
+    except BaseException:
+        handle.close()
+        raise
+    atexit.register(_close_at_exit, weakref.ref(handle))
+    return handle

@@ -1,0 +1,94 @@
+"""Exact (kind, microbatch, chunk) for every compute call of one torch pipelining ``step()``.
+
+Every ``torch.distributed.pipelining`` schedule (torch 2.13) runs its compute through three
+methods of each ``_PipelineStageBase``, each told the microbatch index first:
+``forward_one_chunk`` (F), ``backward_one_chunk`` (full backward B, or with
+``full_backward=False`` zero-bubble's input-gradient part I) and ``backward_weight_one_chunk``
+(weight-gradient part W). So the stage the call is made on gives the chunk and the first
+argument the microbatch; no schedule has to be re-implemented to know what ran.
+
+No torch import here: the logic is tested with plain objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, TypeVar
+
+from perseus.errors import PerseusError
+from perseus.runtime import InstructionListener
+
+T = TypeVar("T")
+
+
+class HookStateError(PerseusError):
+    """The schedule called the hooks in an order they cannot interpret."""
+
+
+class PipelineTracker:
+    """Turns one schedule's ``step()`` and compute calls into listener events.
+
+    ``step()`` is one training iteration: ``on_step_begin`` before it, ``on_step_end`` when it
+    returns (not when it raises). ``eval()`` (it calls ``step()`` with backward disabled) and a
+    ``step()`` of a schedule built without a loss (no backward) report nothing: they are not the
+    iteration Perseus profiles and plans, and forwards without backwards would break the runtime's
+    plan check. Compute outside ``step()`` is not reported either.
+    """
+
+    def __init__(self, listener: InstructionListener) -> None:
+        self.listener = listener
+        self._in_step = False
+        self._in_eval = False
+        self._reporting = False
+        self._open: tuple[str, int, int] | None = None
+
+    @property
+    def reporting(self) -> bool:
+        return self._reporting
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Brackets ``eval()``: the ``step()`` inside it is not reported."""
+        was, self._in_eval = self._in_eval, True
+        try:
+            yield
+        finally:
+            self._in_eval = was
+
+    @contextlib.contextmanager
+    def step(self, has_backward: bool) -> Iterator[None]:
+        """Brackets one ``step()``; reported only for a training step outside ``eval()``."""
+        if self._in_step:
+            raise HookStateError("a pipelining step() started inside another one; Perseus expects one at a time")
+        self._in_step = True
+        report = has_backward and not self._in_eval
+        try:
+            if report:
+                self.listener.on_step_begin()
+                self._reporting = True
+            yield
+            if report:
+                self._reporting = False
+                self.listener.on_step_end()
+        finally:
+            self._in_step = False
+            self._reporting = False
+            self._open = None
+
+    def compute(self, kind: str, microbatch: Any, chunk: int, run: Callable[[], T]) -> T:
+        """Run one compute call, reporting it when inside a reported step."""
+        if not self._reporting:
+            return run()
+        if not isinstance(microbatch, int) or isinstance(microbatch, bool):
+            raise HookStateError(f"torch pipelining called {kind} with microbatch {microbatch!r}, not an index")
+        if self._open is not None:
+            raise HookStateError(
+                f"{kind} of microbatch {microbatch} started inside {self._open[0]} of microbatch {self._open[1]}: "
+                "the schedule overlaps compute (like DualPipeV's OVERLAP_F_B), which Perseus does not support"
+            )
+        self._open = (kind, microbatch, chunk)
+        self.listener.on_instruction_begin(kind, microbatch, chunk)  # type: ignore[arg-type]
+        result = run()
+        self.listener.on_instruction_end(kind, microbatch, chunk)  # type: ignore[arg-type]
+        self._open = None
+        return result

@@ -1,0 +1,54 @@
+"""torchrun worker: a real pipelining schedule over gloo, hooked by perseus_torch, records what ran.
+
+Writes ``rankN.json`` with each reported step's instructions, how many events ``eval()`` and an
+unhooked step reported, and whether uninstall restored every hooked attribute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(out_dir: str, config: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from perseus.runtime import RecordingListener
+    from perseus_demo.torch_demo import DemoConfig, build_pipeline, train_step_fn
+    from perseus_torch import install_hooks
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    cfg = DemoConfig(**json.loads(config))
+    schedule, stages, _ = build_pipeline(cfg, rank)
+    step = train_step_fn(cfg, schedule, stages)
+    listener = RecordingListener()
+    handle = install_hooks(schedule, listener)
+    step()
+    step()
+    trained = len(listener.steps)
+    indices = {int(s.stage_index) for s in stages}
+    x = torch.randn(cfg.micro_batch_size * cfg.microbatches, cfg.hidden_size)
+    last = int(stages[0].num_stages) - 1
+    # torch 2.13's ZBV eval() fails on its own (get_local_bwd_output asserts without backward)
+    with torch.no_grad():
+        if cfg.schedule != "zbv":
+            schedule.eval(*((x,) if 0 in indices else ()), **({"target": x} if last in indices else {}))
+    after_eval = len(listener.steps)
+    handle.uninstall()
+    restored = all(m not in s.__dict__ for s in stages for m in ("forward_one_chunk", "backward_one_chunk",
+                                                                 "backward_weight_one_chunk"))
+    restored = restored and "step" not in schedule.__dict__ and "eval" not in schedule.__dict__
+    step()
+    result = {"rank": rank, "steps": [[[i.kind, i.microbatch, i.chunk] for i in s] for s in listener.steps],
+              "trained_steps": trained, "after_eval": after_eval, "after_uninstall": len(listener.steps),
+              "restored": restored, "torch_stages": sorted(indices)}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
