@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -56,23 +56,27 @@ PERSEUS = {**DEFAULT_PERSEUS, "warmup_steps": 4, "straggler_period_steps": 3, "s
            "straggler_threshold": 0.15, "straggler_recover_threshold": 0.08}
 
 
-def true_profile(cfg: DemoSettings, chunks: int = 1) -> Profile:
-    """Every (stage, chunk, kind) at every clock of the simulated GPU, from its DVFS model.
+def true_profile(cfg: DemoSettings, keys: Iterable[tuple[int, int, str]]) -> Profile:
+    """The (stage, chunk, kind)s ``keys`` at every clock of the simulated GPU, from its DVFS model.
 
     What the demo's ``SimulatedCompute`` makes the simulated GPU do, without CPU noise: each
-    instruction's max-clock time is its nominal time, stretched and powered by the model.
+    instruction's max-clock time is its nominal time (``cfg.nominal_s``), stretched and powered
+    by the model. ``keys``: the measured profile's, so every framework's kinds and chunks are covered.
     """
     model = get_preset(cfg.sim_gpu["preset"])
     clocks = model.supported_sm_clocks()
+    runs = [model.throttled_clock(f, 1.0, model.tdp_w) for f in clocks]
     entries = {}
-    for stage in range(cfg.stages):
-        for kind, nominal in cfg.nominal_s(stage).items():
-            runs = [model.throttled_clock(f, 1.0, model.tdp_w) for f in clocks]
-            times = [model.kernel_time_s(nominal, f) for f in runs]
-            energies = [model.kernel_energy_j(nominal, f) for f in runs]
-            for chunk in range(chunks):
-                entries[(stage, chunk, kind)] = InstructionProfile(tuple(clocks), tuple(times), tuple(energies))
+    for stage, chunk, kind in keys:
+        nominal = cfg.nominal_s(stage)[kind]
+        entries[(stage, chunk, kind)] = InstructionProfile(
+            tuple(clocks), tuple(model.kernel_time_s(nominal, f) for f in runs),
+            tuple(model.kernel_energy_j(nominal, f) for f in runs))
     return Profile(entries, model.p_blocking_w, model.name)
+
+
+def cached_profile(cache_dir: Path) -> Profile:
+    return load_json(next(Path(cache_dir).glob("*/profile.json")))
 
 
 def cached_frontier(cache_dir: Path) -> Frontier:
@@ -154,14 +158,14 @@ def slowdown_bound(measured: Profile, truth: Profile) -> float:
 
 
 def account(results: list[dict[str, Any]], cfg: DemoSettings, cache_dir: Path, point: FrontierPoint,
-            steps: list[int], chunks: int = 1) -> Accounting:
+            steps: list[int]) -> Accounting:
     """Check the plan was executed (order, clocks) in ``steps`` and account it on the true model."""
     frontier = cached_frontier(cache_dir)
-    truth = true_profile(cfg, chunks)
+    measured = cached_profile(cache_dir)
+    truth = true_profile(cfg, measured.entries)
     dag = InstructionDAG.from_schedule(frontier.schedule)
     plan = simulate_plan(dag, truth, point.freqs_mhz)
     base = simulate_plan(dag, truth, max_frequency_plan(dag, truth))
-    measured = load_json(next(Path(cache_dir).glob("*/profile.json")))
     applied = [simulate_plan(dag, truth, clocks) for clocks in applied_clocks(results, frontier, steps)]
     return Accounting(plan.time_s, plan.energy_j, base.time_s, base.energy_j,
                       applied_share(results, frontier, point, steps), slowdown_bound(measured, truth),
@@ -185,7 +189,7 @@ def steps_in(result: dict[str, Any], phase: str) -> list[int]:
     return [rec["step"] for rec in result["steps"] if rec["phase"] == phase]
 
 
-def check_deployed_demo(results: list[dict[str, Any]], cfg: DemoSettings, cache_dir: Path, chunks: int = 1) -> Accounting:
+def check_deployed_demo(results: list[dict[str, Any]], cfg: DemoSettings, cache_dir: Path) -> Accounting:
     """The no-slowdown plan was deployed everywhere, executed as planned, and saves energy on the true model."""
     frontier = cached_frontier(cache_dir)
     point = frontier.default_point()
@@ -195,7 +199,7 @@ def check_deployed_demo(results: list[dict[str, Any]], cfg: DemoSettings, cache_
         assert find_point(frontier, **summary["point"]) is point, "every rank runs the default (no-slowdown) point"
     deployed = steps_in(results[0], "deployed")
     assert len(deployed) == cfg.deployed_steps and all(steps_in(r, "deployed") == deployed for r in results)
-    acc = account(results, cfg, cache_dir, point, deployed, chunks)
+    acc = account(results, cfg, cache_dir, point, deployed)
     check_accounting(acc)
     return acc
 
@@ -280,7 +284,8 @@ def check_straggler_run(results: list[dict[str, Any]], cfg: DemoSettings, stragg
     assert share >= APPLIED_SHARE, f"matched plan's clocks applied: {100 * share:.1f} %"
     pace = frontier.default_point().time_s * ratios[0]
     assert frontier.paced_energy_j(point, pace) < frontier.paced_energy_j(frontier.default_point(), pace)
-    truth, dag = true_profile(cfg), InstructionDAG.from_schedule(frontier.schedule)
+    truth = true_profile(cfg, cached_profile(Path(cfg.perseus["cache_dir"])).entries)
+    dag = InstructionDAG.from_schedule(frontier.schedule)
     true_pace = simulate_plan(dag, truth, max_frequency_plan(dag, truth)).time_s * straggler["factor"]
     matched_true = simulate_plan(dag, truth, point.freqs_mhz)
     default_true = simulate_plan(dag, truth, frontier.default_point().freqs_mhz)

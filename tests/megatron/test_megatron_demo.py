@@ -41,5 +41,5 @@ def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stag
     table = phase_table(results)
     assert {"warmup", "profiling", "deployed", "baseline again"} <= set(table), table
     assert table["baseline again"]["iterations"] == cfg.rebaseline_steps
-    accounting = check_deployed_demo(results, cfg, tmp_path / "cache", chunks)
+    accounting = check_deployed_demo(results, cfg, tmp_path / "cache")
     print(f"\n{stages} stages x {chunks} chunks:\n{format_report(table)}\n{accounting}")

@@ -3,7 +3,7 @@ ZBV also on 4): online profiling, planning and deployment on 1F1B, Interleaved1F
 zero-bubble schedules.
 
 The plan deploys without fallback only if every reported instruction matched the schedule data
-(the runtime checks each one); the checks are on what the run did (``torch_checks.py``), not on
+(the runtime checks each one); the checks are on what the run did (``tests/demo_checks.py``), not on
 wall-clock time.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_checks import check_deployed_demo  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from demo_checks import check_deployed_demo  # noqa: E402
 
 from perseus_demo.common import format_report, phase_table  # noqa: E402
 from perseus_demo.torch_demo import DemoConfig, launch  # noqa: E402
