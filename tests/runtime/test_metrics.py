@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import logging
 import urllib.error
 import urllib.request
@@ -31,10 +33,11 @@ def setup(tmp_path, **kw):
 
 
 def step(rt, device, t=0.002):
+    """One iteration of plain CPU work: the runtime makes each instruction a simulated kernel."""
     rt.on_step_begin()
     for inst in rt.schedule.stages[0]:
         rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
-        device.run_for(t * (2 if inst.kind == "backward" else 1))
+        time.sleep(t * (2 if inst.kind == "backward" else 1))
         rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
     rt.on_step_end()
 
