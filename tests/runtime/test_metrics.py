@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import time
-
 import logging
+import time
 import urllib.error
 import urllib.request
 
