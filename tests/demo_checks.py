@@ -254,9 +254,14 @@ def check_straggler_run(results: list[dict[str, Any]], cfg: DemoSettings, stragg
         events = r["summary"]["events"]
         decided = [data for _, what, data in events if what == "straggler"]
         assert decided == replay_policy(events, cfg.perseus), events
+    # The straggler itself never slows down while it is the slow one. (Outside its window both
+    # replicas run alike, and on a busy machine noise can look like a straggler to either: what
+    # the policy does with that is the replay above.)
+    window = sorted({rec["step"] for rec in stragglers[0]["steps"] if rec["phase"].endswith("(straggler)")})
     for r in stragglers:
-        assert not [e for e in r["summary"]["events"] if e[1] == "straggler"], "the straggler itself must not slow down"
-        assert all(v == 1.0 for v in slowdown_by_step(r).values())
+        adopted = [(step, ratio) for step, what, ratio in r["summary"]["events"]
+                   if what == "straggler" and ratio > 1.0 and window[0] <= step <= window[-1]]
+        assert not adopted, f"the straggler itself must not slow down: {adopted}"
 
     # 2. The other replica matched the 1.3x straggler while it lasted (every rank at the same
     # iterations, after measured evidence), and came back to no slowdown after it recovered.

@@ -23,6 +23,7 @@ not separable): per-step attribution from step-boundary counter readings,
 
 from __future__ import annotations
 
+import math
 from statistics import median
 from typing import Sequence
 
@@ -77,8 +78,15 @@ class SweepRecorder:
                 result = {k: (v.mean_duration_s, v.energy_j) for k, v in fit.keys.items()}  # type: ignore[misc]
             except MeasurementError as exc:
                 self.fallback_reasons.append(f"{freq_mhz} MHz: {exc}")
+        per_step = {k: (t / n, e / n) for k, (t, e, n) in step_sums.items() if n}
         if not result:
-            result = {k: (t / n, e / n) for k, (t, e, n) in step_sums.items() if n}  # type: ignore[misc]
+            result = per_step
+        # A regression on few, noisy counter intervals can give a kind no power at all; a profile
+        # must have positive energies, so such a kind takes its per-step attribution instead.
+        unfit = [k for k, (_, e) in result.items() if not (e > 0 and math.isfinite(e)) and k in per_step]
+        if unfit:
+            self.fallback_reasons.append(f"{freq_mhz} MHz: no positive energy fitted for {', '.join(map(str, unfit))}")
+            result = {**result, **{k: per_step[k] for k in unfit}}
         typical = _median_durations(timed)
         result = {k: _at_typical(t, e, typical.get(k)) for k, (t, e) in result.items()}
         energies: dict[Key, float] = {}

@@ -76,3 +76,25 @@ def test_one_stretched_instruction_does_not_make_a_clock_look_slow():
     fwd_t, fwd_e = rec.measurements[(0, "forward")][1410]
     assert fwd_t == pytest.approx(0.004)
     assert fwd_e == pytest.approx(power * 0.004)
+
+
+def test_a_kind_the_regression_gives_no_power_takes_its_per_step_energy():
+    # Counter readings that make the fit give forwards no power (a busy machine's noisy intervals):
+    # the profile would hold a zero energy, which no profile file accepts; per-step attribution
+    # gives it the step's busy energy shared by time instead.
+    rec = SweepRecorder(sorted(POWER))
+    timed, t_end = synthetic_step(0.0)
+    busy = sum(i.duration_s for i in timed)
+    step_energy = true_energy(timed, t_end)
+    rec.add_step(timed, t_end, step_energy, P_BLOCK)
+    fwd = [i for i in timed if i.key == (0, "forward")]
+    # counter updates whose energy rises only while backwards run: forwards fit to zero power
+    updates, e = [], 0.0
+    for i in timed:
+        e += (POWER[(0, "backward")] if i.key == (0, "backward") else 0.0) * i.duration_s
+        updates.append(CounterUpdate(i.end_s, e))
+    rec.finish_frequency(1410, updates, P_BLOCK)
+    for key in POWER:
+        t, energy = rec.measurements[key][1410]
+        assert energy > 0 and t > 0, (key, t, energy)
+    assert fwd and any("no positive energy" in r for r in rec.fallback_reasons), rec.fallback_reasons
