@@ -289,7 +289,9 @@ def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, m
     """
     from perseus.errors import PerseusError
     from perseus_demo.common import DEFAULT_SIM_GPU
+    from perseus_megatron.pretrain_gpt import check_checkout
 
+    check_checkout(Path(checkout))  # one line now, not a traceback from every torchrun rank later
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = out_dir / "summaries"

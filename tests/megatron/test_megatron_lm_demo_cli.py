@@ -54,3 +54,11 @@ def test_demo_megatron_lm_reports_a_plan_mismatch(monkeypatch):
 
     assert "plan mismatch: order differs" in runner.format_summaries([_summary(0, "order differs")])
     assert "plan mismatch" not in runner.format_summaries([_summary(0)])
+
+
+def test_demo_megatron_lm_on_a_folder_that_is_no_checkout_is_one_line(tmp_path, capsys):
+    from perseus.cli import main as perseus_main
+
+    assert perseus_main(["demo", "--megatron-lm", str(tmp_path), "--out", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a Megatron-LM checkout" in err[0] and "Traceback" not in err[0]
