@@ -8,15 +8,14 @@ the same DeepSpeed config.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import weakref
 from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
+from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob
 from perseus_deepspeed.compat import check_engine, load_pipe_modules
-from perseus_deepspeed.hooks import HookHandle, install_hooks
+from perseus_deepspeed.hooks import install_hooks
 from perseus_deepspeed.job import SECTION, job_from_engine, perseus_section, raw_config
 from perseus_deepspeed.observability import MonitorSink, monitor_enabled
 
@@ -29,45 +28,17 @@ _HANDLE_ATTRIBUTE = "_perseus"
 _MISSING = object()
 
 
-class DeepSpeedPerseus:
+class DeepSpeedPerseus(Attachment):
     """Perseus attached to one ``PipelineEngine``: the runtime, the hooks that drive it, and shutdown."""
 
     def __init__(self, engine: Any, job: PipelineJob, config: PerseusConfig, runtime: Any) -> None:
-        self.job = job
-        self.config = config
-        self.runtime = runtime
-        self.hooks: HookHandle | None = None
+        super().__init__(config, job, runtime)
         self._engine_ref = weakref.ref(engine)
-        self._saved_destroy: Any = _MISSING
-        self._closed = False
-
-    def summary(self) -> dict[str, Any]:
-        """The runtime's measured results: baseline and current iteration time and energy, phases."""
-        return self.runtime.summary()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Remove the hooks and close the runtime (default clocks); idempotent, also runs at exit."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.hooks is not None:
-                self.hooks.remove()
-            engine = self._engine_ref()
-            if engine is not None:
-                _restore(engine.__dict__, "destroy", self._saved_destroy)
-                if engine.__dict__.get(_HANDLE_ATTRIBUTE) is self:
-                    del engine.__dict__[_HANDLE_ATTRIBUTE]
-        finally:
-            self.runtime.close()
 
     def _close_with_engine(self, engine: Any) -> None:
-        """``engine.destroy()`` closes Perseus first (clocks back to default), then DeepSpeed's own."""
-        self._saved_destroy = engine.__dict__.get("destroy", _MISSING)
+        """``engine.destroy()`` closes Perseus first (clocks back to default), then DeepSpeed's own;
+        closing Perseus takes that wrapper and the engine's handle attribute away again."""
+        saved = engine.__dict__.get("destroy", _MISSING)
         original = engine.destroy
         handle = weakref.ref(self)
 
@@ -78,19 +49,22 @@ class DeepSpeedPerseus:
             return original(*args, **kwargs)
 
         engine.__dict__["destroy"] = destroy
+        engine.__dict__[_HANDLE_ATTRIBUTE] = self
+        self.on_close(self._detach_from_engine(saved))
 
+    def _detach_from_engine(self, saved_destroy: Any) -> Callable[[], None]:
+        def detach() -> None:
+            engine = self._engine_ref()
+            if engine is None:
+                return
+            if saved_destroy is _MISSING:
+                engine.__dict__.pop("destroy", None)
+            else:
+                engine.__dict__["destroy"] = saved_destroy
+            if engine.__dict__.get(_HANDLE_ATTRIBUTE) is self:
+                del engine.__dict__[_HANDLE_ATTRIBUTE]
 
-def _restore(namespace: dict[str, Any], name: str, saved: Any) -> None:
-    if saved is _MISSING:
-        namespace.pop(name, None)
-    else:
-        namespace[name] = saved
-
-
-def _close_at_exit(ref: weakref.ref) -> None:
-    handle = ref()
-    if handle is not None:
-        handle.close()
+        return detach
 
 
 def get_handle(engine: Any) -> DeepSpeedPerseus | None:
@@ -136,15 +110,15 @@ def attach(
     try:
         listener = listener_wrapper(runtime) if listener_wrapper is not None else runtime
         handle.hooks = install_hooks(engine, listener)
+        handle.on_close(handle.hooks.remove)
         handle._close_with_engine(engine)
-        engine.__dict__[_HANDLE_ATTRIBUTE] = handle
         add_sink = getattr(runtime, "add_metrics_sink", None)
         if callable(add_sink) and monitor_enabled(engine):  # whatever monitors the DeepSpeed config enables
             add_sink(MonitorSink(engine))
     except BaseException:
         handle.close()
         raise
-    atexit.register(_close_at_exit, weakref.ref(handle))
+    handle.close_at_exit()
     return handle
 
 

@@ -238,9 +238,9 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
         close = handle.close
 
         def close_and_report() -> None:
-            if summary_dir is not None and not handle._closed:
+            if summary_dir is not None and not handle.closed:
                 summary_dir.mkdir(parents=True, exist_ok=True)
-                hooks = handle._hooks
+                hooks = handle.hooks
                 summary = {**handle.summary(), "hooks_from_patched_source": hooks.patched_source if hooks else None}
                 runtime = handle.runtime
                 if runtime is not None and getattr(runtime, "enabled", False):  # every step, for tests

@@ -8,13 +8,12 @@ created at the first training step, on every rank at the same step.
 
 from __future__ import annotations
 
-import atexit
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
-from perseus_megatron.hooks import HookHandle, install_hooks
+from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob
+from perseus_megatron.hooks import install_hooks
 from perseus_megatron.observability import MegatronWritersSink, add_to_iteration_log
 from perseus_megatron.tracker import StepInfo
 
@@ -93,8 +92,9 @@ def _default_runtime_factory() -> RuntimeFactory:
     return PerseusRuntime
 
 
-class MegatronPerseus:
-    """What :func:`enable` returns: the installed hooks and the runtime they drive."""
+class MegatronPerseus(Attachment):
+    """What :func:`enable` returns: the installed hooks and the runtime they drive (created at the
+    first training step, when the pipeline's shape is known)."""
 
     def __init__(
         self,
@@ -105,17 +105,13 @@ class MegatronPerseus:
         runtime_factory: RuntimeFactory | None = None,
         job_builder: Callable[[StepInfo], PipelineJob] = job_from_parallel_state,
     ) -> None:
-        self.config = config
-        self.runtime: Any = None
-        self.job: PipelineJob | None = None
+        super().__init__(config)
         self._process_group = process_group
         self._wrap = listener_wrapper
         self._factory = runtime_factory
         self._job_builder = job_builder
         self._listener: InstructionListener | None = None
-        self._hooks: HookHandle | None = None
-        self._undo_log: Callable[[], None] | None = None
-        self._closed = False
+        self._logging_iterations = False
 
     def _listener_for_step(self, info: StepInfo) -> InstructionListener:
         job = self._job_builder(info)
@@ -138,36 +134,15 @@ class MegatronPerseus:
         assert self._listener is not None
         return self._listener
 
-    def summary(self) -> dict[str, Any]:
-        """The runtime's measured results (empty before the first training step)."""
-        return self.runtime.summary() if self.runtime is not None else {}
-
     def add_to_iteration_log(self) -> bool:
         """Append Perseus's energy and saving to Megatron-LM's iteration log line (``training_log``);
         needs ``megatron.training`` already imported. True if installed (perseus_megatron/observability.py)."""
-        if self._undo_log is None and not self._closed and self.config.enabled:
-            self._undo_log = add_to_iteration_log(self)
-        return self._undo_log is not None
-
-    def close(self) -> None:
-        """Remove the hooks and close the runtime (default clocks); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self._undo_log is not None:
-                self._undo_log()
-            if self._hooks is not None:
-                self._hooks.uninstall()
-        finally:
-            if self.runtime is not None:
-                self.runtime.close()
-
-    def __enter__(self) -> MegatronPerseus:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        if not self._logging_iterations and not self.closed and self.config.enabled:
+            undo = add_to_iteration_log(self)
+            if undo is not None:
+                self.on_close(undo)
+                self._logging_iterations = True
+        return self._logging_iterations
 
 
 def resolve_config(config: PerseusConfig | Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> PerseusConfig:
@@ -202,8 +177,9 @@ def enable(
     if not resolved.enabled:
         log.info("perseus: disabled by configuration; training runs unchanged")
         return handle
-    handle._hooks = install_hooks(listener_for_step=handle._listener_for_step)
-    atexit.register(handle.close)
+    handle.hooks = install_hooks(listener_for_step=handle._listener_for_step)
+    handle.on_close(handle.hooks.uninstall)
+    handle.close_at_exit()
     return handle
 
 

@@ -7,50 +7,19 @@ object has everything else: the schedule kind (its class), microbatches, pipelin
 
 from __future__ import annotations
 
-import atexit
-import weakref
 from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime import InstructionListener, PerseusConfig, PipelineJob
+from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob
 from perseus_torch.compat import schedule_name
-from perseus_torch.hooks import HookHandle, install_hooks, resolve_stages
+from perseus_torch.hooks import install_hooks, resolve_stages
 
 ListenerWrapper = Callable[[InstructionListener], InstructionListener]
 RuntimeFactory = Callable[..., Any]
 
 
-class TorchPerseus:
+class TorchPerseus(Attachment):
     """Perseus attached to one schedule: the runtime, the hooks that drive it, and shutdown."""
-
-    def __init__(self, job: PipelineJob, config: PerseusConfig, runtime: Any) -> None:
-        self.job, self.config, self.runtime = job, config, runtime
-        self.hooks: HookHandle | None = None
-        self._closed = False
-
-    def summary(self) -> dict[str, Any]:
-        return self.runtime.summary()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Remove the hooks and close the runtime (default clocks); idempotent, also runs at exit."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.hooks is not None:
-                self.hooks.uninstall()
-        finally:
-            self.runtime.close()
-
-    def __enter__(self) -> TorchPerseus:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def job_from_schedule(schedule: Any, stages: Any = None, *, dp_rank: int = 0, dp_size: int = 1,
@@ -103,12 +72,6 @@ def _config(config: PerseusConfig | Mapping[str, Any] | None) -> PerseusConfig:
     raise ConfigError(f"perseus_torch.enable: config must be a PerseusConfig or a mapping, got {type(config).__name__}")
 
 
-def _close_at_exit(ref: weakref.ref) -> None:
-    handle = ref()
-    if handle is not None:
-        handle.close()
-
-
 def enable(schedule: Any, stages: Any = None, config: PerseusConfig | Mapping[str, Any] | None = None, *,
            dp_rank: int = 0, dp_size: int = 1, process_group: Any = None,
            model_config: Mapping[str, Any] | None = None, listener_wrapper: ListenerWrapper | None = None,
@@ -126,12 +89,13 @@ def enable(schedule: Any, stages: Any = None, config: PerseusConfig | Mapping[st
 
         runtime_factory = PerseusRuntime
     runtime = runtime_factory(job, cfg, process_group=process_group)
-    handle = TorchPerseus(job, cfg, runtime)
+    handle = TorchPerseus(cfg, job, runtime)
     try:
         listener = listener_wrapper(runtime) if listener_wrapper is not None else runtime
         handle.hooks = install_hooks(schedule, listener, stages)
+        handle.on_close(handle.hooks.uninstall)
     except BaseException:
         handle.close()
         raise
-    atexit.register(_close_at_exit, weakref.ref(handle))
+    handle.close_at_exit()
     return handle

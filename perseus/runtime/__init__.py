@@ -6,6 +6,7 @@ the event vocabulary or the configuration (CLI, planners, adapter tests) should 
 
 from typing import TYPE_CHECKING, Any
 
+from perseus.runtime.attachment import Attachment
 from perseus.runtime.config import MODES, PerseusConfig
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
 from perseus.runtime.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
@@ -14,7 +15,7 @@ from perseus.runtime.phases import Phase
 if TYPE_CHECKING:
     from perseus.runtime.engine import PerseusRuntime
 
-__all__ = ["MODES", "EventListSink", "InstructionListener", "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase",
+__all__ = ["MODES", "Attachment", "EventListSink", "InstructionListener", "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase",
            "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink"]
 
 
