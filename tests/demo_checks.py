@@ -214,7 +214,7 @@ def check_accounting(acc: Accounting) -> None:
 
 def run_straggler_demo(config_cls: Any, launch: Any, tmp_path: Path) -> tuple[list[dict[str, Any]], Any]:
     """A framework demo with 2 stages × DP 2, the full Perseus path, and ``STRAGGLER``."""
-    cfg = config_cls(stages=2, microbatches=4, dp_size=2, straggler=STRAGGLER, max_steps=80, deployed_steps=27,
+    cfg = config_cls(stages=2, microbatches=4, dp_size=2, straggler=STRAGGLER, max_steps=1000, deployed_steps=27,
                      rebaseline_steps=4, perseus={**PERSEUS, "cache_dir": str(tmp_path / "cache")})
     return launch(cfg, tmp_path / "run", timeout_s=600), cfg
 

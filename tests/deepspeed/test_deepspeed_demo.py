@@ -25,7 +25,7 @@ from perseus_demo.deepspeed_demo import DemoConfig, launch  # noqa: E402
 @pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)], ids=["2-stages", "4-stages"])
 def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stages, microbatches):
     cfg = DemoConfig(
-        stages=stages, microbatches=microbatches, max_steps=60, deployed_steps=6, startup_steps=1, hidden_size=16,
+        stages=stages, microbatches=microbatches, max_steps=1000, deployed_steps=6, startup_steps=1, hidden_size=16,
         rebaseline_steps=4,
     )
     cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache")}

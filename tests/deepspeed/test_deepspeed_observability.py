@@ -99,7 +99,7 @@ def test_demo_run_writes_rank_zeros_metrics_to_the_csv_monitor(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from perseus_demo.deepspeed_demo import DemoConfig, launch
 
-    cfg = DemoConfig(stages=2, microbatches=4, max_steps=40, deployed_steps=4, startup_steps=1, hidden_size=16,
+    cfg = DemoConfig(stages=2, microbatches=4, max_steps=1000, deployed_steps=4, startup_steps=1, hidden_size=16,
                      rebaseline_steps=0)
     cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache"),
                    "metrics_file": str(tmp_path / "metrics.jsonl")}

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.distributed
     ids=["2-stages", "4-stages", "interleaved-2x2"],
 )
 def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stages, chunks, microbatches):
-    cfg = DemoConfig(stages=stages, chunks=chunks, microbatches=microbatches, max_steps=60, deployed_steps=6,
+    cfg = DemoConfig(stages=stages, chunks=chunks, microbatches=microbatches, max_steps=1000, deployed_steps=6,
                      startup_steps=1, rebaseline_steps=4)
     cfg.perseus.update(warmup_steps=3, freq_step_mhz=250, cache_dir=str(tmp_path / "cache"))
     results = launch(cfg, tmp_path / "out", timeout_s=600)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.distributed
 
 def test_report_of_a_megatron_demo_run_and_of_its_metrics_file(tmp_path):
     run = tmp_path / "run"
-    cfg = DemoConfig(stages=2, microbatches=4, max_steps=60, deployed_steps=4, startup_steps=1, rebaseline_steps=3)
+    cfg = DemoConfig(stages=2, microbatches=4, max_steps=1000, deployed_steps=4, startup_steps=1, rebaseline_steps=3)
     cfg.perseus.update(warmup_steps=3, freq_step_mhz=250, cache_dir=str(run / "cache"),
                        metrics_file=str(run / "metrics.jsonl"))
     results = launch(cfg, run, timeout_s=600)
