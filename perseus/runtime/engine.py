@@ -26,7 +26,7 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
 from perseus.runtime.clock_sweep import profiling_iterations
-from perseus.runtime.collective import Collective
+from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import PlanFollower
 from perseus.runtime.events import PipelineJob
@@ -76,7 +76,7 @@ class PerseusRuntime:
             return
         job.check()
         self.schedule = job.build_schedule()
-        self.collective = Collective(process_group)
+        self.collective = Collective(process_group, self.config.collective_timeout_s)
         self.rank = self.collective.rank
         self.is_root = self.collective.is_root
         if self.is_root:
@@ -223,15 +223,18 @@ class PerseusRuntime:
             record.slowdown = self._slowdown
         self.reporter.add(record)
         self.step += 1
-        if phase is Phase.WARMUP:
-            if self.step >= self.config.warmup_steps:
-                self._end_warmup()
-        elif phase is Phase.PROFILING:
-            self._profiling_step(step_time, energy)
-        elif phase is Phase.PLANNING:
-            self._poll_plan()
-        if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
-            self._after_deployed_step(natural_time(span, self._slowdown), energy)
+        try:
+            if phase is Phase.WARMUP:
+                if self.step >= self.config.warmup_steps:
+                    self._end_warmup()
+            elif phase is Phase.PROFILING:
+                self._profiling_step(step_time, energy)
+            elif phase is Phase.PLANNING:
+                self._poll_plan()
+            if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
+                self._after_deployed_step(natural_time(span, self._slowdown), energy)
+        except CollectiveError as exc:
+            self._detach(exc)
         if self._sinks:
             self._publish(record, phase)
 
@@ -261,6 +264,19 @@ class PerseusRuntime:
             )
         else:
             self._start_profiling()
+
+    def _detach(self, exc: CollectiveError) -> None:
+        """Another rank died or hung in a collective: make no further collective (each would wait
+        for it again) and leave this rank's training at default clocks, still measured."""
+        self._hot = _HOT_IDLE
+        self._planner = None  # rank 0's thread may finish; nobody will share its result
+        if self._profiling is not None:
+            self._profiling.stop()
+        self.gpu.reset()
+        log.warning("perseus: rank %d: %s. Another rank died or hung: continuing at default clocks without "
+                    "Perseus from step %d", self.rank, exc, self.step)
+        self._enter(Phase.STEADY)
+        self._event("detached", str(exc))
 
     def _steady(self, why: str) -> None:
         if self.is_root:
@@ -292,6 +308,9 @@ class PerseusRuntime:
         peer = self.rank ^ 1 if self.rank ^ 1 < self.collective.size else None
         try:
             return self.gpu.measure_p_blocking(seconds, self.collective, peer)
+        except RuntimeError as exc:  # gloo: the peer died or hung in the pair's send/recv
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise CollectiveError(f"the P_blocking measurement with rank {peer} failed: {first}") from None
         except PerseusError as exc:
             log.warning("perseus: P_blocking measurement failed (%s); using mean instantaneous idle power", exc)
             return self.gpu.sample_idle_power(seconds)

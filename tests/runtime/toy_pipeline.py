@@ -69,6 +69,14 @@ class ToyConfig:
     raise_at_step: int | None = None
     hang_at_step: int | None = None  # sleep forever (for SIGTERM tests)
     target_slowdown: float | None = None  # runtime.set_target_slowdown before training
+    # Faults: rank ``die_rank`` SIGKILLs itself at the end (before ``on_step_end``) of its
+    # ``die_after``-th step in phase ``die_phase``; ``admin_reset_at_step``: every rank resets its
+    # own simulated GPU's clocks from outside Perseus (an admin's ``nvidia-smi -rgc``) at that step.
+    die_rank: int | None = None
+    die_phase: str = "profiling"
+    die_after: int = 1
+    admin_reset_at_step: int | None = None
+    dist_timeout_s: float = 300.0  # the training's own process group (P2P)
     tensor_numel: int = 64
 
     def weight(self, stage: int) -> float:
@@ -142,6 +150,20 @@ class _StageWorker:
         listener.on_step_end()
 
 
+class _DieAtStepEnd:
+    """The runtime's listener, except that the step's end is this process's SIGKILL."""
+
+    def __init__(self, runtime: Any, marker: Path) -> None:
+        self._runtime, self._marker = runtime, marker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    def on_step_end(self) -> None:
+        self._marker.write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class _WarningCollector(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -186,7 +208,7 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
             (out / f"rank{rank}.pid").write_text(str(os.getpid()))
             if cfg.target_slowdown is not None:
                 runtime.set_target_slowdown(cfg.target_slowdown)
-            step, planning_extra = 0, 0
+            step, planning_extra, in_die_phase = 0, 0, 0
             while step < cfg.steps + planning_extra:
                 if cfg.change_microbatches_at_step is not None and step == cfg.change_microbatches_at_step:
                     sched = build_schedule(cfg.schedule, cfg.num_stages, cfg.num_microbatches + 1, cfg.num_chunks)
@@ -196,11 +218,21 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                     (out / f"rank{rank}.hanging").write_text("1")
                     while True:
                         time.sleep(0.05)
+                if cfg.admin_reset_at_step == step:
+                    admin = SimulatedGPU(rank, state_dir=cfg.sim_dir)
+                    result["admin_reset"] = {"step": step, "wall": time.time(), "was_locked": admin.is_clock_locked()}
+                    admin.reset_locked_sm_clock()
+                    admin.close()
+                listener: Any = runtime
+                if cfg.die_rank == rank and runtime.phase.value == cfg.die_phase:
+                    in_die_phase += 1
+                    if in_die_phase == cfg.die_after:
+                        listener = _DieAtStepEnd(runtime, out / f"rank{rank}.died")
                 e0, t0 = device.total_energy_j(), time.perf_counter()
-                worker.run_step(sched, runtime, step)
+                worker.run_step(sched, listener, step)
                 result["steps"].append(
                     {"step": step, "time_s": time.perf_counter() - t0, "energy_j": device.total_energy_j() - e0,
-                     "phase": runtime.phase.value, "clock_locked": device.is_clock_locked()}
+                     "phase": runtime.phase.value, "clock_locked": device.is_clock_locked(), "wall": time.time()}
                 )
                 # Phase changes happen at step boundaries on all ranks together, so every rank
                 # extends its loop identically and P2P partners stay matched.
