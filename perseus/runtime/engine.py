@@ -106,6 +106,7 @@ class PerseusRuntime:
         self._deployed_steps = 0
         self._fallback_problem: str | None = None
         self._fallback_warned = False
+        self._clock_failure: str | None = None  # the device refused a clock: default clocks for good
         self._planner: BackgroundPlanner | None = None  # rank 0 only
         self._profile: Profile | None = None
         self._have_profile = False
@@ -127,7 +128,8 @@ class PerseusRuntime:
         port = gpu
         if port is None:
             try:
-                port = GPUPort.open(self.config.gpu, self._device_index(), self.config.sim_gpu, control=control)
+                port = GPUPort.open(self.config.gpu, self._device_index(), self.config.sim_gpu, control=control,
+                                    clock_check_s=self.config.clock_check_s)
             except PerseusError as exc:
                 error = exc
         if not self.collective.all_true(error is None):
@@ -223,6 +225,7 @@ class PerseusRuntime:
             record.slowdown = self._slowdown
         self.reporter.add(record)
         self.step += 1
+        self._check_notices()
         try:
             if phase is Phase.WARMUP:
                 if self.step >= self.config.warmup_steps:
@@ -264,6 +267,31 @@ class PerseusRuntime:
             )
         else:
             self._start_profiling()
+
+    def _check_notices(self) -> None:
+        """What the clock controller reported since the last step: one log line each."""
+        for notice in self.gpu.notices():
+            if notice.get("event") == "override":
+                log.warning(
+                    "perseus: rank %d: the SM clock was changed outside Perseus (held %s MHz, read back %s MHz; "
+                    "e.g. nvidia-smi -rgc); re-applied it (%s of at most %s times)",
+                    self.rank, notice.get("expected"), notice.get("found"), notice.get("count"), notice.get("max"),
+                )
+                self._event("clock_override", notice)
+            elif notice.get("event") == "failed" and self._clock_failure is None:
+                self._clock_failure = str(notice.get("message"))
+                log.warning("perseus: rank %d: clock control failed (%s); continuing at default clocks for the rest "
+                            "of the run", self.rank, self._clock_failure)
+                self._event("clock_failed", self._clock_failure)
+                self._fall_back_for_clocks()
+
+    def _fall_back_for_clocks(self) -> None:
+        """Clocks can no longer be changed on this rank: a deployed plan falls back (every rank
+        follows at the next job check); profiling is not trusted (``_finish_profiling``)."""
+        if self.phases.phase is Phase.DEPLOYED and self._fallback_problem is None:
+            self._hot = _HOT_IDLE
+            self._fallback_problem = f"clock control failed on rank {self.rank}"
+            self.gpu.release()
 
     def _detach(self, exc: CollectiveError) -> None:
         """Another rank died or hung in a collective: make no further collective (each would wait
@@ -323,6 +351,10 @@ class PerseusRuntime:
     def _finish_profiling(self) -> None:
         run = self._profiling
         assert run is not None
+        if not self.collective.all_true(self._clock_failure is None):
+            self._have_profile = False
+            self._steady("clock control failed on a rank while profiling; the profile is discarded, default clocks")
+            return
         gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.is_root:
             assert gathered is not None
@@ -381,6 +413,8 @@ class PerseusRuntime:
         self._window = []
         self._set_point(self._choose_point())
         self._enter(Phase.DEPLOYED)
+        if self._clock_failure is not None:
+            self._fall_back_for_clocks()
         if self.is_root:
             log.info("perseus: plan deployed at step %d (%d frontier points)", self.step, len(self.frontier.points))
 
@@ -452,7 +486,7 @@ class PerseusRuntime:
             if self.phases.phase is Phase.DEPLOYED:
                 self._hot = _HOT_IDLE
                 self.gpu.release()
-                self._fallback_problem = "another rank's instructions diverged from the plan"
+                self._fallback_problem = "another rank fell back to default clocks (its log says why)"
                 self._enter(Phase.FALLBACK)
                 self._event("fallback", self._fallback_problem)
             return

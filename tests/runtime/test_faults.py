@@ -8,6 +8,8 @@ that docs/reliability.md states come from these runs (``scripts/fault_times.py``
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -76,3 +78,155 @@ def test_rank_dies_the_other_pipeline_continues_at_default_clocks(tmp_path, monk
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
     print(f"\nrank died while {phase}: survivors detached after "
           f"{max(r['recover_s'] for r in results[:2]):.2f} s; run {elapsed:.1f} s")
+
+
+# ---------------------------------------------------------------- NVML fails mid-run (fake pynvml)
+
+GPU_TESTS = Path(__file__).parents[1] / "gpu"
+SHIM = '''"""pynvml for this test's processes: the fake, with faults, logging its clock calls."""
+import json, os, sys
+sys.path.insert(0, {gpu_tests!r})
+from fake_pynvml import make_fake_pynvml
+
+_cfg = json.loads(os.environ["PERSEUS_TEST_FAKE_NVML"])
+_m = make_fake_pynvml(lock_error=_cfg["lock_error"], lost_marker=_cfg["lost_marker"])
+_log = os.path.join(_cfg["log_dir"], f"{{os.getpid()}}.jsonl")
+
+def _logged(name):
+    inner = getattr(_m, name)
+    def call(*args):
+        entry = {{"call": name, "args": list(args[1:])}}
+        try:
+            inner(*args)
+            entry["ok"] = True
+        except _m.NVMLError as exc:
+            entry["ok"], entry["error"] = False, exc.value
+            raise
+        finally:
+            entry["locked"] = _m.devices[0].locked
+            with open(_log, "a") as f:
+                f.write(json.dumps(entry) + "\\n")
+    setattr(_m, name, call)
+
+for _name in ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"):
+    _logged(_name)
+sys.modules[__name__] = _m
+'''
+
+
+def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock_error: int) -> tuple[Path, Path]:
+    """The shim on PYTHONPATH (the controller processes import it) and in sys.modules (the forked
+    ranks inherit it); returns (clock-call log dir, lost marker)."""
+    import importlib.util
+
+    shim_dir, log_dir = tmp_path / "shim", tmp_path / "nvml-calls"
+    shim_dir.mkdir()
+    log_dir.mkdir()
+    (shim_dir / "pynvml.py").write_text(SHIM.format(gpu_tests=str(GPU_TESTS)))
+    marker = tmp_path / "gpu-lost"
+    monkeypatch.setenv("PERSEUS_TEST_FAKE_NVML", json.dumps(
+        {"lock_error": lock_error, "lost_marker": str(marker), "log_dir": str(log_dir)}))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim_dir), os.environ.get("PYTHONPATH", "")]))
+    spec = importlib.util.spec_from_file_location("pynvml", shim_dir / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    spec.loader.exec_module(module)  # replaces itself in sys.modules with the configured fake
+    return log_dir, marker
+
+
+@pytest.mark.parametrize("code, what", [(3, "not supported"), (15, "GPU not found")])
+def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, monkeypatch, code, what):
+    """Deployed on fake NVML GPUs, locking a lower clock fails (NOT_SUPPORTED, or GPU_IS_LOST after
+    which every NVML call fails): each rank says so in one line and falls back to default clocks;
+    training runs to the end; the controllers reset what they could."""
+    log_dir, marker = install_fake_nvml(tmp_path, monkeypatch, code)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=12, target_slowdown=1.2)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "gpu": "nvml", "device_index": 0, "straggler_period_steps": 2,
+                   "metrics_file": str(tmp_path / "m.jsonl")}
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    failed_somewhere = False
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert len(r["steps"]) == cfg.steps
+        lines = [w for w in r["warnings"] if "clock control failed" in w and "continuing at default clocks" in w]
+        s = r["summary"]
+        if lines:
+            failed_somewhere = True
+            assert len(lines) == 1 and what in lines[0], r["warnings"]
+        assert s["phase"] == "fallback", s["phase_history"]  # every rank: default clocks
+    assert failed_somewhere
+    calls = [json.loads(x) for f in sorted(log_dir.glob("*.jsonl")) for x in f.read_text().splitlines()]
+    refused = [c for c in calls if c["call"] == "nvmlDeviceSetGpuLockedClocks" and not c["ok"]]
+    assert refused and all(c["error"] == code for c in refused)
+    for f in log_dir.glob("*.jsonl"):  # every controller: nothing left locked by a successful call
+        entries = [json.loads(x) for x in f.read_text().splitlines()]
+        assert entries[-1]["locked"] is None or not entries[-1]["ok"], entries[-3:]
+    assert marker.exists() == (code == 15)
+    if code == 15:
+        assert any("reading the GPU's energy failed" in w for r in results for w in r["warnings"])
+    # the metrics file is whole: every line is JSON
+    for line in (tmp_path / "m.jsonl").read_text().splitlines():
+        json.loads(line)
+
+
+# ---------------------------------------------------------------- clocks reset under us
+
+CLOCK_CHECK_S = 0.2
+
+
+def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path):
+    """At a step boundary every rank resets its own simulated GPU's clocks as an admin's
+    ``nvidia-smi -rgc`` would. The controller of a rank holding a lower clock reads it back within
+    ``clock_check_s``, re-applies it and the rank says so in one line; clocks end at default."""
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, admin_reset_at_step=6)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "clock_check_s": CLOCK_CHECK_S}
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    held = [r for r in results if r["admin_reset"]["held_mhz"] not in (None, max(FREQS))]
+    assert held, "the slowed plan should hold a lower clock on some rank"
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        lines = [w for w in r["warnings"] if "changed outside Perseus" in w]
+        if r in held:
+            assert r["admin_reset"]["relocked_s"] is not None, "the lock was never re-applied"
+            assert len(lines) == 1 and f"held {r['admin_reset']['held_mhz']} MHz" in lines[0], r["warnings"]
+            assert "re-applied" in lines[0]
+            assert r["summary"]["phase"] == "deployed"
+            assert all(s["clock_locked"] for s in r["steps"][6:]), "the plan's clock holds after the re-apply"
+        else:
+            assert lines == []
+    assert_clocks_default(cfg, 2)
+    times = ", ".join(f"{r['admin_reset']['relocked_s']:.2f}" for r in held)
+    print(f"\nclock reset from outside: re-applied after {times} s (check every {CLOCK_CHECK_S} s)")
+
+
+def test_controller_gives_up_when_the_clock_keeps_being_changed(tmp_path, monkeypatch):
+    """More than MAX_OVERRIDES overrides: the controller stops fighting the other tool, resets
+    and reports ``failed`` (the runtime then falls back to default clocks)."""
+    from perseus.gpu.controller import FrequencyController
+    from perseus.gpu.controller_proc import MAX_OVERRIDES
+    from perseus.gpu.sim.device import SimulatedGPU
+
+    monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
+    gpu = SimulatedGPU(0, state_dir=tmp_path / "sim", reset_state=True)
+    low = gpu.supported_sm_clocks_mhz()[-1]
+    notices = []
+    with FrequencyController(gpu.spec(), clock_check_s=0.05, install_signal_handlers=False) as ctl:
+        ctl.set_frequency(low)
+        ctl.flush()
+        deadline = time.monotonic() + 60
+        while not any(n["event"] == "failed" for n in notices):
+            assert time.monotonic() < deadline, f"no 'failed' notice: {notices}"
+            if gpu.locked_sm_clock_mhz() == low:
+                gpu.reset_locked_sm_clock()  # the other tool, again
+            time.sleep(0.01)
+            notices += ctl.notices()
+        assert [n["event"] for n in notices] == ["override"] * MAX_OVERRIDES + ["failed"]
+        assert "changed outside Perseus" in notices[-1]["message"]
+        ctl.set_frequency(low)  # ignored from now on
+        ctl.flush()
+        assert not gpu.is_clock_locked()
+    gpu.close()

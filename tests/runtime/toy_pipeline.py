@@ -220,8 +220,18 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                         time.sleep(0.05)
                 if cfg.admin_reset_at_step == step:
                     admin = SimulatedGPU(rank, state_dir=cfg.sim_dir)
-                    result["admin_reset"] = {"step": step, "wall": time.time(), "was_locked": admin.is_clock_locked()}
+                    held = admin.locked_sm_clock_mhz() if admin.is_clock_locked() else None
+                    t_reset = time.monotonic()
                     admin.reset_locked_sm_clock()
+                    relocked_s = None
+                    if held is not None and held < admin.default_sm_clock_mhz():
+                        # wait at the step boundary (P2P partners wait too) for the controller to
+                        # re-apply the lock; the bound is a hang guard
+                        while time.monotonic() - t_reset < 60.0 and relocked_s is None:
+                            time.sleep(0.005)
+                            if admin.locked_sm_clock_mhz() == held:
+                                relocked_s = time.monotonic() - t_reset
+                    result["admin_reset"] = {"step": step, "held_mhz": held, "relocked_s": relocked_s}
                     admin.close()
                 listener: Any = runtime
                 if cfg.die_rank == rank and runtime.phase.value == cfg.die_phase:
