@@ -361,14 +361,21 @@ class PerseusRuntime:
             config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
             self._profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, config)
             if self.cache is not None:
-                path = self.cache.save_profile(self._profile)
-                log.info("perseus: profile saved to %s", path)
+                self._save("profile", self.cache.save_profile, self._profile)
         self._have_profile = True
         self._event("profiled", list(run.sweep.visited))
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
             self._start_planning()
+
+    def _save(self, what: str, save: Any, obj: Any) -> None:
+        """Cache writes are atomic (the old file or none stays); a full disk costs the cache, not the run."""
+        try:
+            log.info("perseus: %s saved to %s", what, save(obj))
+        except OSError as exc:
+            log.warning("perseus: could not save the %s to the cache (%s); training continues, the next run "
+                        "%s again", what, exc.strerror or exc, "profiles" if what == "profile" else "plans")
 
     # ---------------------------------------------------------------- planning
 
@@ -395,7 +402,7 @@ class PerseusRuntime:
                 "perseus: frontier with %d points planned in %.1f s", len(self.frontier.points), outcome.planned.solve_time_s
             )
             if self.cache is not None:
-                log.info("perseus: frontier saved to %s", self.cache.save_frontier(outcome.planned))
+                self._save("frontier", self.cache.save_frontier, outcome.planned)
         if self.config.mode == "run":
             self._deploy()
         else:

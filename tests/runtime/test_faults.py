@@ -230,3 +230,66 @@ def test_controller_gives_up_when_the_clock_keeps_being_changed(tmp_path, monkey
         ctl.flush()
         assert not gpu.is_clock_locked()
     gpu.close()
+
+
+# ---------------------------------------------------------------- disk full
+
+def fill_disk(monkeypatch: pytest.MonkeyPatch, full_dir: Path, budget_bytes: int) -> None:
+    """Files under ``full_dir`` are on a disk that fills up: ``os.write`` takes ``budget_bytes`` in
+    all (the write that crosses the limit lands in part, the next fails with ENOSPC), and fsync
+    fails with ENOSPC (what a delayed-allocation file system reports for buffered data). Patched
+    in this process, inherited by the forked ranks; no root, no tmpfs."""
+    import errno
+
+    real_write, real_fsync = os.write, os.fsync
+    left = [budget_bytes]
+
+    def on_full_disk(fd: int) -> bool:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}").startswith(str(full_dir))
+        except OSError:
+            return False
+
+    def write(fd, data):
+        if not on_full_disk(fd):
+            return real_write(fd, data)
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        part = bytes(data)[: left[0]]
+        left[0] -= len(part)
+        return real_write(fd, part)
+
+    def fsync(fd):
+        if on_full_disk(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_disk_full_while_writing_cache_and_metrics_leaves_nothing_partial(tmp_path, monkeypatch):
+    """Profile, frontier and metrics file all on a full disk: the run profiles, plans and deploys
+    from memory; one line per file that could not be written; the cache holds no file, half or
+    temporary; the metrics file ends at a whole line."""
+    monkeypatch.setattr(planning, "plan_frontier", greedy_frontier)
+    full = tmp_path / "full"
+    full.mkdir()
+    fill_disk(monkeypatch, full, budget_bytes=2000)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
+                    perseus={**SWEEP, "cache_dir": str(full / "cache"), "metrics_file": str(full / "m.jsonl")})
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert r["summary"]["phase"] == "deployed"
+    warnings = results[0]["warnings"]
+    for what in ("profile", "frontier"):
+        lines = [w for w in warnings if f"could not save the {what} to the cache" in w]
+        assert len(lines) == 1 and "No space left on device" in lines[0], warnings
+    assert len([w for w in warnings if "writing the metrics file" in w]) == 1, warnings
+    assert [p for p in (full / "cache").rglob("*") if p.is_file()] == []
+    text = (full / "m.jsonl").read_text()
+    assert 0 < len(text) <= 2000 and text.endswith("\n")
+    for line in text.splitlines():
+        json.loads(line)
+    assert_clocks_default(cfg, 2)
