@@ -293,3 +293,56 @@ def test_disk_full_while_writing_cache_and_metrics_leaves_nothing_partial(tmp_pa
     for line in text.splitlines():
         json.loads(line)
     assert_clocks_default(cfg, 2)
+
+
+# ---------------------------------------------------------------- elastic restart
+
+def test_torchrun_restart_resumes_from_the_cache_without_reprofiling(tmp_path):
+    """``torchrun --max-restarts=1``: in the first attempt rank 1 SIGKILLs itself while rank 0 is
+    planning (the profile is already cached); torchrun restarts both ranks, which plan from the
+    cached profile and deploy without profiling again. Clocks end at default."""
+    import dataclasses
+    import subprocess
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=12, die_rank=1, die_phase="planning", die_after=2,
+                    die_on_attempt=0, planning_grace_steps=100_000, sim_dir=str(out / "sim-gpus"),
+                    perseus={**SWEEP, "cache_dir": str(tmp_path / "cache"), "collective_timeout_s": COLLECTIVE_TIMEOUT_S})
+    (tmp_path / "cfg.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+           # torch 2.13 shares the rendezvous TCPStore across restarts without a per-attempt prefix,
+           # so a restarted gloo group can read the dead attempt's addresses; a fresh store per attempt
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           "--monitor-interval=0.2", str(Path(__file__).parent / "toy_torchrun.py"), str(tmp_path / "cfg.json"), str(out)]
+    started = time.monotonic()
+    with open(tmp_path / "torchrun.log", "w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(HANG_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            code = "hung"
+        log.seek(0)
+        output = log.read()
+    elapsed = time.monotonic() - started
+    assert code == 0, "\n".join(x for x in output.splitlines() if not x.startswith("perseus step"))[-6000:]
+    assert (out / "rank1.died").exists()  # the first attempt's death happened
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert (entry / "profile.json").exists() and (entry / "frontier.json").exists()
+    for r in range(2):
+        result = json.loads((out / f"rank{r}.json").read_text())
+        assert result["attempt"] == 1 and result["error"] is None, result.get("traceback")
+        phases = [p for _, p in result["summary"]["phase_history"]]
+        assert phases == ["warmup", "planning", "deployed"], phases  # no profiling the second time
+        assert any(what == "source" and "cached profile" in str(data) for _, what, data in result["summary"]["events"])
+        assert len(result["steps"]) >= cfg.steps
+    assert_clocks_default(cfg, 2)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
+    died_at = float((out / "rank1.died").read_text())
+    first = json.loads((out / "rank0.json").read_text())["steps"]
+    deployed = next(x["wall"] for x in first if x["phase"] == "deployed")
+    print(f"\ntorchrun restart: death -> first step of the new attempt {first[0]['wall'] - died_at:.1f} s, "
+          f"-> plan deployed {deployed - died_at:.1f} s; whole run {elapsed:.1f} s")

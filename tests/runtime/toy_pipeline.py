@@ -75,6 +75,7 @@ class ToyConfig:
     die_rank: int | None = None
     die_phase: str = "profiling"
     die_after: int = 1
+    die_on_attempt: int | None = None  # only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT)
     admin_reset_at_step: int | None = None
     dist_timeout_s: float = 300.0  # the training's own process group (P2P)
     tensor_numel: int = 64
@@ -173,8 +174,12 @@ class _WarningCollector(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _attempt() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_path: str) -> None:
-    """Body of one toy-pipeline process."""
+    """Body of one toy-pipeline process; ``store_path`` "" means torchrun's ``env://``."""
     import torch.distributed as dist
 
     from perseus.gpu.sim.device import SimulatedGPU
@@ -187,11 +192,11 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
     logging.getLogger("perseus").addHandler(collector)
     logging.getLogger("perseus").setLevel(logging.INFO)
     out = Path(out_dir)
-    result: dict[str, Any] = {"rank": rank, "steps": [], "error": None}
+    result: dict[str, Any] = {"rank": rank, "steps": [], "error": None, "attempt": _attempt()}
     runtime = None
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+            "gloo", init_method=f"file://{store_path}" if store_path else "env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
         )
         device = SimulatedGPU(rank, preset=cfg.sim_preset, state_dir=cfg.sim_dir,
                               energy_update_period_s=cfg.energy_update_period_s, reset_state=True)
@@ -234,7 +239,9 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                     result["admin_reset"] = {"step": step, "held_mhz": held, "relocked_s": relocked_s}
                     admin.close()
                 listener: Any = runtime
-                if cfg.die_rank == rank and runtime.phase.value == cfg.die_phase:
+                if cfg.die_rank == rank and runtime.phase.value == cfg.die_phase and (
+                    cfg.die_on_attempt is None or cfg.die_on_attempt == _attempt()
+                ):
                     in_die_phase += 1
                     if in_die_phase == cfg.die_after:
                         listener = _DieAtStepEnd(runtime, out / f"rank{rank}.died")
