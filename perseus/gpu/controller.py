@@ -288,12 +288,15 @@ class FrequencyController:
             self._on_dead()
 
     # -- health -----------------------------------------------------------------------------
-    def _on_dead(self) -> None:
+    def _on_dead(self, warn: bool = True) -> None:
         if self._dead:
             return
         self._dead = True
         code = self._proc.poll() if self._proc is not None else None
         if not self._closing:
+            if not warn:
+                threading.Thread(target=self._background_reset, name="perseus-clock-reset", daemon=True).start()
+                return
             self.died_warning_emitted = True
             warnings.warn(
                 f"Perseus frequency controller process (pid {self.pid}) exited unexpectedly "
@@ -319,6 +322,13 @@ class FrequencyController:
         """Notices the controller sent unasked since the last call (``override``: it re-applied a
         clock something else changed; ``failed``: the device refused a clock, default clocks from
         now on). Never blocks: one ``select`` when nothing is waiting (step ends only)."""
+        if self._proc is not None and not self._dead and not self._closed and self._proc.poll() is not None:
+            # Died between requests (a plan holding one clock sends none): reset now, not at the
+            # next request. The caller gets the notice and says so; no second warning.
+            self._on_dead(warn=False)
+            self._notices.append({"event": "failed", "reset": None,
+                                  "message": f"the controller process (pid {self.pid}) exited unexpectedly "
+                                             f"(exit code {self._proc.returncode})"})
         if self._status_r >= 0 and not self._dead and not self._closed:
             try:
                 while select.select([self._status_r], [], [], 0)[0]:

@@ -346,3 +346,30 @@ def test_torchrun_restart_resumes_from_the_cache_without_reprofiling(tmp_path):
     deployed = next(x["wall"] for x in first if x["phase"] == "deployed")
     print(f"\ntorchrun restart: death -> first step of the new attempt {first[0]['wall'] - died_at:.1f} s, "
           f"-> plan deployed {deployed - died_at:.1f} s; whole run {elapsed:.1f} s")
+
+
+# ---------------------------------------------------------------- the controller killed
+
+def test_controller_killed_while_a_plan_holds_a_clock(tmp_path):
+    """Deployed with a plan that holds one lower clock per stage (no further requests), every
+    rank's controller process is SIGKILLed: the runtime notices at the next step end, says so in
+    one line, resets the clock the dead controller left and falls back; training runs to the end."""
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, kill_controller_at_step=5)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "straggler_period_steps": 2}
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    assert any(r["controller_killed"]["was_locked"] for r in results)
+    recover = []
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert len(r["steps"]) == cfg.steps
+        lines = [w for w in r["warnings"] if "clock control failed" in w]
+        assert len(lines) == 1 and "exited unexpectedly" in lines[0], r["warnings"]
+        assert r["summary"]["phase"] == "fallback"
+        assert not r["steps"][-1]["clock_locked"]
+        if r["controller_killed"]["was_locked"]:
+            unlocked = next(s["wall"] for s in r["steps"] if s["step"] >= 5 and not s["clock_locked"])
+            recover.append(unlocked - r["controller_killed"]["wall"])
+    assert_clocks_default(cfg, 2)
+    print(f"\ncontroller killed: clock back at default within {max(recover):.2f} s (at a step end)")

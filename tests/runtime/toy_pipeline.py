@@ -77,6 +77,7 @@ class ToyConfig:
     die_after: int = 1
     die_on_attempt: int | None = None  # only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT)
     admin_reset_at_step: int | None = None
+    kill_controller_at_step: int | None = None  # every rank SIGKILLs its clock controller process
     dist_timeout_s: float = 300.0  # the training's own process group (P2P)
     tensor_numel: int = 64
 
@@ -238,6 +239,10 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                                 relocked_s = time.monotonic() - t_reset
                     result["admin_reset"] = {"step": step, "held_mhz": held, "relocked_s": relocked_s}
                     admin.close()
+                if cfg.kill_controller_at_step == step:
+                    pid = runtime.gpu.controller.pid
+                    result["controller_killed"] = {"step": step, "wall": time.time(), "was_locked": device.is_clock_locked()}
+                    os.kill(pid, signal.SIGKILL)  # like the OOM killer; the runtime's handle reaps it
                 listener: Any = runtime
                 if cfg.die_rank == rank and runtime.phase.value == cfg.die_phase and (
                     cfg.die_on_attempt is None or cfg.die_on_attempt == _attempt()
