@@ -375,3 +375,19 @@ def test_controller_killed_while_a_plan_holds_a_clock(tmp_path):
             recover.append(unlocked - r["controller_killed"]["wall"])
     assert_clocks_default(cfg, 2)
     print(f"\ncontroller killed: clock back at default within {max(recover):.2f} s (at a step end)")
+
+
+def test_nvml_refuses_clocks_while_profiling_the_profile_is_discarded(tmp_path, monkeypatch):
+    """A sweep whose clocks were refused measured nothing but default clocks: the ranks agree at
+    the sweep's end to discard it (nothing cached) and keep default clocks."""
+    install_fake_nvml(tmp_path, monkeypatch, 3)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
+                    perseus={**SWEEP, "p_blocking_w": 60.0, "cache_dir": str(tmp_path / "cache"), "gpu": "nvml",
+                             "device_index": 0})
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert len(r["steps"]) == cfg.steps
+        assert [p for _, p in r["summary"]["phase_history"]] == ["warmup", "profiling", "steady"]
+        assert len([w for w in r["warnings"] if "clock control failed" in w]) == 1, r["warnings"]
+    assert not [p for p in (tmp_path / "cache").rglob("*.json") if p.name != "key.json"]
