@@ -311,6 +311,10 @@ class ClockdController:
                                        errors=int(reply["errors"]), received=int(reply["received"]),
                                        current=current[0], history=list(history[0]))
 
+    def notices(self) -> list[dict[str, Any]]:
+        """The daemon reports refused clocks in its replies (``flush``); no unasked notices."""
+        return []
+
     def close(self, timeout_s: float = 5.0) -> bool:
         """Ask the daemon to reset and release the GPU; True if the reset was confirmed. Idempotent."""
         if self._closed or self._sock is None:

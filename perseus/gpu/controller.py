@@ -10,7 +10,10 @@ Safety: clocks return to default on ``close()``, on leaving a ``with`` block (al
 on SIGTERM/SIGINT to the trainer (handlers chain to the previous ones), at interpreter exit, and
 when the trainer is SIGKILLed (the controller sees pipe EOF / a new parent pid and resets). If
 the controller dies, the next request emits one ``ControllerDiedWarning``, a background thread
-resets the clocks, and training continues at default clocks.
+resets the clocks, and training continues at default clocks. If the device refuses a clock
+(NVML ``GPU is lost``, ``not supported``) or something else keeps changing the clocks under us, the
+controller process says so with a notice (``notices()``, drained without blocking at step ends)
+and stays at default clocks.
 """
 
 from __future__ import annotations
@@ -82,6 +85,11 @@ class ClockController(Protocol):
 
     def close(self, timeout_s: float = 5.0) -> bool: ...
 
+    def notices(self) -> list[dict[str, Any]]: ...
+
+
+NOTICES = ("override", "failed")  # controller events that arrive unasked (controller_proc.py)
+
 
 class NullController:
     """Measure-only mode: same interface, never touches clocks (no privileges needed)."""
@@ -105,6 +113,9 @@ class NullController:
 
     def flush(self, timeout_s: float = 5.0) -> ControllerStats | None:
         return None
+
+    def notices(self) -> list[dict[str, Any]]:
+        return []
 
     @property
     def alive(self) -> bool:
@@ -138,8 +149,11 @@ class FrequencyController:
         install_signal_handlers: bool = True,
         start_timeout_s: float = 60.0,
         parent_poll_s: float = 0.1,
+        clock_check_s: float = 0.0,
     ) -> None:
         self.spec = spec
+        self._check_s = clock_check_s
+        self._notices: list[dict[str, Any]] = []
         self._install_handlers = install_signal_handlers
         self._start_timeout = start_timeout_s
         self._parent_poll = parent_poll_s
@@ -172,7 +186,7 @@ class FrequencyController:
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cmd = [sys.executable, "-c", _CONTROLLER_MAIN, "--spec", self.spec.to_json(),
                "--req-fd", str(req_r), "--status-fd", str(status_w), "--parent-pid", str(os.getpid()),
-               "--poll-s", str(self._parent_poll)]
+               "--poll-s", str(self._parent_poll), "--check-s", str(self._check_s)]
         try:
             self._proc = subprocess.Popen(cmd, pass_fds=(req_r, status_w), stdin=subprocess.DEVNULL, env=env)
         finally:
@@ -274,12 +288,15 @@ class FrequencyController:
             self._on_dead()
 
     # -- health -----------------------------------------------------------------------------
-    def _on_dead(self) -> None:
+    def _on_dead(self, warn: bool = True) -> None:
         if self._dead:
             return
         self._dead = True
         code = self._proc.poll() if self._proc is not None else None
         if not self._closing:
+            if not warn:
+                threading.Thread(target=self._background_reset, name="perseus-clock-reset", daemon=True).start()
+                return
             self.died_warning_emitted = True
             warnings.warn(
                 f"Perseus frequency controller process (pid {self.pid}) exited unexpectedly "
@@ -300,6 +317,36 @@ class FrequencyController:
                 dev.close()
         except Exception as exc:  # noqa: BLE001 - best effort, must never reach training code
             log.warning("Perseus could not reset GPU clocks after the controller died: %s", exc)
+
+    def notices(self) -> list[dict[str, Any]]:
+        """Notices the controller sent unasked since the last call (``override``: it re-applied a
+        clock something else changed; ``failed``: the device refused a clock, default clocks from
+        now on). Never blocks: one ``select`` when nothing is waiting (step ends only)."""
+        if self._proc is not None and not self._dead and not self._closed and self._proc.poll() is not None:
+            # Died between requests (a plan holding one clock sends none): reset now, not at the
+            # next request. The caller gets the notice and says so; no second warning.
+            self._on_dead(warn=False)
+            self._notices.append({"event": "failed", "reset": None,
+                                  "message": f"the controller process (pid {self.pid}) exited unexpectedly "
+                                             f"(exit code {self._proc.returncode})"})
+        if self._status_r >= 0 and not self._dead and not self._closed:
+            try:
+                while select.select([self._status_r], [], [], 0)[0]:
+                    chunk = os.read(self._status_r, 65536)
+                    if not chunk:
+                        break
+                    self._status_buf += chunk
+            except OSError:
+                pass
+            while b"\n" in self._status_buf:
+                line, self._status_buf = self._status_buf.split(b"\n", 1)
+                self._keep_notice(json.loads(line))
+        out, self._notices = self._notices, []
+        return out
+
+    def _keep_notice(self, event: dict[str, Any]) -> None:
+        if event.get("event") in NOTICES:
+            self._notices.append(event)
 
     # -- synchronization --------------------------------------------------------------------
     def _write_blocking(self, msg: bytes, timeout_s: float) -> bool:
@@ -352,6 +399,7 @@ class FrequencyController:
                 if self._proc.poll() is not None:
                     self._on_dead()
                 return None
+            self._keep_notice(event)
             if event.get("event") == "sync" and event.get("seq") == self._sync_seq:
                 return ControllerStats(**{k: event[k] for k in
                                           ("applied", "skipped", "errors", "received", "current", "history")})

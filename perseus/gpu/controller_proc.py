@@ -7,6 +7,15 @@ owns its own device, applies requests in order, coalesces bursts to the latest o
 the clocks whenever it stops: on CLOSE, on pipe EOF (the trainer exited or was SIGKILLed), when
 its parent pid changes, on SIGTERM, and on any error.
 
+Faults it reports on its own (JSON lines the trainer drains at step ends, ``notices``):
+
+- ``failed``: the device refused a clock change (NVML ``GPU is lost``, ``not supported``, ...).
+  The process resets what it can and ignores further clock requests: default clocks from then on.
+- ``override``: something else changed the clock under us (an admin's ``nvidia-smi -rgc``). While
+  it holds a lock it reads the applied clock back every ``--check-s`` seconds (one device read,
+  in this process, never on the training thread) and re-applies the lock; after
+  ``MAX_OVERRIDES`` overrides it gives up (``failed``) rather than fight the other tool.
+
 Wire protocol (see ``controller.py``): 8-byte little-endian ``(op: i32, arg: i32)`` requests on
 one pipe, JSON lines back on another.
 """
@@ -32,6 +41,7 @@ from perseus.gpu.spec import GPUSpec
 MSG = struct.Struct("<ii")
 OP_SET, OP_RESET, OP_SYNC, OP_CLOSE = 1, 2, 3, 4
 HISTORY_LEN = 4096
+MAX_OVERRIDES = 3  # re-applications of a lock something else removed, before giving up
 
 
 class _Worker:
@@ -45,6 +55,9 @@ class _Worker:
         self.received = 0
         self.history: collections.deque[int | None] = collections.deque(maxlen=HISTORY_LEN)
         self._reported_errors: set[str] = set()
+        self.failed: str | None = None  # set once the device refused a clock: no more changes
+        self.overrides = 0
+        self.applied_at = time.monotonic()
 
     def send(self, event: dict[str, Any]) -> None:
         try:
@@ -54,7 +67,7 @@ class _Worker:
 
     def apply(self, target: int | None) -> None:
         """Bring the device to ``target`` (None = reset), skipping if it is already there."""
-        if target == self.current:
+        if target == self.current or (self.failed is not None and target is not None):
             self.skipped += 1
             return
         try:
@@ -68,18 +81,58 @@ class _Worker:
             if key not in self._reported_errors:  # one line per error type, not one per request
                 self._reported_errors.add(key)
                 print(f"perseus controller: {exc}", file=sys.stderr, flush=True)
+            if target is not None:
+                self.give_up(f"{key}: {exc}")
             return
         self.current = target
         self.applied += 1
+        self.applied_at = time.monotonic()
         self.history.append(target)
+
+    def give_up(self, why: str) -> None:
+        """No more clock changes this run: reset what we can, tell the trainer once."""
+        if self.failed is not None:
+            return
+        self.failed = why
+        try:
+            self.dev.reset_locked_sm_clock()
+            self.current = None
+        except GPUError:
+            pass  # a lost GPU: nothing left to reset
+        self.send({"event": "failed", "message": why, "reset": self.current is None})
+
+    def check_clock(self) -> None:
+        """Read the applied clock back; re-apply a lock something else removed (or give up).
+
+        A read above the lock means the lock is gone (throttling only ever lowers the clock, so a
+        read below it is no override)."""
+        if self.current is None or self.failed is not None:
+            return
+        try:
+            found = self.dev.locked_sm_clock_mhz()
+        except GPUError:
+            return  # the next clock change reports a broken device
+        if found is None or found <= self.current:
+            return
+        self.overrides += 1
+        expected = self.current
+        if self.overrides > MAX_OVERRIDES:
+            self.give_up(f"the SM clock was changed outside Perseus {self.overrides} times (found {found} MHz, "
+                         f"held {expected} MHz); leaving the clocks to the other tool")
+            return
+        self.current = None  # force the re-apply
+        self.apply(expected)
+        self.send({"event": "override", "expected": expected, "found": found, "reapplied": self.current == expected,
+                   "count": self.overrides, "max": MAX_OVERRIDES})
 
     def stats(self) -> dict[str, Any]:
         return {"applied": self.applied, "skipped": self.skipped, "errors": self.errors,
                 "received": self.received, "current": self.current, "history": list(self.history)}
 
 
-def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: float) -> str:
-    """Main loop; returns why it stopped. Clocks are reset by the caller in all cases."""
+def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: float, check_s: float = 0.0) -> str:
+    """Main loop; returns why it stopped. Clocks are reset by the caller in all cases.
+    ``check_s`` > 0: read a held lock back that often (``_Worker.check_clock``)."""
     worker = _Worker(dev, status_fd)
     stop = {"why": ""}
 
@@ -91,10 +144,18 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
     worker.send({"event": "ready", "pid": os.getpid(), "name": dev.name, "uuid": dev.uuid,
                  "clocks": dev.supported_sm_clocks_mhz(), "default_mhz": dev.default_sm_clock_mhz()})
     buf = b""
+    wait_s = min(poll_s, check_s) if check_s > 0 else poll_s
+    checked_at = time.monotonic()
     while not stop["why"]:
-        readable, _, _ = select.select([req_fd], [], [], poll_s)
+        readable, _, _ = select.select([req_fd], [], [], wait_s)
         if os.getppid() != parent_pid:
             return "parent exited"
+        if check_s > 0:
+            now = time.monotonic()
+            # only a lock held for a whole period: a fresh change may still be on its way
+            if now - checked_at >= check_s and now - worker.applied_at >= check_s:
+                checked_at = now
+                worker.check_clock()
         if not readable:
             continue
         data = os.read(req_fd, 65536)
@@ -132,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status-fd", type=int, required=True)
     ap.add_argument("--parent-pid", type=int, required=True)
     ap.add_argument("--poll-s", type=float, default=0.1)
+    ap.add_argument("--check-s", type=float, default=0.0, help="read a held clock back this often (0: never)")
     args = ap.parse_args(argv)
     # Ctrl-C reaches the whole foreground process group; the trainer decides what it means and
     # its exit (pipe EOF) makes us reset, so ignoring SIGINT here avoids a racing early exit.
@@ -147,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     why = "error"
     try:
-        why = serve(dev, args.req_fd, status_fd, args.parent_pid, args.poll_s)
+        why = serve(dev, args.req_fd, status_fd, args.parent_pid, args.poll_s, args.check_s)
     finally:
         reset_ok = True
         try:

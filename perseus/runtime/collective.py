@@ -4,14 +4,22 @@ Every call here is made by all ranks of the group at the same step boundary; non
 from an instruction hook. Without torch.distributed (single process) every call degenerates to
 the local value, so the runtime runs unchanged in a plain script.
 
+A collective never waits forever: the group Perseus creates has a stated timeout
+(``collective_timeout_s``), and a failed or timed-out collective — another rank died or hung —
+is one ``CollectiveError`` line, never gloo's multi-line traceback. The engine then leaves the
+job at default clocks and makes no further collective (``PerseusRuntime._detach``).
+
 Frontiers travel compactly as their version 2 file document (``perseus.frontier_file``): the
 schedule once and every point's clocks as packed indices, rather than a per-instruction plan.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Iterator
 
+from perseus.errors import PerseusError
 from perseus.frontier import Frontier, frontier_from_json_dict
 
 try:  # torch is optional for planning-only use of perseus
@@ -22,22 +30,47 @@ except ImportError:  # pragma: no cover - exercised only without torch
     dist = None  # type: ignore[assignment]
 
 
-class Collective:
-    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats."""
+DEFAULT_TIMEOUT_S = 300.0
 
-    def __init__(self, process_group: Any = None) -> None:
+
+class CollectiveError(PerseusError):
+    """A collective with the other ranks failed or timed out (a rank died, hung or was killed)."""
+
+
+@contextmanager
+def _guard(what: str, timeout_s: float | None) -> Iterator[None]:
+    """gloo's error (a RuntimeError, often many lines long) → one ``CollectiveError`` line."""
+    try:
+        yield
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        limit = f" (timeout {timeout_s:g} s)" if timeout_s else ""
+        raise CollectiveError(f"{what} with the other ranks failed{limit}: {first}") from None
+
+
+class Collective:
+    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats.
+
+    ``timeout_s`` bounds every collective of the group created here; a gloo ``process_group``
+    given by the caller is reused as it is, with the timeout it was created with.
+    """
+
+    def __init__(self, process_group: Any = None, timeout_s: float | None = None) -> None:
         self.group: Any = None
         self.rank = 0
         self.size = 1
+        self.timeout_s = timeout_s
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
         if process_group is not None and dist.get_backend(process_group) == "gloo":
             self.group = process_group
+            self.timeout_s = None  # unknown: the caller's group keeps its own
         elif process_group is not None:
             ranks = dist.get_process_group_ranks(process_group)
-            self.group = dist.new_group(ranks=ranks, backend="gloo")
+            self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         else:
-            self.group = dist.new_group(backend="gloo")
+            self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
         self._root = dist.get_global_rank(self.group, 0)
@@ -55,7 +88,8 @@ class Collective:
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.int64)
-        dist.broadcast(t, src=self._root, group=self.group)
+        with _guard("a broadcast", self.timeout_s):
+            dist.broadcast(t, src=self._root, group=self.group)
         return int(t.item())
 
     def all_true(self, flag: bool) -> bool:
@@ -63,7 +97,8 @@ class Collective:
         if not self.distributed:
             return flag
         t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        with _guard("an agreement (all-reduce)", self.timeout_s):
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return bool(t.item())
 
     def all_gather_floats(self, values: list[float]) -> list[list[float]]:
@@ -72,7 +107,8 @@ class Collective:
             return [list(values)]
         local = torch.tensor(values, dtype=torch.float64)
         out = [torch.empty_like(local) for _ in range(self.size)]
-        dist.all_gather(out, local, group=self.group)
+        with _guard("an all-gather", self.timeout_s):
+            dist.all_gather(out, local, group=self.group)
         return [t.tolist() for t in out]
 
     def gather_to_root(self, obj: Any) -> list[Any] | None:
@@ -80,7 +116,8 @@ class Collective:
         if not self.distributed:
             return [obj]
         out: list[Any] | None = [None] * self.size if self.is_root else None
-        dist.gather_object(obj, out, dst=self._root, group=self.group)
+        with _guard("a gather to rank 0", self.timeout_s):
+            dist.gather_object(obj, out, dst=self._root, group=self.group)
         return out
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -88,7 +125,8 @@ class Collective:
         if not self.distributed:
             return obj
         box = [obj if self.is_root else None]
-        dist.broadcast_object_list(box, src=self._root, group=self.group)
+        with _guard("a broadcast", self.timeout_s):
+            dist.broadcast_object_list(box, src=self._root, group=self.group)
         return box[0]
 
     def close(self) -> None:

@@ -71,6 +71,12 @@ class PerseusConfig(BaseModel):
     straggler_recover_threshold: float = Field(default=0.02, ge=0)
     straggler_patience: int = Field(default=2, ge=1)
 
+    # Faults. Every collective with the other ranks gives up after this long (a rank died or
+    # hung): the survivors continue at default clocks. The controller reads the applied clock back
+    # this often and re-applies it when something else changed it (0: never).
+    collective_timeout_s: float = Field(default=300.0, gt=0)
+    clock_check_s: float = Field(default=1.0, ge=0)
+
     # Cache and reports.
     cache_dir: str | None = "perseus-cache"
     metrics_file: str | None = None

@@ -26,7 +26,7 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
 from perseus.runtime.clock_sweep import profiling_iterations
-from perseus.runtime.collective import Collective
+from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import PlanFollower
 from perseus.runtime.events import PipelineJob
@@ -76,7 +76,7 @@ class PerseusRuntime:
             return
         job.check()
         self.schedule = job.build_schedule()
-        self.collective = Collective(process_group)
+        self.collective = Collective(process_group, self.config.collective_timeout_s)
         self.rank = self.collective.rank
         self.is_root = self.collective.is_root
         if self.is_root:
@@ -106,6 +106,7 @@ class PerseusRuntime:
         self._deployed_steps = 0
         self._fallback_problem: str | None = None
         self._fallback_warned = False
+        self._clock_failure: str | None = None  # the device refused a clock: default clocks for good
         self._planner: BackgroundPlanner | None = None  # rank 0 only
         self._profile: Profile | None = None
         self._have_profile = False
@@ -127,7 +128,8 @@ class PerseusRuntime:
         port = gpu
         if port is None:
             try:
-                port = GPUPort.open(self.config.gpu, self._device_index(), self.config.sim_gpu, control=control)
+                port = GPUPort.open(self.config.gpu, self._device_index(), self.config.sim_gpu, control=control,
+                                    clock_check_s=self.config.clock_check_s)
             except PerseusError as exc:
                 error = exc
         if not self.collective.all_true(error is None):
@@ -223,15 +225,19 @@ class PerseusRuntime:
             record.slowdown = self._slowdown
         self.reporter.add(record)
         self.step += 1
-        if phase is Phase.WARMUP:
-            if self.step >= self.config.warmup_steps:
-                self._end_warmup()
-        elif phase is Phase.PROFILING:
-            self._profiling_step(step_time, energy)
-        elif phase is Phase.PLANNING:
-            self._poll_plan()
-        if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
-            self._after_deployed_step(natural_time(span, self._slowdown), energy)
+        self._check_notices()
+        try:
+            if phase is Phase.WARMUP:
+                if self.step >= self.config.warmup_steps:
+                    self._end_warmup()
+            elif phase is Phase.PROFILING:
+                self._profiling_step(step_time, energy)
+            elif phase is Phase.PLANNING:
+                self._poll_plan()
+            if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
+                self._after_deployed_step(natural_time(span, self._slowdown), energy)
+        except CollectiveError as exc:
+            self._detach(exc)
         if self._sinks:
             self._publish(record, phase)
 
@@ -261,6 +267,44 @@ class PerseusRuntime:
             )
         else:
             self._start_profiling()
+
+    def _check_notices(self) -> None:
+        """What the clock controller reported since the last step: one log line each."""
+        for notice in self.gpu.notices():
+            if notice.get("event") == "override":
+                log.warning(
+                    "perseus: rank %d: the SM clock was changed outside Perseus (held %s MHz, read back %s MHz; "
+                    "e.g. nvidia-smi -rgc); re-applied it (%s of at most %s times)",
+                    self.rank, notice.get("expected"), notice.get("found"), notice.get("count"), notice.get("max"),
+                )
+                self._event("clock_override", notice)
+            elif notice.get("event") == "failed" and self._clock_failure is None:
+                self._clock_failure = str(notice.get("message"))
+                log.warning("perseus: rank %d: clock control failed (%s); continuing at default clocks for the rest "
+                            "of the run", self.rank, self._clock_failure)
+                self._event("clock_failed", self._clock_failure)
+                self._fall_back_for_clocks()
+
+    def _fall_back_for_clocks(self) -> None:
+        """Clocks can no longer be changed on this rank: a deployed plan falls back (every rank
+        follows at the next job check); profiling is not trusted (``_finish_profiling``)."""
+        if self.phases.phase is Phase.DEPLOYED and self._fallback_problem is None:
+            self._hot = _HOT_IDLE
+            self._fallback_problem = f"clock control failed on rank {self.rank}"
+            self.gpu.release()
+
+    def _detach(self, exc: CollectiveError) -> None:
+        """Another rank died or hung in a collective: make no further collective (each would wait
+        for it again) and leave this rank's training at default clocks, still measured."""
+        self._hot = _HOT_IDLE
+        self._planner = None  # rank 0's thread may finish; nobody will share its result
+        if self._profiling is not None:
+            self._profiling.stop()
+        self.gpu.reset()
+        log.warning("perseus: rank %d: %s. Another rank died or hung: continuing at default clocks without "
+                    "Perseus from step %d", self.rank, exc, self.step)
+        self._enter(Phase.STEADY)
+        self._event("detached", str(exc))
 
     def _steady(self, why: str) -> None:
         if self.is_root:
@@ -292,6 +336,9 @@ class PerseusRuntime:
         peer = self.rank ^ 1 if self.rank ^ 1 < self.collective.size else None
         try:
             return self.gpu.measure_p_blocking(seconds, self.collective, peer)
+        except RuntimeError as exc:  # gloo: the peer died or hung in the pair's send/recv
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise CollectiveError(f"the P_blocking measurement with rank {peer} failed: {first}") from None
         except PerseusError as exc:
             log.warning("perseus: P_blocking measurement failed (%s); using mean instantaneous idle power", exc)
             return self.gpu.sample_idle_power(seconds)
@@ -304,20 +351,31 @@ class PerseusRuntime:
     def _finish_profiling(self) -> None:
         run = self._profiling
         assert run is not None
+        if not self.collective.all_true(self._clock_failure is None):
+            self._have_profile = False
+            self._steady("clock control failed on a rank while profiling; the profile is discarded, default clocks")
+            return
         gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.is_root:
             assert gathered is not None
             config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
             self._profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, config)
             if self.cache is not None:
-                path = self.cache.save_profile(self._profile)
-                log.info("perseus: profile saved to %s", path)
+                self._save("profile", self.cache.save_profile, self._profile)
         self._have_profile = True
         self._event("profiled", list(run.sweep.visited))
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
             self._start_planning()
+
+    def _save(self, what: str, save: Any, obj: Any) -> None:
+        """Cache writes are atomic (the old file or none stays); a full disk costs the cache, not the run."""
+        try:
+            log.info("perseus: %s saved to %s", what, save(obj))
+        except OSError as exc:
+            log.warning("perseus: could not save the %s to the cache (%s); training continues, the next run "
+                        "%s again", what, exc.strerror or exc, "profiles" if what == "profile" else "plans")
 
     # ---------------------------------------------------------------- planning
 
@@ -344,7 +402,7 @@ class PerseusRuntime:
                 "perseus: frontier with %d points planned in %.1f s", len(self.frontier.points), outcome.planned.solve_time_s
             )
             if self.cache is not None:
-                log.info("perseus: frontier saved to %s", self.cache.save_frontier(outcome.planned))
+                self._save("frontier", self.cache.save_frontier, outcome.planned)
         if self.config.mode == "run":
             self._deploy()
         else:
@@ -362,6 +420,8 @@ class PerseusRuntime:
         self._window = []
         self._set_point(self._choose_point())
         self._enter(Phase.DEPLOYED)
+        if self._clock_failure is not None:
+            self._fall_back_for_clocks()
         if self.is_root:
             log.info("perseus: plan deployed at step %d (%d frontier points)", self.step, len(self.frontier.points))
 
@@ -433,7 +493,7 @@ class PerseusRuntime:
             if self.phases.phase is Phase.DEPLOYED:
                 self._hot = _HOT_IDLE
                 self.gpu.release()
-                self._fallback_problem = "another rank's instructions diverged from the plan"
+                self._fallback_problem = "another rank fell back to default clocks (its log says why)"
                 self._enter(Phase.FALLBACK)
                 self._event("fallback", self._fallback_problem)
             return

@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError
+from perseus.gpu.errors import GPUError
 
 if TYPE_CHECKING:
     from perseus.gpu.controller import ClockController
@@ -43,15 +44,20 @@ class GPUPort:
         self.driver_version: str = str(getattr(device, "driver_version", "unknown"))
         self.current_mhz: int = self.default_mhz
         self._closed = False
+        self._last_energy_j = 0.0
+        self.energy_error: str | None = None  # set once reading the energy counter failed
 
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool) -> GPUPort:
+    def open(
+        cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool, clock_check_s: float = 0.0
+    ) -> GPUPort:
         """Open the configured GPU with its controller: a process when clocks may change
         (``control``), the measure-only ``NullController`` otherwise. With
         ``$PERSEUS_CLOCKD_SOCKET`` set, clocks go through the node's ``perseus clockd`` instead,
-        and this process needs no privileges."""
+        and this process needs no privileges. ``clock_check_s``: how often the controller reads
+        a held clock back (re-applying it if something else changed it)."""
         from perseus.gpu.clockd_client import socket_path_from_env as clockd_socket_from_env
         from perseus.gpu.controller import make_controller
         from perseus.gpu.factory import open_gpu
@@ -66,7 +72,8 @@ class GPUPort:
                 "or set mode to 'measure-only'"
             )
         try:  # the controller process opens its own handle of the same device from the spec
-            controller = make_controller(device.spec(), enabled=control).start()
+            extra = {"clock_check_s": clock_check_s} if control else {}
+            controller = make_controller(device.spec(), enabled=control, **extra).start()
         except BaseException:
             device.close()
             raise
@@ -99,8 +106,21 @@ class GPUPort:
 
     # ---------------------------------------------------------------- energy
 
+    def notices(self) -> list[dict[str, Any]]:
+        """What the controller reported unasked since the last call (step ends; never blocks)."""
+        notices = getattr(self.controller, "notices", None)  # a caller's own controller may have none
+        return notices() if notices is not None else []
+
     def energy_j(self) -> float:
-        return float(self.device.total_energy_j())
+        """The energy counter; after a device error (a lost GPU) the last value, with one warning."""
+        if self.energy_error is None:
+            try:
+                self._last_energy_j = float(self.device.total_energy_j())
+            except GPUError as exc:
+                self.energy_error = str(exc)
+                log.warning("perseus: reading the GPU's energy failed (%s); energy is reported as unchanged "
+                            "from now on", exc)
+        return self._last_energy_j
 
     @property
     def is_simulated(self) -> bool:

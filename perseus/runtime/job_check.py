@@ -14,7 +14,7 @@ from typing import Any
 
 from perseus.runtime.collective import Collective
 from perseus.runtime.events import PipelineJob
-from perseus.runtime.straggler import slowdown_against_slowest
+from perseus.runtime.straggler import pipeline_times, slowdown_against_slowest
 
 log = logging.getLogger("perseus.runtime")
 
@@ -39,9 +39,7 @@ def check_job(collective: Collective, job: PipelineJob, step: int, window: list[
     rows = collective.all_gather_floats(
         [float(job.dp_rank), natural_s, energy, float(len(window)), 1.0 if diverged_here else 0.0]
     )
-    pipelines: dict[int, float] = {}
-    for dp, t, _, _, _ in rows:
-        pipelines[int(dp)] = max(pipelines.get(int(dp), 0.0), t)
+    pipelines = pipeline_times((int(r[0]), r[1]) for r in rows)
     order = sorted(pipelines)
     times = [pipelines[d] for d in order]
     slowdown = slowdown_against_slowest(times, order.index(job.dp_rank))

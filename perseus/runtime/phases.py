@@ -8,9 +8,10 @@
 - PROFILING: the SM clock sweep, a few iterations per frequency, while training proceeds.
 - PLANNING: default clocks while rank 0 plans in a background thread.
 - DEPLOYED: every instruction runs at its planned frequency.
-- FALLBACK: the executed order stopped matching the plan; default clocks until replanned.
-- STEADY: default clocks, only measuring (modes ``profile``/``plan``/``measure-only``, or when no
-  plan can be had).
+- FALLBACK: the executed order stopped matching the plan, or a rank's clock control failed;
+  default clocks until replanned.
+- STEADY: default clocks, only measuring (modes ``profile``/``plan``/``measure-only``, when no
+  plan can be had, or when another rank died or hung and no collective is made any more).
 
 Transitions happen only at step boundaries, on all ranks together (the engine drives them with
 the same step counts and gloo-agreed flags everywhere).

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from statistics import fmean, median
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
+
+from perseus.runtime.metrics_file import MetricsFile
 
 if TYPE_CHECKING:
     from perseus.frontier import Frontier, FrontierPoint
@@ -45,13 +46,11 @@ class Reporter:
     records: list[StepRecord] = field(default_factory=list)
     baseline_time_s: float | None = None
     baseline_energy_j: float | None = None
-    _metrics: IO[str] | None = None
+    _metrics: MetricsFile | None = None
 
     def __post_init__(self) -> None:
         if self.metrics_path and self.rank == 0:
-            path = Path(self.metrics_path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._metrics = path.open("a", buffering=1)
+            self._metrics = MetricsFile(self.metrics_path)
 
     def set_baseline(self, records: list[StepRecord]) -> None:
         """Median of the warm-up steps: robust to the slow first iteration."""
@@ -84,12 +83,12 @@ class Reporter:
             row["saving"] = self.saving(record.energy_j)
             if extra:
                 row.update(extra)
-            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.write_line(json.dumps(row))
 
     def write_event(self, event: str, **data: Any) -> None:
         """A non-step line in the metrics file (phase change, plan deployed, straggler switch)."""
         if self._metrics is not None:
-            self._metrics.write(json.dumps({"event": event, **data}, default=str) + "\n")
+            self._metrics.write_line(json.dumps({"event": event, **data}, default=str))
 
     def running_deployed(self) -> tuple[float, float] | None:
         """Mean (time, energy) of the steps run with a deployed plan so far."""

@@ -8,6 +8,7 @@ Inject with ``monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(...))`
 
 from __future__ import annotations
 
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
 
@@ -77,13 +79,20 @@ def make_fake_pynvml(
     *,
     init_error: int | None = None,
     allow_set: bool = True,
+    lock_error: int | None = None,
+    lost_marker: str | None = None,
 ) -> types.ModuleType:
     """Build a fresh fake module. ``init_error`` makes ``nvmlInit`` fail with that code;
-    ``allow_set=False`` makes every setter fail with NO_PERMISSION."""
+    ``allow_set=False`` makes every setter fail with NO_PERMISSION. Faults mid-run:
+    ``lock_error`` makes locking any clock below the highest fail with that code (the privilege
+    probe, which locks the highest, still works); GPU_IS_LOST then also creates the file
+    ``lost_marker``, after which every device call in every process using it fails the same way."""
     m = types.ModuleType("pynvml")
     m.devices = devices if devices is not None else [FakeDevice("GPU-aaaa0000-0000-0000-0000-000000000000")]
     m.calls: list[tuple[str, tuple[Any, ...]]] = []
     m.allow_set = allow_set
+    m.lock_error = lock_error
+    m.lost_marker = lost_marker
     m.init_count = 0
     m.NVMLError = NVMLError
     m.NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
@@ -105,6 +114,8 @@ def make_fake_pynvml(
         return wrapper
 
     def dev(h: _Handle) -> FakeDevice:
+        if m.lost_marker is not None and os.path.exists(m.lost_marker):
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if not isinstance(h, _Handle) or not 0 <= h.index < len(m.devices):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return m.devices[h.index]
@@ -169,6 +180,10 @@ def make_fake_pynvml(
     def nvmlDeviceSetGpuLockedClocks(h: _Handle, lo: int, hi: int) -> None:
         d = dev(h)
         setter()
+        if m.lock_error is not None and hi < max(d.sm_clocks):
+            if m.lock_error == NVML_ERROR_GPU_IS_LOST and m.lost_marker is not None:
+                open(m.lost_marker, "w").close()
+            raise NVMLError(m.lock_error)
         d.locked = (lo, hi)
         d.sm_clock = hi
 

@@ -69,6 +69,16 @@ class ToyConfig:
     raise_at_step: int | None = None
     hang_at_step: int | None = None  # sleep forever (for SIGTERM tests)
     target_slowdown: float | None = None  # runtime.set_target_slowdown before training
+    # Faults: rank ``die_rank`` SIGKILLs itself at the end (before ``on_step_end``) of its
+    # ``die_after``-th step in phase ``die_phase``; ``admin_reset_at_step``: every rank resets its
+    # own simulated GPU's clocks from outside Perseus (an admin's ``nvidia-smi -rgc``) at that step.
+    die_rank: int | None = None
+    die_phase: str = "profiling"
+    die_after: int = 1
+    die_on_attempt: int | None = None  # only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT)
+    admin_reset_at_step: int | None = None
+    kill_controller_at_step: int | None = None  # every rank SIGKILLs its clock controller process
+    dist_timeout_s: float = 300.0  # the training's own process group (P2P)
     tensor_numel: int = 64
 
     def weight(self, stage: int) -> float:
@@ -142,6 +152,20 @@ class _StageWorker:
         listener.on_step_end()
 
 
+class _DieAtStepEnd:
+    """The runtime's listener, except that the step's end is this process's SIGKILL."""
+
+    def __init__(self, runtime: Any, marker: Path) -> None:
+        self._runtime, self._marker = runtime, marker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    def on_step_end(self) -> None:
+        self._marker.write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class _WarningCollector(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -151,8 +175,12 @@ class _WarningCollector(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _attempt() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_path: str) -> None:
-    """Body of one toy-pipeline process."""
+    """Body of one toy-pipeline process; ``store_path`` "" means torchrun's ``env://``."""
     import torch.distributed as dist
 
     from perseus.gpu.sim.device import SimulatedGPU
@@ -165,11 +193,11 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
     logging.getLogger("perseus").addHandler(collector)
     logging.getLogger("perseus").setLevel(logging.INFO)
     out = Path(out_dir)
-    result: dict[str, Any] = {"rank": rank, "steps": [], "error": None}
+    result: dict[str, Any] = {"rank": rank, "steps": [], "error": None, "attempt": _attempt()}
     runtime = None
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+            "gloo", init_method=f"file://{store_path}" if store_path else "env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
         )
         device = SimulatedGPU(rank, preset=cfg.sim_preset, state_dir=cfg.sim_dir,
                               energy_update_period_s=cfg.energy_update_period_s, reset_state=True)
@@ -186,7 +214,7 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
             (out / f"rank{rank}.pid").write_text(str(os.getpid()))
             if cfg.target_slowdown is not None:
                 runtime.set_target_slowdown(cfg.target_slowdown)
-            step, planning_extra = 0, 0
+            step, planning_extra, in_die_phase = 0, 0, 0
             while step < cfg.steps + planning_extra:
                 if cfg.change_microbatches_at_step is not None and step == cfg.change_microbatches_at_step:
                     sched = build_schedule(cfg.schedule, cfg.num_stages, cfg.num_microbatches + 1, cfg.num_chunks)
@@ -196,11 +224,37 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                     (out / f"rank{rank}.hanging").write_text("1")
                     while True:
                         time.sleep(0.05)
+                if cfg.admin_reset_at_step == step:
+                    admin = SimulatedGPU(rank, state_dir=cfg.sim_dir)
+                    held = admin.locked_sm_clock_mhz() if admin.is_clock_locked() else None
+                    t_reset = time.monotonic()
+                    admin.reset_locked_sm_clock()
+                    relocked_s = None
+                    if held is not None and held < admin.default_sm_clock_mhz():
+                        # wait at the step boundary (P2P partners wait too) for the controller to
+                        # re-apply the lock; the bound is a hang guard
+                        while time.monotonic() - t_reset < 60.0 and relocked_s is None:
+                            time.sleep(0.005)
+                            if admin.locked_sm_clock_mhz() == held:
+                                relocked_s = time.monotonic() - t_reset
+                    result["admin_reset"] = {"step": step, "held_mhz": held, "relocked_s": relocked_s}
+                    admin.close()
+                if cfg.kill_controller_at_step == step:
+                    pid = runtime.gpu.controller.pid
+                    result["controller_killed"] = {"step": step, "wall": time.time(), "was_locked": device.is_clock_locked()}
+                    os.kill(pid, signal.SIGKILL)  # like the OOM killer; the runtime's handle reaps it
+                listener: Any = runtime
+                if cfg.die_rank == rank and runtime.phase.value == cfg.die_phase and (
+                    cfg.die_on_attempt is None or cfg.die_on_attempt == _attempt()
+                ):
+                    in_die_phase += 1
+                    if in_die_phase == cfg.die_after:
+                        listener = _DieAtStepEnd(runtime, out / f"rank{rank}.died")
                 e0, t0 = device.total_energy_j(), time.perf_counter()
-                worker.run_step(sched, runtime, step)
+                worker.run_step(sched, listener, step)
                 result["steps"].append(
                     {"step": step, "time_s": time.perf_counter() - t0, "energy_j": device.total_energy_j() - e0,
-                     "phase": runtime.phase.value, "clock_locked": device.is_clock_locked()}
+                     "phase": runtime.phase.value, "clock_locked": device.is_clock_locked(), "wall": time.time()}
                 )
                 # Phase changes happen at step boundaries on all ranks together, so every rank
                 # extends its loop identically and P2P partners stay matched.

@@ -1,0 +1,393 @@
+"""Faults injected into real multi-process runs (toy pipeline, gloo, simulated GPUs).
+
+Each test checks what docs/reliability.md promises: no rank hangs past a stated timeout, the
+survivors continue at default clocks or stop cleanly, one clear log line, clocks end at default,
+nothing half-written. Timeouts here are hang guards, never latency limits; the times to recover
+that docs/reliability.md states are what these tests print (``pytest -s tests/runtime/test_faults.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from toy_helpers import greedy_frontier, stage_uniform_frontier  # noqa: E402
+from toy_pipeline import ToyConfig, launch  # noqa: E402
+
+from perseus.gpu.sim.state import read_sim_state  # noqa: E402
+from perseus.runtime import planning  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+HANG_S = 240  # hang guard per toy run
+COLLECTIVE_TIMEOUT_S = 5.0  # the stated timeout the survivors' collectives give up after
+FREQS = [1410, 1260, 1110, 960]
+SWEEP = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 2, "iters_per_freq": 2,
+         "p_blocking_seconds": 0.1}
+
+
+def assert_clocks_default(cfg: ToyConfig, world: int) -> None:
+    for r in range(world):
+        assert read_sim_state(r, cfg.sim_dir).locked == 0, f"rank {r} left a locked clock"
+
+
+def _slow_planner(schedule, profile, options=None, *, progress=None):
+    time.sleep(2.0)  # rank 0 is still planning when the other rank dies
+    return greedy_frontier(schedule, profile, options)
+
+
+@pytest.mark.parametrize("phase", ["profiling", "planning"])
+def test_rank_dies_the_other_pipeline_continues_at_default_clocks(tmp_path, monkeypatch, phase):
+    """Rank 3 (pipeline 1, last stage) is SIGKILLed at a step end while profiling or planning.
+    Pipeline 0 (ranks 0, 1) only meets it in Perseus's collectives: they give up within the
+    stated timeout, say so in one line, and train to the end at default clocks. Rank 2, its
+    pipeline partner, stops with the training's own P2P error; its clocks are reset too."""
+    monkeypatch.setattr(planning, "plan_frontier", _slow_planner)  # forked ranks inherit it
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, dp_size=2, steps=16, die_rank=3, die_phase=phase,
+                    die_after=2, dist_timeout_s=30.0, planning_grace_steps=0,
+                    perseus={**SWEEP, "cache_dir": str(tmp_path / "cache"),
+                             "collective_timeout_s": COLLECTIVE_TIMEOUT_S})
+    started = time.monotonic()
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    elapsed = time.monotonic() - started
+    died_at = float((tmp_path / "run" / "rank3.died").read_text())
+    assert results[3]["error"] == "no result file"  # SIGKILLed
+    assert results[2]["error"] is not None  # its P2P partner is gone: the training itself stops
+    for r in results[:2]:
+        assert r["error"] is None, r.get("traceback")
+        lines = [w for w in r["warnings"] if "continuing at default clocks without Perseus" in w]
+        assert len(lines) == 1, r["warnings"]
+        assert "\n" not in lines[0]
+        s = r["summary"]
+        assert s["phase"] == "steady"
+        detached = [step for step, what, _ in s["events"] if what == "detached"]
+        assert len(detached) == 1
+        assert [p for _, p in s["phase_history"]][-2:] == [phase, "steady"]
+        assert len(r["steps"]) == cfg.steps  # trained to the end
+        after = [x for x in r["steps"] if x["step"] >= detached[0]]
+        assert after and not any(x["clock_locked"] for x in after)
+        recovered_at = next(x["wall"] for x in r["steps"] if x["step"] == detached[0] - 1)
+        r["recover_s"] = recovered_at - died_at
+    assert_clocks_default(cfg, 4)
+    # nothing half-written: no temporary file in the cache
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
+    print(f"\nrank died while {phase}: survivors detached after "
+          f"{max(r['recover_s'] for r in results[:2]):.2f} s; run {elapsed:.1f} s")
+
+
+# ---------------------------------------------------------------- NVML fails mid-run (fake pynvml)
+
+GPU_TESTS = Path(__file__).parents[1] / "gpu"
+SHIM = '''"""pynvml for this test's processes: the fake, with faults, logging its clock calls."""
+import json, os, sys
+sys.path.insert(0, {gpu_tests!r})
+from fake_pynvml import make_fake_pynvml
+
+_cfg = json.loads(os.environ["PERSEUS_TEST_FAKE_NVML"])
+_m = make_fake_pynvml(lock_error=_cfg["lock_error"], lost_marker=_cfg["lost_marker"])
+_log = os.path.join(_cfg["log_dir"], f"{{os.getpid()}}.jsonl")
+
+def _logged(name):
+    inner = getattr(_m, name)
+    def call(*args):
+        entry = {{"call": name, "args": list(args[1:])}}
+        try:
+            inner(*args)
+            entry["ok"] = True
+        except _m.NVMLError as exc:
+            entry["ok"], entry["error"] = False, exc.value
+            raise
+        finally:
+            entry["locked"] = _m.devices[0].locked
+            with open(_log, "a") as f:
+                f.write(json.dumps(entry) + "\\n")
+    setattr(_m, name, call)
+
+for _name in ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"):
+    _logged(_name)
+sys.modules[__name__] = _m
+'''
+
+
+def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock_error: int) -> tuple[Path, Path]:
+    """The shim on PYTHONPATH (the controller processes import it) and in sys.modules (the forked
+    ranks inherit it); returns (clock-call log dir, lost marker)."""
+    import importlib.util
+
+    shim_dir, log_dir = tmp_path / "shim", tmp_path / "nvml-calls"
+    shim_dir.mkdir()
+    log_dir.mkdir()
+    (shim_dir / "pynvml.py").write_text(SHIM.format(gpu_tests=str(GPU_TESTS)))
+    marker = tmp_path / "gpu-lost"
+    monkeypatch.setenv("PERSEUS_TEST_FAKE_NVML", json.dumps(
+        {"lock_error": lock_error, "lost_marker": str(marker), "log_dir": str(log_dir)}))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim_dir), os.environ.get("PYTHONPATH", "")]))
+    spec = importlib.util.spec_from_file_location("pynvml", shim_dir / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    spec.loader.exec_module(module)  # replaces itself in sys.modules with the configured fake
+    return log_dir, marker
+
+
+@pytest.mark.parametrize("code, what", [(3, "not supported"), (15, "GPU not found")])
+def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, monkeypatch, code, what):
+    """Deployed on fake NVML GPUs, locking a lower clock fails (NOT_SUPPORTED, or GPU_IS_LOST after
+    which every NVML call fails): each rank says so in one line and falls back to default clocks;
+    training runs to the end; the controllers reset what they could."""
+    log_dir, marker = install_fake_nvml(tmp_path, monkeypatch, code)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=12, target_slowdown=1.2)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "gpu": "nvml", "device_index": 0, "straggler_period_steps": 2,
+                   "metrics_file": str(tmp_path / "m.jsonl")}
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    failed_somewhere = False
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert len(r["steps"]) == cfg.steps
+        lines = [w for w in r["warnings"] if "clock control failed" in w and "continuing at default clocks" in w]
+        s = r["summary"]
+        if lines:
+            failed_somewhere = True
+            assert len(lines) == 1 and what in lines[0], r["warnings"]
+        assert s["phase"] == "fallback", s["phase_history"]  # every rank: default clocks
+    assert failed_somewhere
+    calls = [json.loads(x) for f in sorted(log_dir.glob("*.jsonl")) for x in f.read_text().splitlines()]
+    refused = [c for c in calls if c["call"] == "nvmlDeviceSetGpuLockedClocks" and not c["ok"]]
+    assert refused and all(c["error"] == code for c in refused)
+    for f in log_dir.glob("*.jsonl"):  # every controller: nothing left locked by a successful call
+        entries = [json.loads(x) for x in f.read_text().splitlines()]
+        assert entries[-1]["locked"] is None or not entries[-1]["ok"], entries[-3:]
+    assert marker.exists() == (code == 15)
+    if code == 15:
+        assert any("reading the GPU's energy failed" in w for r in results for w in r["warnings"])
+    # the metrics file is whole: every line is JSON
+    for line in (tmp_path / "m.jsonl").read_text().splitlines():
+        json.loads(line)
+    gaps = [dict((p, s) for s, p in r["summary"]["phase_history"]) for r in results]
+    print(f"\nNVML error {code}: fallback {max(g['fallback'] - g['deployed'] for g in gaps)} step(s) after deploying")
+
+
+# ---------------------------------------------------------------- clocks reset under us
+
+CLOCK_CHECK_S = 0.2
+
+
+def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path):
+    """At a step boundary every rank resets its own simulated GPU's clocks as an admin's
+    ``nvidia-smi -rgc`` would. The controller of a rank holding a lower clock reads it back within
+    ``clock_check_s``, re-applies it and the rank says so in one line; clocks end at default."""
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, admin_reset_at_step=6)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "clock_check_s": CLOCK_CHECK_S}
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    held = [r for r in results if r["admin_reset"]["held_mhz"] not in (None, max(FREQS))]
+    assert held, "the slowed plan should hold a lower clock on some rank"
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        lines = [w for w in r["warnings"] if "changed outside Perseus" in w]
+        if r in held:
+            assert r["admin_reset"]["relocked_s"] is not None, "the lock was never re-applied"
+            assert len(lines) == 1 and f"held {r['admin_reset']['held_mhz']} MHz" in lines[0], r["warnings"]
+            assert "re-applied" in lines[0]
+            assert r["summary"]["phase"] == "deployed"
+            assert all(s["clock_locked"] for s in r["steps"][6:]), "the plan's clock holds after the re-apply"
+        else:
+            assert lines == []
+    assert_clocks_default(cfg, 2)
+    times = ", ".join(f"{r['admin_reset']['relocked_s']:.2f}" for r in held)
+    print(f"\nclock reset from outside: re-applied after {times} s (check every {CLOCK_CHECK_S} s)")
+
+
+def test_controller_gives_up_when_the_clock_keeps_being_changed(tmp_path, monkeypatch):
+    """More than MAX_OVERRIDES overrides: the controller stops fighting the other tool, resets
+    and reports ``failed`` (the runtime then falls back to default clocks)."""
+    from perseus.gpu.controller import FrequencyController
+    from perseus.gpu.controller_proc import MAX_OVERRIDES
+    from perseus.gpu.sim.device import SimulatedGPU
+
+    monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
+    gpu = SimulatedGPU(0, state_dir=tmp_path / "sim", reset_state=True)
+    low = gpu.supported_sm_clocks_mhz()[-1]
+    notices = []
+    with FrequencyController(gpu.spec(), clock_check_s=0.05, install_signal_handlers=False) as ctl:
+        ctl.set_frequency(low)
+        ctl.flush()
+        deadline = time.monotonic() + 60
+        while not any(n["event"] == "failed" for n in notices):
+            assert time.monotonic() < deadline, f"no 'failed' notice: {notices}"
+            if gpu.locked_sm_clock_mhz() == low:
+                gpu.reset_locked_sm_clock()  # the other tool, again
+            time.sleep(0.01)
+            notices += ctl.notices()
+        assert [n["event"] for n in notices] == ["override"] * MAX_OVERRIDES + ["failed"]
+        assert "changed outside Perseus" in notices[-1]["message"]
+        ctl.set_frequency(low)  # ignored from now on
+        ctl.flush()
+        assert not gpu.is_clock_locked()
+    gpu.close()
+
+
+# ---------------------------------------------------------------- disk full
+
+def fill_disk(monkeypatch: pytest.MonkeyPatch, full_dir: Path, budget_bytes: int) -> None:
+    """Files under ``full_dir`` are on a disk that fills up: ``os.write`` takes ``budget_bytes`` in
+    all (the write that crosses the limit lands in part, the next fails with ENOSPC), and fsync
+    fails with ENOSPC (what a delayed-allocation file system reports for buffered data). Patched
+    in this process, inherited by the forked ranks; no root, no tmpfs."""
+    import errno
+
+    real_write, real_fsync = os.write, os.fsync
+    left = [budget_bytes]
+
+    def on_full_disk(fd: int) -> bool:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}").startswith(str(full_dir))
+        except OSError:
+            return False
+
+    def write(fd, data):
+        if not on_full_disk(fd):
+            return real_write(fd, data)
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        part = bytes(data)[: left[0]]
+        left[0] -= len(part)
+        return real_write(fd, part)
+
+    def fsync(fd):
+        if on_full_disk(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_disk_full_while_writing_cache_and_metrics_leaves_nothing_partial(tmp_path, monkeypatch):
+    """Profile, frontier and metrics file all on a full disk: the run profiles, plans and deploys
+    from memory; one line per file that could not be written; the cache holds no file, half or
+    temporary; the metrics file ends at a whole line."""
+    monkeypatch.setattr(planning, "plan_frontier", greedy_frontier)
+    full = tmp_path / "full"
+    full.mkdir()
+    fill_disk(monkeypatch, full, budget_bytes=2000)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
+                    perseus={**SWEEP, "cache_dir": str(full / "cache"), "metrics_file": str(full / "m.jsonl")})
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert r["summary"]["phase"] == "deployed"
+    warnings = results[0]["warnings"]
+    for what in ("profile", "frontier"):
+        lines = [w for w in warnings if f"could not save the {what} to the cache" in w]
+        assert len(lines) == 1 and "No space left on device" in lines[0], warnings
+    assert len([w for w in warnings if "writing the metrics file" in w]) == 1, warnings
+    assert [p for p in (full / "cache").rglob("*") if p.is_file()] == []
+    text = (full / "m.jsonl").read_text()
+    assert 0 < len(text) <= 2000 and text.endswith("\n")
+    for line in text.splitlines():
+        json.loads(line)
+    assert_clocks_default(cfg, 2)
+
+
+# ---------------------------------------------------------------- elastic restart
+
+def test_torchrun_restart_resumes_from_the_cache_without_reprofiling(tmp_path):
+    """``torchrun --max-restarts=1``: in the first attempt rank 1 SIGKILLs itself while rank 0 is
+    planning (the profile is already cached); torchrun restarts both ranks, which plan from the
+    cached profile and deploy without profiling again. Clocks end at default."""
+    import dataclasses
+    import subprocess
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=12, die_rank=1, die_phase="planning", die_after=2,
+                    die_on_attempt=0, planning_grace_steps=100_000, sim_dir=str(out / "sim-gpus"),
+                    perseus={**SWEEP, "cache_dir": str(tmp_path / "cache"), "collective_timeout_s": COLLECTIVE_TIMEOUT_S})
+    (tmp_path / "cfg.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+           # torch 2.13 shares the rendezvous TCPStore across restarts without a per-attempt prefix,
+           # so a restarted gloo group can read the dead attempt's addresses; a fresh store per attempt
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           "--monitor-interval=0.2", str(Path(__file__).parent / "toy_torchrun.py"), str(tmp_path / "cfg.json"), str(out)]
+    started = time.monotonic()
+    with open(tmp_path / "torchrun.log", "w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(HANG_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            code = "hung"
+        log.seek(0)
+        output = log.read()
+    elapsed = time.monotonic() - started
+    assert code == 0, "\n".join(x for x in output.splitlines() if not x.startswith("perseus step"))[-6000:]
+    assert (out / "rank1.died").exists()  # the first attempt's death happened
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert (entry / "profile.json").exists() and (entry / "frontier.json").exists()
+    for r in range(2):
+        result = json.loads((out / f"rank{r}.json").read_text())
+        assert result["attempt"] == 1 and result["error"] is None, result.get("traceback")
+        phases = [p for _, p in result["summary"]["phase_history"]]
+        assert phases == ["warmup", "planning", "deployed"], phases  # no profiling the second time
+        assert any(what == "source" and "cached profile" in str(data) for _, what, data in result["summary"]["events"])
+        assert len(result["steps"]) >= cfg.steps
+    assert_clocks_default(cfg, 2)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
+    died_at = float((out / "rank1.died").read_text())
+    first = json.loads((out / "rank0.json").read_text())["steps"]
+    deployed = next(x["wall"] for x in first if x["phase"] == "deployed")
+    print(f"\ntorchrun restart: death -> first step of the new attempt {first[0]['wall'] - died_at:.1f} s, "
+          f"-> plan deployed {deployed - died_at:.1f} s; whole run {elapsed:.1f} s")
+
+
+# ---------------------------------------------------------------- the controller killed
+
+def test_controller_killed_while_a_plan_holds_a_clock(tmp_path):
+    """Deployed with a plan that holds one lower clock per stage (no further requests), every
+    rank's controller process is SIGKILLed: the runtime notices at the next step end, says so in
+    one line, resets the clock the dead controller left and falls back; training runs to the end."""
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, kill_controller_at_step=5)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "straggler_period_steps": 2}
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    assert any(r["controller_killed"]["was_locked"] for r in results)
+    recover = []
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert len(r["steps"]) == cfg.steps
+        lines = [w for w in r["warnings"] if "clock control failed" in w]
+        assert len(lines) == 1 and "exited unexpectedly" in lines[0], r["warnings"]
+        assert r["summary"]["phase"] == "fallback"
+        assert not r["steps"][-1]["clock_locked"]
+        if r["controller_killed"]["was_locked"]:
+            unlocked = next(s["wall"] for s in r["steps"] if s["step"] >= 5 and not s["clock_locked"])
+            recover.append(unlocked - r["controller_killed"]["wall"])
+    assert_clocks_default(cfg, 2)
+    print(f"\ncontroller killed: clock back at default within {max(recover):.2f} s (at a step end)")
+
+
+def test_nvml_refuses_clocks_while_profiling_the_profile_is_discarded(tmp_path, monkeypatch):
+    """A sweep whose clocks were refused measured nothing but default clocks: the ranks agree at
+    the sweep's end to discard it (nothing cached) and keep default clocks."""
+    install_fake_nvml(tmp_path, monkeypatch, 3)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
+                    perseus={**SWEEP, "p_blocking_w": 60.0, "cache_dir": str(tmp_path / "cache"), "gpu": "nvml",
+                             "device_index": 0})
+    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    for r in results:
+        assert r["error"] is None, r.get("traceback")
+        assert len(r["steps"]) == cfg.steps
+        assert [p for _, p in r["summary"]["phase_history"]] == ["warmup", "profiling", "steady"]
+        assert len([w for w in r["warnings"] if "clock control failed" in w]) == 1, r["warnings"]
+    assert not [p for p in (tmp_path / "cache").rglob("*.json") if p.name != "key.json"]
