@@ -156,7 +156,9 @@ class ClockTrace:
 class Breakdown:
     """Per step of one rank (medians over its steps): where its instructions' time went.
 
-    ``late_*``: instructions whose planned clock was not in force when their kernel started.
+    ``late_*``: instructions that started below their planned clock (a switch up not landed yet:
+    they cost time). ``faster_share``: those that started above it (a switch down not landed yet,
+    or raised early for the next instruction: they cost energy only).
     ``stretch_s``: kernel time beyond the planned clock's (late switches and CPU work beyond the
     nominal time both show here). ``overshoot_s``: the wait for the kernel returned after it ended.
     """
@@ -164,6 +166,7 @@ class Breakdown:
     steps: int
     instructions: int
     late_share: float
+    faster_share: float
     late_median_s: float  # how long after the kernel's start the planned clock took effect
     late_max_s: float
     stretch_s: float
@@ -180,11 +183,13 @@ def from_dict(data: Mapping[str, Iterable[Mapping[str, Any]]]) -> tuple[list[Ins
 
 
 def lateness_s(inst: InstructionTrace) -> float:
-    """How long after its kernel started the planned clock took effect (0 when in force at the start).
+    """How long after its kernel started at a lower clock than planned the planned clock took
+    effect (0 when the kernel started at or above it).
 
     Needs a simulated GPU's record; a clock that was never in force during the kernel counts the
     whole kernel."""
-    if inst.planned_mhz is None or inst.kernel_start is None or inst.start_mhz == inst.planned_mhz:
+    if (inst.planned_mhz is None or inst.kernel_start is None or inst.start_mhz is None
+            or inst.start_mhz >= inst.planned_mhz):
         return 0.0
     assert inst.kernel_s is not None and inst.clock_applied_at is not None
     if inst.end_mhz != inst.planned_mhz:
@@ -201,10 +206,12 @@ def breakdown(instructions: Iterable[InstructionTrace], steps: Iterable[StepTrac
         if inst.step in chosen:
             per_step.setdefault(inst.step, []).append(inst)
     if not per_step:
-        return Breakdown(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, 0.0, 0.0)
+        return Breakdown(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, 0.0, 0.0)
     all_inst = [i for rows in per_step.values() for i in rows]
-    late = [lateness_s(i) for i in all_inst if i.planned_mhz is not None and i.kernel_start is not None]
+    traced = [i for i in all_inst if i.planned_mhz is not None and i.start_mhz is not None]
+    late = [lateness_s(i) for i in traced]
     late_pos = [x for x in late if x > 0]
+    faster = sum(1 for i in traced if i.start_mhz > i.planned_mhz)  # type: ignore[operator]
 
     def per(fn: Callable[[InstructionTrace], float]) -> float:
         return median(sum(fn(i) for i in rows) for rows in per_step.values())
@@ -213,6 +220,7 @@ def breakdown(instructions: Iterable[InstructionTrace], steps: Iterable[StepTrac
     return Breakdown(
         steps=len(per_step), instructions=len(all_inst),
         late_share=len(late_pos) / len(late) if late else 0.0,
+        faster_share=faster / len(traced) if traced else 0.0,
         late_median_s=median(late_pos) if late_pos else 0.0, late_max_s=max(late_pos, default=0.0),
         stretch_s=per(lambda i: (i.kernel_s or 0.0) - (i.model_s if i.model_s is not None else (i.kernel_s or 0.0))),
         overshoot_s=per(lambda i: max((i.wait_returned or 0.0) - ((i.kernel_start or 0.0) + (i.kernel_s or 0.0)), 0.0)

@@ -108,15 +108,17 @@ def test_lateness_and_breakdown_are_what_the_records_say():
     on_time = _inst(900, 900, 900, 1.0, 0.012, 0.5, 0.012, 1.013)
     landed_inside = _inst(1410, 900, 1410, 2.0, 0.015, 2.010, 0.010, 2.015)
     never = _inst(1410, 900, 900, 3.0, 0.020, 0.5, 0.010, 3.020)
-    assert lateness_s(on_time) == 0.0
+    raised = _inst(900, 1410, 1410, 4.0, 0.008, 3.99, 0.010, 4.008)  # faster than planned: not late
+    assert lateness_s(on_time) == 0.0 and lateness_s(raised) == 0.0
     assert lateness_s(landed_inside) == pytest.approx(0.010)
     assert lateness_s(never) == pytest.approx(0.020)  # the planned clock never came: the whole kernel
     steps = [StepTrace(0, "deployed", 0.0, 4.0, 0.02, 0.5), StepTrace(1, "stopped", 4.0, 5.0, None, 0.4)]
-    b = breakdown([on_time, landed_inside, never], steps, lambda p: p == "deployed")
-    assert (b.steps, b.instructions) == (1, 3)
-    assert b.late_share == pytest.approx(2 / 3) and b.late_median_s == pytest.approx(0.015)
+    b = breakdown([on_time, landed_inside, never, raised], steps, lambda p: p == "deployed")
+    assert (b.steps, b.instructions) == (1, 4)
+    assert b.late_share == pytest.approx(2 / 4) and b.faster_share == pytest.approx(1 / 4)
+    assert b.late_median_s == pytest.approx(0.015)
     assert b.late_max_s == pytest.approx(0.020)
-    assert b.stretch_s == pytest.approx(0.005 + 0.010)  # kernel time beyond the planned clock's
+    assert b.stretch_s == pytest.approx(0.005 + 0.010 - 0.002)  # kernel time beyond the planned clock's
     assert b.overshoot_s == pytest.approx(0.001)  # the first one's wait returned 1 ms after its kernel ended
-    assert b.hook_s == pytest.approx(0.003) and b.controller_cpu_s == 0.02 and b.step_s == 4.0
+    assert b.hook_s == pytest.approx(0.004) and b.controller_cpu_s == 0.02 and b.step_s == 4.0
     assert breakdown([on_time], steps, lambda p: p == "stopped").steps == 0
