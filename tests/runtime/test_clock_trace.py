@@ -122,3 +122,15 @@ def test_lateness_and_breakdown_are_what_the_records_say():
     assert b.overshoot_s == pytest.approx(0.001)  # the first one's wait returned 1 ms after its kernel ended
     assert b.hook_s == pytest.approx(0.004) and b.controller_cpu_s == 0.02 and b.step_s == 4.0
     assert breakdown([on_time], steps, lambda p: p == "stopped").steps == 0
+
+
+def test_apply_returns_once_a_latent_switch_has_landed(tmp_path):
+    """The profiling sweep's clock change: with a 20 ms switch latency the controller's flush
+    returns before the clock is in force; apply waits for it, so no profiled instruction runs at the
+    previous clock."""
+    device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True,
+                          switch_latency_s=0.02)
+    port = GPUPort(device, LoggingDirectController(device, []))
+    port.apply(900)
+    assert device.locked_sm_clock_mhz() == 900
+    device.close()
