@@ -177,6 +177,9 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, se
         handle.runtime.stop()
         for _ in range(settings.rebaseline_steps):
             train_step()
+    trace = getattr(handle.runtime, "clock_trace", None)
+    if trace is not None:  # trace_clocks: every traced iteration's clock events, the re-measured baseline's too
+        summary = {**summary, "clock_trace": trace.to_dict()}
     records = [{**it, "step": i, "phase": "startup" if i < settings.startup_steps else it["phase"]}
                for i, it in enumerate(iterations())]
     return records, summary

@@ -53,7 +53,8 @@ def plan_frontier(
 
     found = search_deadlines(dag, node_choices, p_blocking, [base.time_s], options, report)
     if options.switch_latency_s > 0:
-        held = hold_through_short_switches(dag, node_choices, found.choices, options.switch_latency_s)
+        held = hold_through_short_switches(dag, node_choices, found.choices, options.switch_latency_s,
+                                           options.switch_cost_w)
         found = pareto(evaluate(dag, node_choices, held, p_blocking))
 
     # Candidates were simulated (perseus.simulator.simulate_many) and cost-filtered in search_deadlines.

@@ -25,7 +25,7 @@ _INT_MINIMUMS = {
     "beam_fill": 0,
     "beam_max_nodes": 0,
 }
-_NON_NEGATIVE_NUMBERS = ("improve_time_s", "search_time_s", "search_gap", "switch_latency_s")
+_NON_NEGATIVE_NUMBERS = ("improve_time_s", "search_time_s", "search_gap", "switch_latency_s", "switch_cost_w")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,10 @@ class PlannerOptions:
       deadlines evenly spaced in time at ``beam_width``. ``beam_width=0`` disables it.
     - ``switch_latency_s``: how long a clock change takes to land on the GPU; plans then change
       no clock on an instruction shorter than that (``planner.latency``). 0: instant switches.
+    - ``switch_cost_w``: what a clock switch costs, as a power drawn for ``switch_latency_s``: a
+      switch down whose saving is smaller keeps the faster clock (``planner.latency.switch_pays_off``).
+      0 (default): switches cost no energy, as on the simulated GPU; the profile's P_blocking is
+      the conservative value for hardware whose switch cost is unknown.
     """
 
     num_anchors: int = 48
@@ -69,6 +73,7 @@ class PlannerOptions:
     beam_fill: int = 192
     beam_max_nodes: int = 48
     switch_latency_s: float = 0.0
+    switch_cost_w: float = 0.0
 
     def __post_init__(self) -> None:
         for name, low in _INT_MINIMUMS.items():

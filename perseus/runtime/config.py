@@ -66,6 +66,9 @@ class PerseusConfig(BaseModel):
     # Request each instruction's clock when the previous one ends, so the switch latency overlaps
     # the wait between them (off: at the instruction's own start, as the plan assumes).
     switch_ahead: bool = True
+    # Record per instruction when its clock was requested and took effect, hook time, the
+    # simulated kernel's stretch and wake-up (perseus/runtime/clock_trace.py); for diagnosis.
+    trace_clocks: bool = False
     straggler_period_steps: int = Field(default=10, ge=0)
     straggler_threshold: float = Field(default=0.05, gt=0)
     straggler_recover_threshold: float = Field(default=0.02, ge=0)

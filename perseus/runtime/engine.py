@@ -18,7 +18,7 @@ step, so phase changes and plan switches happen on all ranks together.
 from __future__ import annotations
 
 import logging
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
@@ -26,6 +26,7 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
 from perseus.runtime.clock_sweep import profiling_iterations
+from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import PlanFollower
@@ -69,6 +70,8 @@ class PerseusRuntime:
         # On a simulated GPU every observed instruction is one of its kernels; None on real GPUs.
         self.sim_kernels: SimulatedKernels | None = None
         self._switch_ahead = self.config.switch_ahead
+        # Per-instruction clock events (clock_trace.py); None unless trace_clocks: one test per hook.
+        self.clock_trace: ClockTrace | None = None
         self.enabled = self.config.enabled
         self._sinks: list[MetricsSink] = []  # per-step metrics (metrics.py), written at step end
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
@@ -85,6 +88,9 @@ class PerseusRuntime:
         self.gpu = self._open_gpu(gpu)
         if self.gpu.is_simulated:
             self.sim_kernels = SimulatedKernels(self.gpu.device)
+        if self.config.trace_clocks:
+            self.clock_trace = ClockTrace(self.gpu.device if self.gpu.is_simulated else None,
+                                          getattr(self.gpu.controller, "pid", None))
         self.reporter = Reporter(self.rank, self.config.log_every_steps, self.config.metrics_file if self.is_root else None)
         self.phases = PhaseMachine()
         self.step = 0
@@ -168,6 +174,9 @@ class PerseusRuntime:
     # ================================================================ hooks (hot path)
 
     def on_step_begin(self) -> None:
+        trace = self.clock_trace
+        if trace is not None and not self._closed:  # also after stop(): the re-measured baseline
+            trace.step_begin("stopped" if self._stopped else self.phases.phase.value)
         if not self.enabled or self._closed or self._stopped:
             return
         if self._target_dirty and self.phases.phase is Phase.DEPLOYED:
@@ -179,23 +188,33 @@ class PerseusRuntime:
         self._step_t0 = self._last_end = perf_counter()
 
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+        trace = self.clock_trace
+        t0 = monotonic() if trace is not None else 0.0
         hot = self._hot
+        freq = None
         if hot == _HOT_DEPLOY:
             freq = self._follower.next(kind, microbatch, chunk)  # type: ignore[union-attr]
             if freq is None:
                 self._mismatch()
             elif freq != self.gpu.current_mhz:
-                self.gpu.request(freq)
+                self._request(freq)
         elif hot == _HOT_PROFILE:
             self.timer.begin((chunk, kind))
+        if trace is not None:
+            planned = self._follower.planned() if freq is not None else None  # type: ignore[union-attr]
+            trace.begin(kind, microbatch, chunk, planned, t0, monotonic())
         kernels = self.sim_kernels
         if kernels is not None:  # after the clock request and the timer: the kernel runs inside both
             kernels.begin()
 
     def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+        trace = self.clock_trace
+        t0 = monotonic() if trace is not None else 0.0
         kernels = self.sim_kernels
         if kernels is not None:  # the kernel ends (stretched by the clock) before it is timed
             kernels.end()
+        if trace is not None:
+            trace.kernel_ended(monotonic())
         hot = self._hot
         if hot == _HOT_DEPLOY:
             if self._switch_ahead:
@@ -203,12 +222,22 @@ class PerseusRuntime:
                 # for its input instead of delaying it (docs/runtime.md, "Clock-switch latency").
                 freq = self._follower.peek()  # type: ignore[union-attr]
                 if freq != self.gpu.current_mhz:
-                    self.gpu.request(freq)
+                    self._request(freq)
         elif hot == _HOT_PROFILE:
             self.timer.end()
         self._last_end = perf_counter()
+        if trace is not None:
+            trace.end(t0, monotonic())
+
+    def _request(self, freq: int) -> None:
+        """A clock request from a hook (recorded in the clock trace when there is one)."""
+        self.gpu.request(freq)
+        if self.clock_trace is not None:
+            self.clock_trace.requested(freq, monotonic())
 
     def on_step_end(self) -> None:
+        if self.clock_trace is not None and not self._closed:
+            self.clock_trace.step_end()
         if not self.enabled or self._closed or self._stopped or not self._in_step:
             return
         self._in_step = False
@@ -445,7 +474,10 @@ class PerseusRuntime:
         changed = self.point is not None and point is not self.point
         self.point = point
         self._slowdown = point.time_s / self.frontier.default_point().time_s
-        self._follower = PlanFollower(self.frontier.stage_plan(point, self.job.stage), self.job.stage)
+        # A GPU with a known switch latency gets its switches up one instruction early (deploy.py).
+        raise_early = self._switch_ahead and self.config.planner_options.switch_latency_s > 0
+        self._follower = PlanFollower(self.frontier.stage_plan(point, self.job.stage), self.job.stage,
+                                      raise_early=raise_early)
         if changed:
             self._event("point", {"time_s": point.time_s, "energy_j": point.energy_j, "slowdown": self._slowdown})
 

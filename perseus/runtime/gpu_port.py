@@ -87,11 +87,24 @@ class GPUPort:
             self.current_mhz = mhz
             self.controller.set_frequency(mhz)
 
-    def apply(self, mhz: int) -> None:
-        """Set a clock and wait until it is in effect (step boundaries only)."""
+    def apply(self, mhz: int, settle_timeout_s: float = 0.25) -> None:
+        """Set a clock and wait until it is in effect (step boundaries only).
+
+        The controller's flush returns once the request is made; a GPU with a switch latency holds
+        the clock some milliseconds later, and the profiling sweep would time the step's first
+        instructions at the previous clock (seen in clock traces at 20 ms). So wait, at most
+        ``settle_timeout_s``, until the device reports the clock (NVML reports the current SM clock,
+        which a throttled GPU may never reach: hence the bound)."""
         self.current_mhz = mhz
         self.controller.set_frequency(mhz)
         self.controller.flush()
+        if not self.controller.enabled:
+            return
+        import time
+
+        deadline = time.monotonic() + settle_timeout_s
+        while self.device.locked_sm_clock_mhz() != mhz and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
     def release(self) -> None:
         """Ask for default clocks without waiting (fallback from an instruction hook)."""

@@ -301,3 +301,21 @@ def test_forked_child_does_not_keep_a_dead_parents_lock(sim_dir):
         assert got, "state file still locked by the dead trainer's forked child"
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_switch_landing_inside_a_kernel_changes_the_rest_of_it_and_the_kernel_record_says_when(sim_dir):
+    g, vc = vgpu(switch_latency_s=0.010)
+    g.set_locked_sm_clock(705)
+    vc.sleep(0.020)  # landed
+    g.begin_busy(compute_fraction=1.0)
+    start = vc.now()
+    g.set_locked_sm_clock(1410)  # lands 10 ms into the kernel, while end_busy waits it out
+    d = g.end_busy(min_s=0.010)  # 10 ms of work: 10 ms at 705 do 5 ms of it, the other 5 ms run at 1410
+    assert d == pytest.approx(0.015) and vc.now() == pytest.approx(start + 0.015)
+    k = g.last_kernel()
+    assert (k.start, k.work_s, k.start_mhz, k.end_mhz) == (pytest.approx(start), 0.010, 705, 1410)
+    assert k.duration_s == pytest.approx(0.015) and k.clock_applied_at == pytest.approx(start + 0.010)
+    assert g.kernel_time_s(0.010, 705, 1.0) == pytest.approx(0.020)  # what the clock alone would have given
+    # without a switch on the way the kernel is its work stretched by the one clock
+    g.begin_busy(compute_fraction=1.0)
+    assert g.end_busy(min_s=0.010) == pytest.approx(0.010) and g.last_kernel().start_mhz == 1410

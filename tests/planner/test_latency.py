@@ -66,3 +66,32 @@ def test_holding_only_raises_clocks_and_latency_zero_changes_nothing():
         for prev, node in zip(nodes[:-1], nodes[1:]):
             switch = after[:, node] != after[:, prev]
             assert np.all(~switch | (after[:, node] == fastest[:, node]) | (after[:, prev] == fastest[:, prev]))
+
+
+def test_switch_pays_off_compares_the_saving_with_the_latency_at_the_switch_power():
+    from perseus.planner.latency import switch_pays_off
+
+    assert switch_pays_off(2.0, 0.02, 80.0)  # 2 J > 20 ms x 80 W = 1.6 J
+    assert not switch_pays_off(1.5, 0.02, 80.0)
+    assert switch_pays_off(1e-9, 0.02, 0.0)  # free switches always pay off
+    assert list(switch_pays_off(np.array([1.0, 2.0]), 0.02, 80.0)) == [False, True]
+
+
+def test_switches_down_that_do_not_pay_off_keep_the_faster_clock():
+    schedule = build_schedule("1f1b", 2, 3)
+    profile = synthetic_profile(2, 10, seed=2)
+    dag = InstructionDAG.from_schedule(schedule)
+    table = build_node_choices(dag, profile, profile.require_p_blocking())
+    rng = np.random.default_rng(1)
+    choices = np.stack([rng.integers(0, table.num_choices[table.node_table]) for _ in range(20)])
+    tiny = 1e-9  # no instruction is shorter: only the cost rule acts
+    assert np.array_equal(hold_through_short_switches(dag, table, choices, tiny, 0.0), choices)
+    costly = hold_through_short_switches(dag, table, choices, tiny, 1e12)  # no switch down pays off
+    freqs = table.node_freqs(costly)
+    assert not np.array_equal(costly, choices) and np.all(freqs >= table.node_freqs(choices))
+    for stage in range(schedule.num_stages):
+        nodes = np.flatnonzero(dag.node_stage == stage)
+        for prev, node in zip(nodes[:-1], nodes[1:]):
+            down = freqs[:, node] < freqs[:, prev]
+            fastest = table.node_freqs(np.zeros_like(costly))[:, node]
+            assert np.all(~down | (freqs[:, node] == fastest))  # only where no faster choice exists

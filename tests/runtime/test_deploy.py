@@ -50,3 +50,25 @@ def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
     for i, inst in enumerate(insts):
         f.next(inst.kind, inst.microbatch, inst.chunk)
         assert f.peek() == (1000 + 10 * (i + 1) if i + 1 < len(insts) else 1000)
+
+
+def test_request_clocks_raise_early_asks_for_a_faster_next_clock_one_instruction_ahead():
+    from perseus.runtime.deploy import request_clocks
+
+    planned = [1410, 900, 900, 1200]
+    assert request_clocks(planned, False) == planned
+    # up-switches (to 1200, and to the next step's 1410) one instruction early; the switch down stays put
+    assert request_clocks(planned, True) == [1410, 900, 1200, 1410]
+    assert request_clocks([], True) == []
+
+
+def test_raise_early_follower_reports_planned_clocks_but_requests_the_raised_ones():
+    sched = build_schedule("1f1b", 1, 2)
+    plan = list(zip(sched.stages[0], [1410, 900, 900, 1200]))
+    f = PlanFollower(plan, 0, raise_early=True)
+    f.start_step()
+    got = []
+    for inst in sched.stages[0]:
+        got.append((f.next(inst.kind, inst.microbatch, inst.chunk), f.planned(), f.peek()))
+    assert got == [(1410, 1410, 900), (900, 900, 1200), (1200, 900, 1410), (1410, 1200, 1410)]
+    assert f.end_step() and f.step_clocks(1410) == {1410: 1, 900: 2, 1200: 1}

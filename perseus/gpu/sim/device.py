@@ -21,6 +21,7 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from perseus.gpu.device import BusyResult, GPUDevice, check_sm_clock
@@ -32,6 +33,19 @@ from perseus.gpu.spec import GPUSpec
 DEFAULT_PRESET = "A100-SXM"
 DEFAULT_UPDATE_PERIOD_S = 0.1
 _NOISY_BOUNDARIES = 64  # per read, at most this many counter updates get their own noise draw
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One finished kernel: when it started and ran (CLOCK_MONOTONIC s), its max-clock work, the
+    clock set at its start and its end, and when the clock set at its end took effect."""
+
+    start: float
+    duration_s: float
+    work_s: float
+    start_mhz: int
+    end_mhz: int
+    clock_applied_at: float
 
 
 class VirtualClock:
@@ -209,7 +223,7 @@ class SimulatedGPU(GPUDevice):
         if st.pending and st.pending_at <= now:
             self._settle_segment(st, st.pending_at)
             st.locked, st.locked_mhz = st.pending_locked, st.pending_mhz
-            st.pending = 0
+            st.pending, st.applied_at = 0, st.pending_at
             self._refresh_power(st)
         self._settle_segment(st, now)
 
@@ -224,7 +238,9 @@ class SimulatedGPU(GPUDevice):
                 st.counter_k = k
         dt = now - st.t_ref
         if st.busy:
-            st.slow_integral += self.model.slowdown(self._effective_clock(st), st.compute_fraction) * dt
+            slow = self.model.slowdown(self._effective_clock(st), st.compute_fraction)
+            st.slow_integral += slow * dt
+            st.busy_progress += dt / slow
         st.energy_j += st.power_w * dt
         st.t_ref = now
 
@@ -284,6 +300,7 @@ class SimulatedGPU(GPUDevice):
             return
         st.pending = 0
         st.locked, st.locked_mhz = locked, mhz
+        st.applied_at = now
         self._refresh_power(st)
 
     def lock_memory_clock(self, mhz: int) -> None:
@@ -383,18 +400,19 @@ class SimulatedGPU(GPUDevice):
             self._settle(st, now)
             st.busy, st.busy_pid = 1, me
             st.activity, st.compute_fraction = float(activity), float(compute_fraction)
-            st.busy_start, st.slow_integral = now, 0.0
+            st.busy_start, st.slow_integral, st.busy_progress = now, 0.0, 0.0
+            st.busy_start_mhz = self._set_clock(st)
             self._refresh_power(st)
 
     def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float:
         """End the instruction: sleep until its simulated duration has passed; return that duration.
 
-        ``cpu_elapsed_s`` is the instruction's duration at the max clock; ``None`` uses the wall
-        time since ``begin_busy``; either is raised to ``min_s`` (a nominal kernel time the work
-        is padded to). The simulated duration stretches it by the clock in force (changes during
-        the interval are weighted by time), and this call returns once that much time has passed
-        since ``begin_busy``: one sleep, whatever the caller did before, so a busy machine's
-        wake-up delays are paid once per instruction.
+        ``cpu_elapsed_s`` is the instruction's work, its duration at the max clock; ``None`` uses
+        the wall time since ``begin_busy``; either is raised to ``min_s`` (a nominal kernel time
+        the work is padded to). The kernel progresses at ``1 / slowdown`` of the clock in force at
+        each moment, so a clock change that lands while it runs (switch latency) changes the rest
+        of it, as on hardware; this call returns once the work is done: one sleep per clock change
+        on the way, so a busy machine's wake-up delays are paid about once per instruction.
         """
         with self._file.update() as st:
             if not st.busy or st.busy_pid != os.getpid():
@@ -403,27 +421,55 @@ class SimulatedGPU(GPUDevice):
             self._settle(st, now)
             start = st.busy_start
             wall = now - start
-            mean_slow = (st.slow_integral / wall if wall > 0
-                         else self.model.slowdown(self._effective_clock(st), st.compute_fraction))
-        cpu = wall if cpu_elapsed_s is None else float(cpu_elapsed_s)
-        if cpu < 0:
-            raise GPUInvalidArgumentError(f"cpu_elapsed_s must be >= 0, got {cpu}")
-        cpu = max(cpu, float(min_s))
-        duration = cpu * mean_slow
-        extra = duration - wall
-        if extra > 0:
-            self._sleep(extra)
+            cpu = wall if cpu_elapsed_s is None else float(cpu_elapsed_s)
+            if cpu < 0:
+                raise GPUInvalidArgumentError(f"cpu_elapsed_s must be >= 0, got {cpu}")
+            work = max(cpu, float(min_s))
+            if st.busy_progress >= work:  # the caller's own measure of the work, shorter than the section: done
+                mean_slow = (st.slow_integral / wall if wall > 0
+                             else self.model.slowdown(self._effective_clock(st), st.compute_fraction))
+                end = start + work * mean_slow
+            else:
+                end = self._kernel_end(st, now, work - st.busy_progress)
+        while end > now:
+            self._sleep(end - now)
+            with self._file.update() as st:
+                # Progress up to the planned end: a newer request that landed before it leaves work.
+                self._settle(st, end)
+                if st.busy_progress >= work * (1 - 1e-9):
+                    break
+                now = self._clock()
+                end = self._kernel_end(st, now, work - st.busy_progress)
+        return self._finish(start, max(end - start, 0.0), work)
+
+    def _finish(self, start: float, duration: float, work: float) -> float:
         with self._file.update() as st:
             # The kernel ended at start + duration even if this process woke up later (a busy
             # host): busy power up to then, blocking power after, as on a real GPU.
             now = self._clock()
             self._settle(st, min(now, start + duration))
             st.busy, st.busy_pid = 0, 0
-            st.last_busy_start, st.last_busy_s = start, duration
-            st.last_busy_mhz = self._set_clock(st)
+            st.last_busy_start, st.last_busy_s, st.last_busy_work_s = start, duration, work
+            st.last_busy_mhz, st.last_busy_start_mhz = self._set_clock(st), st.busy_start_mhz
+            st.last_busy_applied_at = st.applied_at
             self._refresh_power(st)
             self._settle(st, now)
         return duration
+
+    def _kernel_end(self, st: SimState, now: float, work_left: float) -> float:
+        """When ``work_left`` max-clock seconds are done, from ``now``, at the clock in force and
+        the one on its way (settles ``st`` to ``now``)."""
+        self._settle(st, now)
+        if work_left <= 0:
+            return now
+        slow = self.model.slowdown(self._effective_clock(st), st.compute_fraction)
+        end = now + work_left * slow
+        if st.pending and st.pending_at < end:
+            work_left -= (st.pending_at - now) / slow
+            nxt = SimState(**vars(st))
+            nxt.locked, nxt.locked_mhz = nxt.pending_locked, nxt.pending_mhz
+            end = st.pending_at + work_left * self.model.slowdown(self._effective_clock(nxt), st.compute_fraction)
+        return end
 
     def last_busy_interval(self) -> tuple[float, float]:
         """(start, simulated duration) of the last finished instruction; start is CLOCK_MONOTONIC.
@@ -433,6 +479,18 @@ class SimulatedGPU(GPUDevice):
         """
         st = self._file.read()
         return st.last_busy_start, st.last_busy_s
+
+    def last_kernel(self) -> KernelRecord:
+        """What the last finished instruction's kernel did, for clock-switch latency traces."""
+        st = self._file.read()
+        return KernelRecord(st.last_busy_start, st.last_busy_s, st.last_busy_work_s, st.last_busy_start_mhz,
+                            st.last_busy_mhz, st.last_busy_applied_at)
+
+    def kernel_time_s(self, work_s: float, mhz: int, compute_fraction: float = 0.8) -> float:
+        """How long ``work_s`` max-clock seconds take held at ``mhz`` (the model, no switch on the way)."""
+        st = self._file.read()
+        st.locked, st.locked_mhz = 1, int(mhz)
+        return work_s * self.model.slowdown(self._effective_clock(st), compute_fraction)
 
     def last_busy_clock_mhz(self) -> int:
         """The SM clock set (locked, else the default) when the last finished instruction ended:

@@ -32,7 +32,7 @@ from pathlib import Path
 from perseus.gpu.errors import GPUError, GPUNotFoundError
 
 MAGIC = b"PSG1"
-VERSION = 4
+VERSION = 5
 FILE_SIZE = 4096
 _HEADER = struct.Struct("<4sI")  # magic, version
 _PARAMS_OFFSET = 512  # u32 length + JSON
@@ -71,11 +71,17 @@ class SimState:
     pending_mhz: int = 0
     pending_at: float = 0.0  # CLOCK_MONOTONIC time it takes effect
     last_busy_mhz: int = 0  # SM clock set (locked, else the default) when the last instruction ended
+    applied_at: float = 0.0  # CLOCK_MONOTONIC time the clock in force took effect
+    busy_progress: float = 0.0  # ∫ 1/slowdown dt over the current busy interval (max-clock seconds done)
+    last_busy_work_s: float = 0.0  # the last instruction's max-clock time (its work)
+    last_busy_applied_at: float = 0.0  # when the clock set at its end took effect
+    busy_start_mhz: int = 0  # SM clock set when the current instruction began
+    last_busy_start_mhz: int = 0  # ... and when the last finished one began
 
 
-_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d" + "I")
+_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d" + "I" + "4d" + "2I")
 _NAMES = tuple(f.name for f in fields(SimState))
-assert len(_NAMES) == 27 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
+assert len(_NAMES) == 33 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
 
 
 def _values(state: SimState) -> tuple[object, ...]:

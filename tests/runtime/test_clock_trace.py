@@ -1,0 +1,136 @@
+"""Clock traces: per-instruction requested/applied clock events and their breakdown (runtime.clock_trace)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.gpu.controller import NullController
+from perseus.gpu.sim.device import SimulatedGPU
+from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+from perseus.runtime.clock_trace import InstructionTrace, StepTrace, breakdown, from_dict, lateness_s
+from perseus.runtime.gpu_port import GPUPort
+from perseus.schedule import build_schedule
+
+JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
+PLAN = [1410, 900, 900, 1200]  # forward 0, backward 0, forward 1, backward 1
+
+
+class LoggingDirectController(NullController):
+    """Applies each request to the simulated GPU in the calling thread and logs it."""
+
+    enabled = True
+
+    def __init__(self, device: SimulatedGPU, log: list) -> None:
+        super().__init__()
+        self.device, self.log = device, log
+
+    def set_frequency(self, mhz: int) -> None:
+        super().set_frequency(mhz)
+        self.log.append(("request", mhz))
+        self.device.set_locked_sm_clock(mhz)
+
+    def reset(self) -> None:
+        super().reset()
+        self.device.reset_locked_sm_clock()
+
+
+def run(tmp_path, steps: int, stop_after: int | None = None, **kw):
+    schedule = build_schedule("1f1b", 1, 2)
+    Frontier(schedule, 80.0, 1.0, 2.0, [FrontierPoint(1.0, 1.0, np.array(PLAN))]).save(tmp_path / "f.json")
+    device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+    log: list = []
+    cfg = PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(tmp_path / "cache"),
+                                   "sim_gpu": {"state_dir": str(tmp_path / "sim")}, "warmup_steps": 1,
+                                   "frontier_path": str(tmp_path / "f.json"), **kw})
+    with PerseusRuntime(JOB, cfg, gpu=GPUPort(device, LoggingDirectController(device, log))) as rt:
+        for step in range(steps):
+            if step == stop_after:
+                rt.stop()
+            rt.on_step_begin()
+            for inst in schedule.stages[0]:
+                log.append(("begin", inst.kind, inst.microbatch))
+                rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+                rt.sim_kernels.pad(0.002)
+                rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+            rt.on_step_end()
+        trace = rt.clock_trace
+        data = trace.to_dict() if trace is not None else None
+    device.close()
+    return data, log
+
+
+def test_no_trace_unless_asked(tmp_path):
+    data, _ = run(tmp_path, 2)
+    assert data is None
+
+
+def test_each_instruction_records_its_planned_requested_and_applied_clock(tmp_path):
+    data, _ = run(tmp_path, 5, stop_after=3, trace_clocks=True)
+    insts, steps = from_dict(data)
+    assert [s.phase for s in steps] == ["warmup", "deployed", "deployed", "stopped", "stopped"]
+    assert [s.step for s in steps] == [0, 1, 2, 3, 4] and len(insts) == 5 * 4
+    deployed = [i for i in insts if i.step in (1, 2)]
+    assert [i.planned_mhz for i in deployed] == PLAN * 2
+    assert all(i.planned_mhz is None for i in insts if i.step not in (1, 2))
+    for i in deployed[1:]:
+        # switch ahead with an instant switch: asked for before the kernel started, in force at its start
+        assert i.requested_mhz == i.planned_mhz and i.requested_at is not None
+        assert i.requested_at <= i.kernel_start and i.clock_applied_at <= i.kernel_start
+        assert i.start_mhz == i.end_mhz == i.planned_mhz and lateness_s(i) == 0.0
+        assert i.begin <= i.kernel_start <= i.kernel_start + i.kernel_s <= i.wait_returned <= i.end
+        assert i.work_s == pytest.approx(0.002) and i.hook_s >= 0
+    for i in insts:
+        if i.step >= 3:  # default clocks after stop(): the kernels run at the max clock
+            assert i.start_mhz == i.end_mhz == 1410
+    assert all(s.trainer_cpu_s >= 0 for s in steps)
+
+
+def test_raise_early_requests_a_faster_clock_when_the_instruction_two_before_ends(tmp_path):
+    data, log = run(tmp_path, 3, trace_clocks=True, planner_options={"switch_latency_s": 0.02})
+    # the switch down (to 900) when forward 0 ends; the switches up (to 1200 for backward 1, to the
+    # next step's 1410) when the instruction before the one before them ends
+    assert log[-7:] == [("begin", "forward", 0), ("request", 900), ("begin", "backward", 0), ("request", 1200),
+                        ("begin", "forward", 1), ("request", 1410), ("begin", "backward", 1)]
+    insts, _ = from_dict(data)
+    last = [i for i in insts if i.step == 2]
+    assert [i.planned_mhz for i in last] == PLAN  # the trace keeps the plan's clocks
+    assert [i.requested_mhz for i in last] == [1410, 900, 1200, 1410]
+
+
+def _inst(planned, start_mhz, end_mhz, kernel_start, kernel_s, applied_at, model_s, wait_returned, hook_s=0.001, step=0):
+    return InstructionTrace(step, 0, "forward", 0, 0, planned, planned, 0.0, kernel_start, wait_returned + 0.001,
+                            hook_s, wait_returned, kernel_start, kernel_s, 0.01, start_mhz, end_mhz, applied_at, model_s)
+
+
+def test_lateness_and_breakdown_are_what_the_records_say():
+    on_time = _inst(900, 900, 900, 1.0, 0.012, 0.5, 0.012, 1.013)
+    landed_inside = _inst(1410, 900, 1410, 2.0, 0.015, 2.010, 0.010, 2.015)
+    never = _inst(1410, 900, 900, 3.0, 0.020, 0.5, 0.010, 3.020)
+    raised = _inst(900, 1410, 1410, 4.0, 0.008, 3.99, 0.010, 4.008)  # faster than planned: not late
+    assert lateness_s(on_time) == 0.0 and lateness_s(raised) == 0.0
+    assert lateness_s(landed_inside) == pytest.approx(0.010)
+    assert lateness_s(never) == pytest.approx(0.020)  # the planned clock never came: the whole kernel
+    steps = [StepTrace(0, "deployed", 0.0, 4.0, 0.02, 0.5), StepTrace(1, "stopped", 4.0, 5.0, None, 0.4)]
+    b = breakdown([on_time, landed_inside, never, raised], steps, lambda p: p == "deployed")
+    assert (b.steps, b.instructions) == (1, 4)
+    assert b.late_share == pytest.approx(2 / 4) and b.faster_share == pytest.approx(1 / 4)
+    assert b.late_median_s == pytest.approx(0.015)
+    assert b.late_max_s == pytest.approx(0.020)
+    assert b.stretch_s == pytest.approx(0.005 + 0.010 - 0.002)  # kernel time beyond the planned clock's
+    assert b.overshoot_s == pytest.approx(0.001)  # the first one's wait returned 1 ms after its kernel ended
+    assert b.hook_s == pytest.approx(0.004) and b.controller_cpu_s == 0.02 and b.step_s == 4.0
+    assert breakdown([on_time], steps, lambda p: p == "stopped").steps == 0
+
+
+def test_apply_returns_once_a_latent_switch_has_landed(tmp_path):
+    """The profiling sweep's clock change: with a 20 ms switch latency the controller's flush
+    returns before the clock is in force; apply waits for it, so no profiled instruction runs at the
+    previous clock."""
+    device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True,
+                          switch_latency_s=0.02)
+    port = GPUPort(device, LoggingDirectController(device, []))
+    port.apply(900)
+    assert device.locked_sm_clock_mhz() == 900
+    device.close()
