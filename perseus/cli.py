@@ -81,7 +81,7 @@ def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int 
         if not getattr(args, "example", False):
             raise UsageError("--microbatches is required with --profile (microbatches per iteration)")
         microbatches = EXAMPLE_MICROBATCHES
-    schedule = build_schedule(args.schedule, stages, microbatches, args.chunks)
+    schedule = build_schedule(args.schedule, stages, microbatches, args.chunks, getattr(args, "group_size", None))
     _check_split_backward(schedule, profile)
     profile.check_matches(schedule)
     profile.require_p_blocking()
@@ -308,6 +308,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.frontier is not None:
         given = [flag for flag, value in (("--stages", args.stages), ("--microbatches", microbatches),
                  ("--p-blocking", args.p_blocking), ("--chunks", args.chunks if args.chunks != 1 else None),
+                 ("--group-size", args.group_size),
                  ("--schedule", args.schedule if args.schedule != "1f1b" else None)) if value is not None]
         if given:
             raise UsageError(f"{', '.join(given)}: these come from the --frontier file; leave them out")
@@ -411,6 +412,8 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
     p.add_argument("--chunks", type=_positive(int), default=1, metavar="C",
                    help="virtual chunks per stage: interleaved, torch-interleaved, zb-interleaved; 2 for zbv "
                         "(--example: its stages split evenly into C chunks)")
+    p.add_argument("--group-size", type=_positive(int), metavar="G",
+                   help="interleaved: megatron-core's microbatch_group_size_per_vp_stage (default: --stages)")
     p.add_argument("--split-backward", type=_share, metavar="SHARE",
                    help="zero-bubble schedules (zb-interleaved, zbv) on a profile without I/W: derive backward_input "
                         "as SHARE of each backward's time and energy and backward_weight as the rest (e.g. 0.5)")

@@ -81,10 +81,21 @@ class Schedule:
     # How chunks sit along the model: "loop" (chunk-major: megatron-core, torch interleaved) or
     # "v" (two chunks; rank s holds virtual stages s and 2S-1-s: torch's ZBV).
     placement: str = "loop"
+    # megatron-core's microbatch_group_size_per_vp_stage where it is not the default (the stage
+    # count): it changes the interleaved order, so it is part of the schedule's identity. None for
+    # the default and for every other schedule, so default schedules compare, key and save as before.
+    group_size: int | None = None
 
     @property
     def num_instructions(self) -> int:
         return sum(len(stage) for stage in self.stages)
+
+    def describe(self) -> str:
+        """One line naming the schedule's shape, e.g. for an error saying two shapes differ."""
+        text = f"{self.name} {self.num_stages} stages × {self.num_microbatches} microbatches"
+        if self.num_chunks > 1:
+            text += f" × {self.num_chunks} chunks"
+        return text if self.group_size is None else f"{text}, microbatch group size {self.group_size}"
 
     def virtual_stage(self, stage: int, chunk: int) -> int:
         """Position of (stage, chunk) along the model (torch's stage index): chunk-major, as
@@ -394,8 +405,16 @@ def build_schedule(
     num_chunks: int = 1,
     group_size: int | None = None,
 ) -> Schedule:
-    """Build a named schedule; raises ``ScheduleError`` for impossible configurations."""
+    """Build a named schedule; raises ``ScheduleError`` for impossible configurations.
+
+    ``group_size``: megatron-core's ``microbatch_group_size_per_vp_stage`` (interleaved only;
+    None or the stage count is the default order).
+    """
     _check_sizes(num_stages, num_microbatches, num_chunks)
+    if group_size is not None and name != "interleaved":
+        raise ScheduleError(f"a microbatch group size applies to the interleaved schedule only, not {name!r}")
+    if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool)):
+        raise ScheduleError(f"microbatch group size must be an integer, got {group_size!r}")
     make: Callable[[int], Sequence[Instruction]]
     placement = "loop"
     if name == "1f1b" or name == "gpipe":
@@ -422,12 +441,13 @@ def build_schedule(
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     stages = tuple(tuple(make(s)) for s in range(num_stages))
     joint: tuple[tuple[tuple[int, int], ...], ...] = ()
+    group = num_stages if group_size is None else group_size
     if name == "interleaved":
-        group = num_stages if group_size is None else group_size
         joint = tuple(
             interleaved_joint_receives(
                 order, interleaved_warmup(s, num_stages, num_chunks, group) >= num_microbatches * num_chunks
             )
             for s, order in enumerate(stages)
         )
-    return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint, placement)
+    return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint, placement,
+                    None if group == num_stages else group)

@@ -40,7 +40,10 @@ class SimulatedCompute:
 
     Every iteration also lists its instructions as ``[kind, microbatch, chunk, clock]``, the clock
     being the SM clock the GPU held when the instruction's kernel ended: what tests check against
-    the plan and account for in the simulator, independent of how busy the machine was.
+    the plan and account for in the simulator, independent of how busy the machine was; and, in
+    ``instruction_times``, ``[begin, end]`` on the machine-wide monotonic clock (begin before the
+    runtime sees it, end after its kernel's wait), so tests can check that an instruction started
+    only after every instruction the planner's DAG says it waits for had ended, across ranks.
     """
 
     def __init__(self, runtime: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
@@ -56,21 +59,26 @@ class SimulatedCompute:
         self._step_t0 = self._step_e0 = 0.0
         self._phase = ""
         self._instructions: list[list[Any]] = []
+        self._times: list[list[float]] = []
+        self._begin = 0.0
 
     def on_step_begin(self) -> None:
         self.listener.on_step_begin()
         self._phase = (self.phase_override or self.listener.phase.value) + self.phase_suffix
         self._instructions = []
+        self._times = []
         self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()
 
     def on_step_end(self) -> None:
         self.iterations.append({"phase": self._phase, "time_s": time.perf_counter() - self._step_t0,
                                 "energy_j": self.gpu.total_energy_j() - self._step_e0,
                                 "begin_s": self._step_t0, "begin_energy_j": self._step_e0,
-                                "slow_factor": self.slow_factor, "instructions": self._instructions})
+                                "slow_factor": self.slow_factor, "instructions": self._instructions,
+                                "instruction_times": self._times})
         self.listener.on_step_end()
 
     def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+        self._begin = time.monotonic()
         self.listener.on_instruction_begin(kind, microbatch, chunk)
 
     def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
@@ -79,6 +87,7 @@ class SimulatedCompute:
         self.kernels.pad(self.nominal_s.get(kind, 0.0) * self.slow_factor)
         self.listener.on_instruction_end(kind, microbatch, chunk)
         self._instructions.append([kind, microbatch, chunk, self.gpu.last_busy_clock_mhz()])
+        self._times.append([self._begin, time.monotonic()])
 
 
 @dataclass(frozen=True)

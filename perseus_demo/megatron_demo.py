@@ -25,6 +25,8 @@ class DemoConfig(DemoSettings):
     """What the demo runs (see ``DemoSettings``), plus megatron-core's own knobs."""
 
     chunks: int = 1  # virtual pipeline chunks per stage (> 1: megatron-core's interleaved 1F1B)
+    # megatron-core's microbatch_group_size_per_vp_stage (interleaved; None: its default, the stage count)
+    group_size: int | None = None
     seq_length: int = 32
 
 
@@ -44,7 +46,7 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     virtual = cfg.chunks if cfg.chunks > 1 else None
     with cpu_execution():
         initialize_parallel(cfg.stages, virtual)
-        trainer = TinyGPTTrainer(shape, cfg.stages, virtual)
+        trainer = TinyGPTTrainer(shape, cfg.stages, virtual, group_size=cfg.group_size)
         stage, dp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_data_parallel_rank()
         compute: list[SimulatedCompute] = []
 

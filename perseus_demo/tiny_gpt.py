@@ -42,11 +42,17 @@ def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, s
     init_cpu_rng(seed)
 
 
-def transformer_config(shape: TinyGPTShape, pipeline_size: int, virtual_chunks: int | None = None) -> Any:
-    """A ``TransformerConfig`` that runs on CPU: CPU init, fp32, no dropout, no fused kernels."""
+def transformer_config(shape: TinyGPTShape, pipeline_size: int, virtual_chunks: int | None = None,
+                       group_size: int | None = None) -> Any:
+    """A ``TransformerConfig`` that runs on CPU: CPU init, fp32, no dropout, no fused kernels.
+
+    ``group_size``: megatron-core's ``microbatch_group_size_per_vp_stage`` (None: its default).
+    """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    extra = {} if group_size is None else {"microbatch_group_size_per_vp_stage": group_size}
     return TransformerConfig(
+        **extra,
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_attention_heads,
@@ -115,9 +121,10 @@ def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: torch.
 class TinyGPTTrainer:
     """Owns the model chunks, optimizer and data of one rank; ``step()`` runs one training iteration."""
 
-    def __init__(self, shape: TinyGPTShape, pipeline_size: int, virtual_chunks: int | None = None, lr: float = 1e-3):
+    def __init__(self, shape: TinyGPTShape, pipeline_size: int, virtual_chunks: int | None = None, lr: float = 1e-3,
+                 group_size: int | None = None):
         self.shape = shape
-        self.config = transformer_config(shape, pipeline_size, virtual_chunks)
+        self.config = transformer_config(shape, pipeline_size, virtual_chunks, group_size)
         self.model = build_model_chunks(shape, self.config)
         params = [p for chunk in self.model for p in chunk.parameters()]
         self.optimizer = torch.optim.Adam(params, lr=lr)

@@ -59,16 +59,10 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
         raise MegatronJobError("megatron-core parallel state is not initialized; call "
                                "parallel_state.initialize_model_parallel(...) before training")
     stages = ps.get_pipeline_model_parallel_world_size()
-    if info.schedule == "interleaved" and info.group_size not in (None, stages):
-        # perseus.schedule builds megatron's order for any group size (checked against megatron-core's
-        # own order oracle, tests/megatron/test_megatron_schedule_oracle.py), but PipelineJob, the
-        # runtime's cache and frontier files name a schedule by (name, stages, microbatches, chunks)
-        # only, so a plan made here would be rebuilt with the default group size and not match.
-        raise MegatronJobError(
-            f"microbatch_group_size_per_vp_stage={info.group_size} differs from the pipeline size ({stages}); "
-            "the Perseus runtime plans megatron-core's default interleaved order only (its jobs and frontier files "
-            "do not record a group size yet); unset microbatch_group_size_per_vp_stage"
-        )
+    # megatron-core's microbatch_group_size_per_vp_stage changes the interleaved order (perseus.schedule
+    # builds it for any group size, checked against megatron's own order oracle); the default (the
+    # pipeline size) is recorded as None so that default jobs keep their cache keys and files.
+    group = info.group_size if info.schedule == "interleaved" and info.group_size != stages else None
     tp, cp = ps.get_tensor_model_parallel_world_size(), ps.get_context_parallel_world_size()
     return PipelineJob(
         num_stages=stages,
@@ -76,6 +70,7 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
         stage=ps.get_pipeline_model_parallel_rank(),
         schedule=info.schedule,
         num_chunks=info.num_chunks,
+        group_size=group,
         dp_rank=ps.get_data_parallel_rank(),
         dp_size=ps.get_data_parallel_world_size(),
         tp_rank=ps.get_context_parallel_rank() * tp + ps.get_tensor_model_parallel_rank(),

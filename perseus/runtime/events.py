@@ -28,12 +28,15 @@ class PipelineJob:
     tp_size: int = 1
     rank: int = 0
     world_size: int = 1
+    # megatron-core's microbatch_group_size_per_vp_stage (interleaved only; None: the stage count).
+    # It changes the instruction order, so a plan made for one group size never runs under another.
+    group_size: int | None = None
     # What determines the measured profile besides the schedule (model size, hidden size, sequence
     # length, dtype, ...): the adapter fills it; the runtime hashes it into its cache key.
     model_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def build_schedule(self) -> Schedule:
-        return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks)
+        return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks, self.group_size)
 
     def check(self) -> None:
         """A rank outside the job is a ``ConfigError`` before training, not an index error in it."""

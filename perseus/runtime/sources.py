@@ -23,7 +23,7 @@ def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_versio
               config: PerseusConfig) -> dict[str, Any]:
     """Everything that determines a profile and its frontier (docs/runtime.md, Cache)."""
     c = config
-    return {
+    key = {
         "model": dict(job.model_config),
         "schedule": schedule.name,
         "stages": schedule.num_stages,
@@ -34,6 +34,9 @@ def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_versio
         "driver_version": driver_version,
         "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
     }
+    if schedule.group_size is not None:  # only when not the default, so existing caches keep their keys
+        key["group_size"] = schedule.group_size
+    return key
 
 
 def open_cache(config: PerseusConfig, key: dict[str, Any]) -> RunCache | None:
@@ -74,9 +77,8 @@ def _root_sources(config: PerseusConfig, schedule: Schedule, cache: RunCache | N
         frontier = load_frontier(c.frontier_path)
         if frontier.schedule != schedule:
             raise ConfigError(
-                f"{c.frontier_path}: frontier is for {frontier.schedule.name} {frontier.schedule.num_stages} stages × "
-                f"{frontier.schedule.num_microbatches} microbatches, but this job runs {schedule.name} "
-                f"{schedule.num_stages} × {schedule.num_microbatches}; plan for this job"
+                f"{c.frontier_path}: frontier is for {frontier.schedule.describe()}, but this job runs "
+                f"{schedule.describe()}; plan for this job"
             )
         return {"frontier": encode_frontier(frontier), "origin": f"frontier {c.frontier_path}"}, None
     if c.profile_path:

@@ -76,3 +76,23 @@ def test_runtime_is_created_once_per_job_shape_and_replaced_when_it_changes():
     assert second is not first and first.closed and created[-1][0].num_microbatches == 6
     perseus.close()
     assert second.closed
+
+
+@pytest.mark.parametrize("group, recorded", [(6, 6), (4, None), (None, None)])
+def test_the_job_carries_a_non_default_microbatch_group_size(monkeypatch, group, recorded):
+    """megatron-core's microbatch_group_size_per_vp_stage ≠ pipeline size is planned, not refused."""
+    from megatron.core import parallel_state as ps
+
+    from perseus_megatron.integration import job_from_parallel_state
+
+    state = {"model_parallel_is_initialized": True, "get_pipeline_model_parallel_world_size": 4,
+             "get_pipeline_model_parallel_rank": 1, "get_tensor_model_parallel_world_size": 1,
+             "get_context_parallel_world_size": 1, "get_data_parallel_rank": 0, "get_data_parallel_world_size": 1,
+             "get_context_parallel_rank": 0, "get_tensor_model_parallel_rank": 0}
+    for name, value in state.items():
+        monkeypatch.setattr(ps, name, lambda value=value: value)
+    job = job_from_parallel_state(StepInfo("interleaved", 12, 2, group))
+    assert job.group_size == recorded
+    assert job.build_schedule().group_size == recorded
+    one_f_one_b = job_from_parallel_state(StepInfo("1f1b", 12, 1, None))
+    assert one_f_one_b.group_size is None and one_f_one_b.build_schedule().name == "1f1b"

@@ -98,7 +98,7 @@ def test_enable_builds_the_job_from_parallel_state_and_drives_the_runtime(two_st
         job = enable["job"]
         # The last step ran 6 microbatches: enable() rebuilt the runtime for the new job shape.
         assert job == {"num_stages": 2, "num_microbatches": 6, "stage": rank, "schedule": "interleaved",
-                       "num_chunks": 2, "dp_rank": 0, "dp_size": 1, "tp_rank": 0, "tp_size": 1,
+                       "num_chunks": 2, "group_size": None, "dp_rank": 0, "dp_size": 1, "tp_rank": 0, "tp_size": 1,
                        "rank": rank, "world_size": 2}
         assert enable["model_config"]["hidden_size"] == 32 and enable["model_config"]["seq_length"] == 16
         assert enable["runtimes_created"] == 2

@@ -1,8 +1,9 @@
 """Real megatron-core training steps in this process (one rank, gloo, CPU): hooks and the source patch.
 
 With one pipeline stage megatron-core runs ``forward_backward_no_pipelining``, whose order is the
-one-stage 1F1B order. The source-patch test applies ``patches/megatron-core-0.16-schedules.patch`` to a
-copy of the installed ``schedules.py`` and drives a training step through the patched module.
+one-stage 1F1B order. The source-patch test applies the installed release's
+``patches/megatron-core-<major.minor>-schedules.patch`` (0.16 on Python 3.11, 0.19 on the 3.12 line) to
+a copy of the installed ``schedules.py`` and drives a training step through the patched module.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from perseus_megatron.hooks import install_hooks  # noqa: E402
 from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "patches" / "megatron-core-0.16-schedules.patch"
+
+
+def _installed_release() -> str:
+    from importlib.metadata import version
+
+    return ".".join(version("megatron-core").split(".")[:2])
+
+
+PATCH = REPO / "patches" / f"megatron-core-{_installed_release()}-schedules.patch"
 MICROBATCHES = 3
 
 
@@ -73,6 +82,8 @@ def _apply_patch(tmp_path: Path) -> Path:
     target = tmp_path / "megatron" / "core" / "pipeline_parallel" / "schedules.py"
     target.parent.mkdir(parents=True)
     shutil.copy(schedules.__file__, target)
+    if not PATCH.is_file():
+        pytest.skip(f"no schedules.py patch for the installed megatron-core {_installed_release()}")
     tool = shutil.which("patch")
     if tool is None:
         pytest.skip("the patch tool is not installed")
