@@ -1,14 +1,28 @@
-"""Shared fixture: a one-rank gloo world for DeepSpeed engines built in the test process.
+"""Shared fixtures: a one-rank gloo world for DeepSpeed engines built in the test process, and a
+free port for the ``deepspeed`` launcher.
 
-Module-scoped, torn down after each module, so other test directories can initialize
+The world is module-scoped, torn down after each module, so other test directories can initialize
 torch.distributed themselves. DeepSpeed's shared-memory comm op is never compiled.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
+
+
+@pytest.fixture
+def master_port() -> str:
+    """A port no one listens on now, for ``deepspeed --master_port``.
+
+    The launcher's default (29500) is one fixed port: two launcher tests at once (pytest-xdist
+    workers, or another checkout's suite on the same machine) would meet in one rendezvous.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,13 @@ def test_example_config_has_a_valid_perseus_section():
 
 @pytest.mark.distributed
 @pytest.mark.skipif(shutil.which("deepspeed") is None, reason="needs the deepspeed launcher")
-def test_deepspeed_launcher_runs_the_example_on_cpu(tmp_path):
+def test_deepspeed_launcher_runs_the_example_on_cpu(tmp_path, master_port):
     pytest.importorskip("deepspeed")
     env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(tmp_path / "sim"), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    cmd = [shutil.which("deepspeed"), "--num_gpus", "2", str(SCRIPT), "--deepspeed_config", str(CONFIG),
-           "--stages", "2", "--steps", "3", "--hidden-size", "32", "--layers", "4", "--cpu"]
+    cmd = [shutil.which("deepspeed"), "--num_gpus", "2", "--master_port", master_port, str(SCRIPT),
+           "--deepspeed_config", str(CONFIG), "--stages", "2", "--steps", "3", "--hidden-size", "32", "--layers", "4",
+           "--cpu"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("perseus summary:"))

@@ -50,7 +50,7 @@ def test_dataset_example_config_uses_deepspeeds_optimizer_and_scheduler():
     assert config["scheduler"]["type"] == "WarmupLR"
 
 
-def launch_example(tmp_path: Path) -> list[dict]:
+def launch_example(tmp_path: Path, master_port: str) -> list[dict]:
     config = json.loads(CONFIG.read_text())
     config.update(train_micro_batch_size_per_gpu=MICRO_BATCH_SIZE, gradient_accumulation_steps=MICRO_BATCHES)
     config["perseus"].update(SHORT_RUN, cache_dir=str(tmp_path / "cache"), metrics_file=str(tmp_path / "metrics.jsonl"))
@@ -61,8 +61,9 @@ def launch_example(tmp_path: Path) -> list[dict]:
     env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(tmp_path / "sim"), OMP_NUM_THREADS="1",
                PERSEUS_PROBE_SCRIPT=str(SCRIPT), PERSEUS_PROBE_DIR=str(out), PERSEUS_PROBE_WAIT_PLAN="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    cmd = [shutil.which("deepspeed"), "--num_gpus", str(STAGES), str(PROBE), "--deepspeed_config", str(config_path),
-           "-p", str(STAGES), "--steps", str(STEPS), "--hidden-size", "32", "--layers", "4", "--samples", "64", "--cpu"]
+    cmd = [shutil.which("deepspeed"), "--num_gpus", str(STAGES), "--master_port", master_port, str(PROBE),
+           "--deepspeed_config", str(config_path), "-p", str(STAGES), "--steps", str(STEPS), "--hidden-size", "32",
+           "--layers", "4", "--samples", "64", "--cpu"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     (tmp_path / "launcher.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -71,9 +72,9 @@ def launch_example(tmp_path: Path) -> list[dict]:
 
 @pytest.mark.distributed
 @pytest.mark.skipif(shutil.which("deepspeed") is None, reason="needs the deepspeed launcher")
-def test_deepspeed_launcher_runs_a_deepspeedexamples_style_script_with_perseus(tmp_path):
+def test_deepspeed_launcher_runs_a_deepspeedexamples_style_script_with_perseus(tmp_path, master_port):
     pytest.importorskip("deepspeed")
-    results = launch_example(tmp_path)
+    results = launch_example(tmp_path, master_port)
     for r in results:
         rank = r["rank"]
         assert r["stage"] == rank and r["num_stages"] == STAGES and r["micro_batches"] == MICRO_BATCHES

@@ -5,22 +5,48 @@ profiles online, plans, deploys the no-slowdown plan and re-measures default clo
 deployed plan follows the instructions the hooks report (a wrong microbatch or chunk index would
 show up as a fallback); the checks are on what the run did, not on wall-clock time
 (``tests/demo_checks.py``; measured savings are in ``benchmarks/bench_demo.py``).
+
+``perseus report`` reads the 2-stage run too (its ``rank*.json``, the metrics JSONL, the cache),
+guarding the formats it reads against drift: one launch serves both, as a launch is what costs.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
+from statistics import median
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demo_checks import check_deployed_demo  # noqa: E402
 
+from perseus.cli import main  # noqa: E402
+from perseus.html_report import load_run, used_points  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
 from perseus_demo.megatron_demo import DemoConfig, launch  # noqa: E402
 
 pytestmark = pytest.mark.distributed
+
+Run = tuple[Path, DemoConfig, list[dict[str, Any]]]
+
+
+def run_demo(run: Path, stages: int, chunks: int, microbatches: int) -> Run:
+    """One torchrun of the demo into ``run`` (results, cache and rank 0's metrics file)."""
+    cfg = DemoConfig(stages=stages, chunks=chunks, microbatches=microbatches, max_steps=1000, deployed_steps=6,
+                     startup_steps=1, rebaseline_steps=4)
+    cfg.perseus.update(warmup_steps=3, freq_step_mhz=250, cache_dir=str(run / "cache"),
+                       metrics_file=str(run / "metrics.jsonl"))
+    return run, cfg, launch(cfg, run, timeout_s=600)
+
+
+@pytest.fixture(scope="module")
+def two_stages(tmp_path_factory) -> Run:
+    """The 2-stage run, shared by its demo checks and the report test."""
+    return run_demo(tmp_path_factory.mktemp("two-stages"), 2, 1, 4)
 
 
 @pytest.mark.parametrize(
@@ -28,11 +54,11 @@ pytestmark = pytest.mark.distributed
     [(2, 1, 4), (4, 1, 8), (2, 2, 4)],
     ids=["2-stages", "4-stages", "interleaved-2x2"],
 )
-def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stages, chunks, microbatches):
-    cfg = DemoConfig(stages=stages, chunks=chunks, microbatches=microbatches, max_steps=1000, deployed_steps=6,
-                     startup_steps=1, rebaseline_steps=4)
-    cfg.perseus.update(warmup_steps=3, freq_step_mhz=250, cache_dir=str(tmp_path / "cache"))
-    results = launch(cfg, tmp_path / "out", timeout_s=600)
+def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(request, tmp_path, stages, chunks, microbatches):
+    if (stages, chunks, microbatches) == (2, 1, 4):
+        run, cfg, results = request.getfixturevalue("two_stages")
+    else:
+        run, cfg, results = run_demo(tmp_path, stages, chunks, microbatches)
     for result in results:
         clocks = result["summary"]["profiled_clocks_mhz"]
         assert len(clocks) == 3 and clocks == sorted(clocks, reverse=True)
@@ -41,5 +67,41 @@ def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stag
     table = phase_table(results)
     assert {"warmup", "profiling", "deployed", "baseline again"} <= set(table), table
     assert table["baseline again"]["iterations"] == cfg.rebaseline_steps
-    accounting = check_deployed_demo(results, cfg, tmp_path / "cache")
+    accounting = check_deployed_demo(results, cfg, run / "cache")
     print(f"\n{stages} stages x {chunks} chunks:\n{format_report(table)}\n{accounting}")
+
+
+def test_report_of_a_megatron_demo_run_and_of_its_metrics_file(two_stages, tmp_path):
+    """The page reads what the demo and the runtime wrote; checked on structure and on numbers
+    recomputed from the same files, not on the saving."""
+    run, cfg, results = two_stages
+
+    assert main(["report", str(run)]) == 0  # the demo's per-rank results
+    page = (run / "report.html").read_text()
+    for section in ("saving", "iterations", "frontier", "timeline", "phase-table", "events"):
+        assert f"id='{section}'" in page, section
+    cells = dict(re.findall(r'data-key="([^"]+)" data-value="([^"]+)"',
+                            re.search(r'<table id="comparison">(.*?)</table>', page, re.S).group(1)))
+    by_step: dict[int, list[dict]] = {}
+    for result in results:
+        for rec in result["steps"]:
+            by_step.setdefault(rec["step"], []).append(rec)
+    energy = {s: sum(r["energy_j"] for r in recs) for s, recs in by_step.items()}
+    phase = {s: recs[0]["phase"] for s, recs in by_step.items()}
+    base = median(e for s, e in energy.items() if phase[s] == "baseline again")
+    plan = median(e for s, e in energy.items() if phase[s] == "deployed")
+    assert float(cells["saving_median"]) == pytest.approx(1 - plan / base)
+    assert int(float(cells["deployed_iterations"])) == cfg.deployed_steps
+    data = load_run(run)
+    assert [n for _, n, _ in used_points(data)] == [cfg.deployed_steps]  # the no-slowdown point, every step
+
+    out = tmp_path / "metrics.html"  # rank 0's metrics file: its own phases and baseline (warm-up)
+    assert main(["report", str(run), "--metrics", str(run / "metrics.jsonl"), "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "event" not in line]
+    cells = dict(re.findall(r'data-key="([^"]+)" data-value="([^"]+)"',
+                            re.search(r'<table id="comparison">(.*?)</table>', out.read_text(), re.S).group(1)))
+    warm = median(s["energy_j"] for s in steps if s["phase"] == "warmup")
+    deployed = median(s["energy_j"] for s in steps if s["phase"] == "deployed")
+    assert float(cells["baseline_energy_median_j"]) == pytest.approx(warm)
+    assert float(cells["saving_median"]) == pytest.approx(1 - deployed / warm)

@@ -1,7 +1,9 @@
-"""torchrun worker: a real pipelining schedule over gloo, hooked by perseus_torch, records what ran.
+"""torchrun worker: real pipelining schedules over gloo, hooked by perseus_torch, record what ran.
 
-Writes ``rankN.json`` with each reported step's instructions, how many events ``eval()`` and an
-unhooked step reported, and whether uninstall restored every hooked attribute.
+``orders_worker.py OUT_DIR CASES``: CASES is a JSON object, case name -> DemoConfig fields; the
+cases run one after another in this one process group (start-up, not the tiny model, is what a
+launch costs). Writes ``rankN.json``, per case: each reported step's instructions, how many events
+``eval()`` and an unhooked step reported, and whether uninstall restored every hooked attribute.
 """
 
 from __future__ import annotations
@@ -12,17 +14,26 @@ import sys
 from pathlib import Path
 
 
-def main(out_dir: str, config: str) -> None:
-    import torch
+def main(out_dir: str, cases: str) -> None:
     import torch.distributed as dist
 
-    from perseus.runtime import RecordingListener
-    from perseus_demo.torch_demo import DemoConfig, build_pipeline, train_step_fn
-    from perseus_torch import install_hooks
+    from perseus_demo.torch_demo import DemoConfig
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
-    cfg = DemoConfig(**json.loads(config))
+    results = {name: run_case(DemoConfig(**config), rank) for name, config in json.loads(cases).items()}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def run_case(cfg, rank: int) -> dict:
+    """Two hooked steps, eval(), uninstall, one unhooked step; what perseus_torch reported."""
+    import torch
+
+    from perseus.runtime import RecordingListener
+    from perseus_demo.torch_demo import build_pipeline, train_step_fn
+    from perseus_torch import install_hooks
+
     schedule, stages, _ = build_pipeline(cfg, rank)
     step = train_step_fn(cfg, schedule, stages)
     listener = RecordingListener()
@@ -43,11 +54,9 @@ def main(out_dir: str, config: str) -> None:
                                                                  "backward_weight_one_chunk"))
     restored = restored and "step" not in schedule.__dict__ and "eval" not in schedule.__dict__
     step()
-    result = {"rank": rank, "steps": [[[i.kind, i.microbatch, i.chunk] for i in s] for s in listener.steps],
-              "trained_steps": trained, "after_eval": after_eval, "after_uninstall": len(listener.steps),
-              "restored": restored, "torch_stages": sorted(indices)}
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    return {"rank": rank, "steps": [[[i.kind, i.microbatch, i.chunk] for i in s] for s in listener.steps],
+            "trained_steps": trained, "after_eval": after_eval, "after_uninstall": len(listener.steps),
+            "restored": restored, "torch_stages": sorted(indices)}
 
 
 if __name__ == "__main__":
