@@ -23,6 +23,9 @@ TRAINER = """
 import os, signal, sys, time
 from perseus.gpu import SimulatedGPU
 from perseus.gpu.controller import FrequencyController
+# Python's own SIGINT handling, as in a program started from a terminal: a background job of a
+# non-interactive shell (CI, nohup) inherits SIGINT ignored, and the controller rightly keeps that.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if "--own-handler" in sys.argv:
     def own(signum, frame):
         print("own handler ran", flush=True)
