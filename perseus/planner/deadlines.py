@@ -28,7 +28,7 @@ from perseus.planner.beam import beam_plans
 from perseus.planner.neighbourhood import WindowSearch
 from perseus.planner.choices import NodeChoices
 from perseus.planner.potentials import PotentialDescent
-from perseus.planner.prices import price_anchors
+from perseus.planner.prices import price_anchors, spread_float
 from perseus.planner.relaxation import HullRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
 from perseus.planner.settings import PlannerOptions
@@ -138,6 +138,10 @@ def search_deadlines(
         # bound-driven improvement either (docs/planner.md, "At scale").
         anchors, targets = price_anchors(dag, node_choices, num_anchors, extra_deadlines)
         deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
+        slowest = node_choices.node_times(node_choices.slowest_choice())
+        for a in range(0, len(deadlines), batch):
+            part = slice(a, a + batch)
+            all_targets[part] = spread_float(dag, all_targets[part], deadlines[part] * (1 - DEADLINE_MARGIN), slowest)
         progress(0.5)
         plans = [repair(chooser, all_targets, deadlines, batch)]
         plans.append(chooser.fill_slack(np.zeros((1, n), dtype=np.int64), np.array([t_fast])))

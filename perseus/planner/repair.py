@@ -32,14 +32,15 @@ DEADLINE_MARGIN = 1e-9
 def _choose(level_times: np.ndarray, level_last: np.ndarray, budgets: np.ndarray) -> np.ndarray:
     """Slowest fitting choice per (row, node) of one level.
 
-    ``level_times`` (nodes, choices) holds each node's choice times, +inf padded, so counting the
-    choices that fit is one comparison for the whole level whatever its mix of choice tables
-    (a per-table ``searchsorted`` cost one Python step per table and level: ~half the repair time
-    on 16-stage pipelines).
+    ``level_times`` (nodes, choices + 1) holds each node's choice times, +inf padded, then a NaN
+    column; times rise along a row, so the first choice that does not fit (NaN never does) is
+    the count of those that do. One comparison for the whole level whatever its mix of choice
+    tables (a per-table ``searchsorted`` cost one Python step per table and level: about half
+    the repair time on 16-stage interleaved pipelines).
     """
     tol = budgets * (1 + FIT_TOLERANCE) + 1e-15
-    fits = (level_times[None, :, :] <= tol[:, :, None]).sum(axis=2) - 1
-    return np.clip(fits, 0, level_last)
+    fits = np.argmin(level_times[None, :, :] <= tol[:, :, None], axis=2) - 1
+    return np.minimum(np.maximum(fits, 0), level_last)
 
 
 class LevelChooser:
@@ -52,7 +53,7 @@ class LevelChooser:
         self.level_last: list[np.ndarray] = []
         for level in graph.levels:
             tables = node_choices.node_table[level.nodes]
-            self.level_times.append(node_choices.times[tables])
+            self.level_times.append(np.pad(node_choices.times[tables], ((0, 0), (0, 1)), constant_values=np.nan))
             self.level_last.append(node_choices.num_choices[tables] - 1)
 
     def _pick(self, index: int, budgets: np.ndarray) -> np.ndarray:
