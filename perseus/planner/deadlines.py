@@ -123,7 +123,7 @@ def search_deadlines(
 ) -> Candidates:
     """Candidate plans over deadlines spread across [fastest, slowest] (steps 1–7 above)."""
     n = dag.num_nodes
-    num_anchors, num_deadlines = options.num_anchors, options.deadlines_for(n)
+    num_anchors, num_deadlines = options.anchors_for(n), options.deadlines_for(n)
     batch = options.batch_rows(n)
     improve_sweeps, max_block, improve_time_s = options.improve_sweeps, options.max_block, options.improve_time_s
     search_time_s, search_gap, max_window = options.search_time_s, options.search_gap, options.max_window
@@ -136,7 +136,7 @@ def search_deadlines(
     if not options.lp_runs_on(n):
         # Too large for the LP: price-sweep targets, repaired densely; no LP bound, so no
         # bound-driven improvement either (docs/planner.md, "At scale").
-        anchors, targets = price_anchors(dag, node_choices, num_anchors, extra_deadlines)
+        anchors, targets = price_anchors(dag, node_choices, options.num_anchors, extra_deadlines)
         deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
         slowest = node_choices.node_times(node_choices.slowest_choice())
         for a in range(0, len(deadlines), batch):

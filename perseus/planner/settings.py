@@ -25,6 +25,8 @@ _INT_MINIMUMS = {
     "beam_fill": 0,
     "beam_max_nodes": 0,
     "lp_max_nodes": 0,
+    "anchor_cells": 1,
+    "min_anchors": 2,
     "deadline_cells": 1,
     "min_deadlines": 1,
     "batch_cells": 1,
@@ -58,7 +60,12 @@ class PlannerOptions:
     - ``lp_max_nodes``: the hull LP guides the repair on pipelines of at most this many
       instructions; above it, a price sweep does (``planner.prices``: one hull tangent per
       price, no LP), because one LP solve takes seconds to minutes there (16 stages × 128
-      microbatches: 3–20 s each) and its warm starts need thousands of pivots per anchor.
+      microbatches: 3–20 s each) and its warm starts need thousands of pivots per anchor. The
+      price sweep is much faster but measurably worse (docs/planner.md, "At scale"), so the LP
+      stays up to 4,096 instructions.
+    - ``anchor_cells``, ``min_anchors``: the LP is solved at no more than
+      ``anchor_cells // instructions`` anchors (never fewer than ``min_anchors``, never more than
+      ``num_anchors``): 48 up to 1,536 instructions, 18 at 4,096.
     - ``deadline_cells``, ``min_deadlines``: scale-aware density. Repair work grows with
       deadlines × instructions, so at most ``deadline_cells // instructions`` deadlines are
       repaired (never fewer than ``min_deadlines``, never more than ``num_deadlines``): the
@@ -82,7 +89,9 @@ class PlannerOptions:
     beam_deadlines: int = 64
     beam_fill: int = 192
     beam_max_nodes: int = 48
-    lp_max_nodes: int = 2048
+    lp_max_nodes: int = 4096
+    anchor_cells: int = 73_728
+    min_anchors: int = 12
     deadline_cells: int = 1_572_864
     min_deadlines: int = 160
     batch_cells: int = 1_048_576
@@ -138,6 +147,11 @@ class PlannerOptions:
     def lp_runs_on(self, num_instructions: int) -> bool:
         """Whether the hull LP (rather than the price sweep) guides a pipeline of this size."""
         return num_instructions <= self.lp_max_nodes
+
+    def anchors_for(self, num_instructions: int) -> int:
+        """How many LP anchors (or sweep prices) on a pipeline of this size."""
+        fitting = self.anchor_cells // max(num_instructions, 1)
+        return min(self.num_anchors, max(fitting, self.min_anchors))
 
     def deadlines_for(self, num_instructions: int) -> int:
         """How many deadlines are repaired on a pipeline of this size (scale-aware density)."""

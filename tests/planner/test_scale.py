@@ -25,15 +25,16 @@ def test_scale_aware_settings_follow_the_pipeline_size_only():
     assert [options.deadlines_for(n) for n in (48, 192, 1536)] == [1024, 1024, 1024]
     assert options.deadlines_for(4096) == 384
     assert options.deadlines_for(16384) == options.min_deadlines == 160
-    assert options.lp_runs_on(2048) and not options.lp_runs_on(2049)
+    assert options.lp_runs_on(4096) and not options.lp_runs_on(4097)
+    assert [options.anchors_for(n) for n in (192, 1536, 4096, 16384)] == [48, 48, 18, 12]
     assert options.batch_rows(16384) == 64 and options.batch_rows(10**9) == 1
     assert PlannerOptions(num_deadlines=100).deadlines_for(16384) == 100  # never more than asked
     assert PlannerOptions(deadline_cells=10**9).deadlines_for(16384) == 1024
 
 
-@pytest.mark.parametrize("name", ["lp_max_nodes", "deadline_cells", "min_deadlines", "batch_cells"])
+@pytest.mark.parametrize("name", ["lp_max_nodes", "anchor_cells", "min_anchors", "deadline_cells", "min_deadlines", "batch_cells"])
 def test_scale_settings_are_validated(name):
-    bad = -1 if name == "lp_max_nodes" else 0
+    bad = {"lp_max_nodes": -1, "min_anchors": 1}.get(name, 0)
     with pytest.raises(PerseusError, match=name):
         PlannerOptions(**{name: bad})
 
@@ -115,6 +116,6 @@ def test_price_sweep_frontier_is_pareto_simulated_and_never_slower_than_all_max(
 
 def test_frontier_metadata_records_the_scale_settings(swept):
     meta = swept.metadata
-    for name in ("lp_max_nodes", "deadline_cells", "min_deadlines", "batch_cells"):
+    for name in ("lp_max_nodes", "anchor_cells", "min_anchors", "deadline_cells", "min_deadlines", "batch_cells"):
         assert meta[name] == getattr(PlannerOptions(lp_max_nodes=512), name)
     assert meta["lp_max_nodes"] == 512
