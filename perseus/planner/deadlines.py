@@ -14,6 +14,10 @@
    the beam did not run).
 7. Keep the plans of less cost than every faster plan over all candidates (simulated by
    ``perseus.simulator.simulate_many``): the frontier's points and paced points.
+
+Above ``lp_max_nodes`` instructions a price sweep (``planner.prices``) replaces step 1 and steps
+4–6 do not run (no LP bound). Anchor and deadline counts shrink with size, and repair and
+simulation run in row chunks (``PlannerOptions.anchors_for``, ``deadlines_for``, ``batch_rows``).
 """
 from __future__ import annotations
 
