@@ -41,7 +41,7 @@ class PlannerOptions:
     - ``num_anchors``: deadlines at which the convex-hull LP is solved exactly (more: closer to
       the LP's guidance between anchors, ~10 ms per anchor at 1,500 instructions).
     - ``num_deadlines``: total deadlines repaired to discrete plans (anchors plus interpolated
-      ones); sets how dense the frontier is. Repair of all of them runs as one batch.
+      ones); sets how dense the frontier is (capped on large pipelines, see deadline_cells).
     - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables).
     - ``max_block``: longest run of one stage's instructions shifted together in that descent.
     - ``improve_time_s``: wall-clock cap on that descent (it stops between moves; every plan it
