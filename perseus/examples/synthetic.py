@@ -85,3 +85,38 @@ def example_csv_text() -> str:
     writer.writerow(CSV_HEADER)
     writer.writerows(synthetic_rows(example_models(4), EXAMPLE_FREQS_MHZ, EXAMPLE_STATIC_POWER_W))
     return buffer.getvalue()
+
+
+H100_FREQS_MHZ: tuple[int, ...] = tuple(range(1980, 1004, -15))  # 66 clocks, H100 SXM's upper range
+H100_STATIC_POWER_W = 110.0
+H100_P_BLOCKING_W = 95.0
+
+
+def h100_like_profile(num_stages: int, num_chunks: int = 1, seed: int = 0, noise: float = 0.005):
+    """A seeded synthetic H100-like ``Profile`` of any size, for planner scale benchmarks and tests.
+
+    Why seeded noise: real sweeps are not smooth (some clocks are dominated, the time–energy curve
+    is not convex), and a planner tuned on a smooth model would look better than it is. The same
+    arguments always give the same profile, so the benchmark compares planners on equal inputs.
+    """
+    import numpy as np
+
+    from perseus.profile import InstructionProfile, Profile
+
+    rng = np.random.default_rng(seed)
+    freqs = np.asarray(H100_FREQS_MHZ, dtype=float)
+    entries = {}
+    for stage in range(num_stages):
+        heavier = 1.25 if stage == num_stages - 1 else 1.0  # LM head + loss
+        for chunk in range(num_chunks):
+            forward_s = heavier * rng.uniform(0.009, 0.011) / num_chunks
+            for kind, scale, alpha, dynamic in (("forward", 1.0, 0.78, 480.0), ("backward", rng.uniform(1.9, 2.1), 0.84, 520.0)):
+                model = InstructionModel(forward_s * scale, alpha + rng.uniform(-0.04, 0.04), dynamic * rng.uniform(0.95, 1.05))
+                times = np.array([model.time_s(int(f), int(freqs[0])) for f in freqs])
+                power = np.array([model.power_w(int(f), int(freqs[0]), H100_STATIC_POWER_W) for f in freqs])
+                times = times * (1 + noise * rng.standard_normal(len(freqs)))
+                energies = power * times * (1 + noise * rng.standard_normal(len(freqs)))
+                entries[(stage, chunk, kind)] = InstructionProfile(
+                    tuple(int(f) for f in freqs), tuple(np.round(times, 9).tolist()), tuple(np.round(energies, 6).tolist())
+                )
+    return Profile(entries, H100_P_BLOCKING_W, "synthetic H100-like", {"seed": seed}, f"h100-like(seed={seed})")

@@ -14,6 +14,10 @@
    the beam did not run).
 7. Keep the plans of less cost than every faster plan over all candidates (simulated by
    ``perseus.simulator.simulate_many``): the frontier's points and paced points.
+
+Above ``lp_max_nodes`` instructions a price sweep (``planner.prices``) replaces step 1 and steps
+4–6 do not run (no LP bound). Anchor and deadline counts shrink with size, and repair and
+simulation run in row chunks (``PlannerOptions.anchors_for``, ``deadlines_for``, ``batch_rows``).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from perseus.planner.beam import beam_plans
 from perseus.planner.neighbourhood import WindowSearch
 from perseus.planner.choices import NodeChoices
 from perseus.planner.potentials import PotentialDescent
+from perseus.planner.prices import price_anchors, spread_float
 from perseus.planner.relaxation import HullRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
 from perseus.planner.settings import PlannerOptions
@@ -55,11 +60,34 @@ class Candidates:
         return index, np.where(at >= 0, running[np.maximum(at, 0)], np.inf)
 
 
-def evaluate(dag: InstructionDAG, node_choices: NodeChoices, choices: np.ndarray, p_blocking_w: float) -> Candidates:
-    """Every plan simulated on its measured choice values (the one simulator, batched)."""
-    result = simulate_many(dag, node_choices.node_times(choices), node_choices.node_energies(choices), p_blocking_w)
+def evaluate(
+    dag: InstructionDAG, node_choices: NodeChoices, choices: np.ndarray, p_blocking_w: float, rows: int | None = None
+) -> Candidates:
+    """Every plan simulated on its measured choice values (the one simulator, batched).
+
+    ``rows``: plans per simulated batch (memory bound on large pipelines; same numbers).
+    """
+    rows = len(choices) if rows is None else max(int(rows), 1)
+    times, energies = np.empty(len(choices)), np.empty(len(choices))
+    for a in range(0, len(choices), rows):
+        part = choices[a : a + rows]
+        result = simulate_many(dag, node_choices.node_times(part), node_choices.node_energies(part), p_blocking_w)
+        times[a : a + rows], energies[a : a + rows] = result.time_s, result.energy_j
     idle_w = p_blocking_w * dag.schedule.num_stages
-    return Candidates(choices, result.time_s, result.energy_j, result.energy_j - idle_w * result.time_s)
+    return Candidates(choices, times, energies, energies - idle_w * times)
+
+
+def repair(chooser: LevelChooser, targets: np.ndarray, deadlines: np.ndarray, rows: int) -> np.ndarray:
+    """Round ``targets`` with carry and fill slack, ``rows`` deadlines per numpy batch.
+
+    Rows are independent, so chunking changes nothing but peak memory (float temporaries of
+    rows × instructions instead of all deadlines × instructions).
+    """
+    out = np.empty(targets.shape, dtype=np.int64)
+    for a in range(0, len(targets), max(int(rows), 1)):
+        b = a + max(int(rows), 1)
+        out[a:b] = chooser.fill_slack(chooser.round_with_carry(targets[a:b], deadlines[a:b]), deadlines[a:b])
+    return out
 
 
 def pareto(c: Candidates) -> Candidates:
@@ -98,20 +126,39 @@ def search_deadlines(
     beam_gap: float = 5e-4,
 ) -> Candidates:
     """Candidate plans over deadlines spread across [fastest, slowest] (steps 1–7 above)."""
-    num_anchors, num_deadlines = options.num_anchors, options.num_deadlines
+    n = dag.num_nodes
+    num_anchors, num_deadlines = options.anchors_for(n), options.deadlines_for(n)
+    batch = options.batch_rows(n)
     improve_sweeps, max_block, improve_time_s = options.improve_sweeps, options.max_block, options.improve_time_s
     search_time_s, search_gap, max_window = options.search_time_s, options.search_gap, options.max_window
-    beam_width = options.beam_width if options.beam_runs_on(dag.num_nodes) else 0
     beam_max_width, beam_deadlines, beam_fill = options.beam_max_width, options.beam_deadlines, options.beam_fill
     graph = dag.levels
     chooser = LevelChooser(graph, node_choices)
-    extremes = np.stack([np.zeros(dag.num_nodes, dtype=np.int64), node_choices.slowest_choice()])
+    extremes = np.stack([np.zeros(n, dtype=np.int64), node_choices.slowest_choice()])
     t_fast, t_slow = evaluate(dag, node_choices, extremes, p_blocking_w).times_s.tolist()
 
+    if not options.lp_runs_on(n):
+        # Too large for the LP: price-sweep targets, repaired densely; no LP bound, so no
+        # bound-driven improvement either (docs/planner.md, "At scale").
+        anchors, targets = price_anchors(dag, node_choices, options.num_anchors, extra_deadlines)
+        deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
+        slowest = node_choices.node_times(node_choices.slowest_choice())
+        for a in range(0, len(deadlines), batch):
+            part = slice(a, a + batch)
+            all_targets[part] = spread_float(dag, all_targets[part], deadlines[part] * (1 - DEADLINE_MARGIN), slowest)
+        progress(0.5)
+        plans = [repair(chooser, all_targets, deadlines, batch)]
+        plans.append(chooser.fill_slack(np.zeros((1, n), dtype=np.int64), np.array([t_fast])))
+        progress(0.9)
+        found = pareto(evaluate(dag, node_choices, np.concatenate(plans), p_blocking_w, batch))
+        progress(0.95)
+        return found
+
+    beam_width = options.beam_width if options.beam_runs_on(n) else 0
     anchors = np.unique(np.concatenate([np.linspace(t_fast, t_slow, max(num_anchors, 2)), extra_deadlines]))
     anchors = anchors[(anchors >= t_fast) & (anchors <= t_slow)]
     relaxation = HullRelaxation(dag, node_choices)
-    targets = np.empty((len(anchors), dag.num_nodes))
+    targets = np.empty((len(anchors), n))
     lp_costs = np.empty(len(anchors))
     lp_slopes = np.empty(len(anchors))
     for i, deadline in enumerate(anchors):
@@ -120,28 +167,15 @@ def search_deadlines(
         lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
         progress(0.5 * (i + 1) / len(anchors))
 
-    # Interpolated targets between adjacent anchors.
-    per_gap = max(0, int(np.ceil(num_deadlines / max(len(anchors) - 1, 1))) - 1)
-    fractions = np.arange(1, per_gap + 1) / (per_gap + 1)
-    dense_deadlines = [anchors]
-    dense_targets = [targets]
-    if per_gap and len(anchors) > 1:
-        lo_t, hi_t = targets[:-1], targets[1:]
-        lo_d, hi_d = anchors[:-1], anchors[1:]
-        for f in fractions:
-            dense_deadlines.append(lo_d + f * (hi_d - lo_d))
-            dense_targets.append(lo_t + f * (hi_t - lo_t))
-    deadlines = np.concatenate(dense_deadlines)
-    all_targets = np.concatenate(dense_targets)
-
-    plans = [chooser.fill_slack(chooser.round_with_carry(all_targets, deadlines), deadlines)]
+    deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
+    plans = [repair(chooser, all_targets, deadlines, batch)]
     progress(0.6)
     plans.append(chooser.fill_slack(chooser.round_with_carry_backward(targets, anchors), anchors))
     # All-fastest plan with its free slack filled: the fastest achievable iteration.
-    plans.append(chooser.fill_slack(np.zeros((1, dag.num_nodes), dtype=np.int64), np.array([t_fast])))
+    plans.append(chooser.fill_slack(np.zeros((1, n), dtype=np.int64), np.array([t_fast])))
     progress(0.7)
 
-    found = pareto(evaluate(dag, node_choices, np.concatenate(plans), p_blocking_w))
+    found = pareto(evaluate(dag, node_choices, np.concatenate(plans), p_blocking_w, batch))
     # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
     bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
     lp_bound = _LPBound(anchors, lp_costs, lp_slopes, p_blocking_w * dag.schedule.num_stages)
@@ -193,6 +227,24 @@ def search_deadlines(
         found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, carried, improved]), p_blocking_w))
     progress(0.95)
     return found
+
+
+def _interpolate(anchors: np.ndarray, targets: np.ndarray, num_deadlines: int) -> tuple[np.ndarray, np.ndarray]:
+    """Anchors plus evenly interpolated deadlines and targets between neighbours, ~``num_deadlines`` in all.
+
+    A convex combination of two anchors' durations meets the same combination of their deadlines.
+    """
+    per_gap = max(0, int(np.ceil(num_deadlines / max(len(anchors) - 1, 1))) - 1)
+    fractions = np.arange(1, per_gap + 1) / (per_gap + 1)
+    dense_deadlines = [anchors]
+    dense_targets = [targets]
+    if per_gap and len(anchors) > 1:
+        lo_t, hi_t = targets[:-1], targets[1:]
+        lo_d, hi_d = anchors[:-1], anchors[1:]
+        for f in fractions:
+            dense_deadlines.append(lo_d + f * (hi_d - lo_d))
+            dense_targets.append(lo_t + f * (hi_t - lo_t))
+    return np.concatenate(dense_deadlines), np.concatenate(dense_targets)
 
 
 def _descend(

@@ -24,6 +24,12 @@ _INT_MINIMUMS = {
     "beam_deadlines": 0,
     "beam_fill": 0,
     "beam_max_nodes": 0,
+    "lp_max_nodes": 0,
+    "anchor_cells": 1,
+    "min_anchors": 2,
+    "deadline_cells": 1,
+    "min_deadlines": 1,
+    "batch_cells": 1,
 }
 _NON_NEGATIVE_NUMBERS = ("improve_time_s", "search_time_s", "search_gap", "switch_latency_s", "switch_cost_w")
 
@@ -35,7 +41,7 @@ class PlannerOptions:
     - ``num_anchors``: deadlines at which the convex-hull LP is solved exactly (more: closer to
       the LP's guidance between anchors, ~10 ms per anchor at 1,500 instructions).
     - ``num_deadlines``: total deadlines repaired to discrete plans (anchors plus interpolated
-      ones); sets how dense the frontier is. Repair of all of them runs as one batch.
+      ones); sets how dense the frontier is (capped on large pipelines, see deadline_cells).
     - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables).
     - ``max_block``: longest run of one stage's instructions shifted together in that descent.
     - ``improve_time_s``: wall-clock cap on that descent (it stops between moves; every plan it
@@ -51,6 +57,21 @@ class PlannerOptions:
       evenly in energy, starting at ``beam_width`` states per deadline and doubling up to
       ``beam_max_width`` where wider beams keep finding better plans, then at ``beam_fill``
       deadlines evenly spaced in time at ``beam_width``. ``beam_width=0`` disables it.
+    - ``lp_max_nodes``: the hull LP guides the repair on pipelines of at most this many
+      instructions; above it, a price sweep does (``planner.prices``: one hull tangent per
+      price, no LP), because one LP solve takes seconds to minutes there (16 stages × 128
+      microbatches: 3–20 s each) and its warm starts need thousands of pivots per anchor. The
+      price sweep is much faster but measurably worse (docs/planner.md, "At scale"), so the LP
+      stays up to 4,096 instructions.
+    - ``anchor_cells``, ``min_anchors``: the LP is solved at no more than
+      ``anchor_cells // instructions`` anchors (never fewer than ``min_anchors``, never more than
+      ``num_anchors``): 48 up to 1,536 instructions, 18 at 4,096.
+    - ``deadline_cells``, ``min_deadlines``: scale-aware density. Repair work grows with
+      deadlines × instructions, so at most ``deadline_cells // instructions`` deadlines are
+      repaired (never fewer than ``min_deadlines``, never more than ``num_deadlines``): the
+      defaults leave every pipeline up to 1,536 instructions (A100 8 × 96) at ``num_deadlines``.
+    - ``batch_cells``: deadlines × instructions per numpy batch of repair and simulation; rows
+      beyond it are processed in chunks (identical results), which bounds peak memory.
     - ``switch_latency_s``: how long a clock change takes to land on the GPU; plans then change
       no clock on an instruction shorter than that (``planner.latency``). 0: instant switches.
     - ``switch_cost_w``: what a clock switch costs, as a power drawn for ``switch_latency_s``: a
@@ -72,6 +93,12 @@ class PlannerOptions:
     beam_deadlines: int = 64
     beam_fill: int = 192
     beam_max_nodes: int = 48
+    lp_max_nodes: int = 4096
+    anchor_cells: int = 73_728
+    min_anchors: int = 12
+    deadline_cells: int = 1_572_864
+    min_deadlines: int = 160
+    batch_cells: int = 1_048_576
     switch_latency_s: float = 0.0
     switch_cost_w: float = 0.0
 
@@ -121,6 +148,24 @@ class PlannerOptions:
     def beam_runs_on(self, num_instructions: int) -> bool:
         """Whether beam search runs on a pipeline of this many instructions."""
         return self.beam_width > 0 and num_instructions <= self.beam_max_nodes
+
+    def lp_runs_on(self, num_instructions: int) -> bool:
+        """Whether the hull LP (rather than the price sweep) guides a pipeline of this size."""
+        return num_instructions <= self.lp_max_nodes
+
+    def anchors_for(self, num_instructions: int) -> int:
+        """How many LP anchors (or sweep prices) on a pipeline of this size."""
+        fitting = self.anchor_cells // max(num_instructions, 1)
+        return min(self.num_anchors, max(fitting, self.min_anchors))
+
+    def deadlines_for(self, num_instructions: int) -> int:
+        """How many deadlines are repaired on a pipeline of this size (scale-aware density)."""
+        fitting = self.deadline_cells // max(num_instructions, 1)
+        return min(self.num_deadlines, max(fitting, self.min_deadlines))
+
+    def batch_rows(self, num_instructions: int) -> int:
+        """Plans per numpy batch on a pipeline of this size (at least one)."""
+        return max(1, self.batch_cells // max(num_instructions, 1))
 
 
 __all__ = ["PlannerOptions"]

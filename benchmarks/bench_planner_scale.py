@@ -1,0 +1,226 @@
+"""Planner at production scale: today's planner and this one side by side, in one run, same inputs.
+
+Each planner runs in its own subprocess (wall time, peak RSS of that process from
+``resource.getrusage``), on the same profile file and schedule. "Today's" planner is a git
+worktree of commit 7d36a8f (created under /tmp when ``--old`` is not given), imported through
+PYTHONPATH; a run past ``--old-timeout`` is stopped and shown as "> N s". Synthetic 16-stage
+H100-like profiles come from ``perseus.examples.synthetic.h100_like_profile`` (seeded).
+
+Quality columns: energy at the all-max-frequency time of each ("E@max"), the largest amount by
+which this frontier's ``lookup(t)`` exceeds today's at any of today's points (≤ 0: at or below
+today's everywhere), and the gap of this planner's all-max-time point above the hull-LP lower
+bound at that time (solved once, in its own subprocess, bounded by ``--lp-timeout``).
+
+    python benchmarks/bench_planner_scale.py                      # the targets table
+    python benchmarks/bench_planner_scale.py --curve docs/img/planner_scaling.png   # new planner only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("PERSEUS_ARTIFACT_DATA", ROOT.parent / "shared" / "data" / "perseus-sosp24"))
+A100 = ("gpt3-175b+a100_sxm_bf16.csv", 83.64)
+OLD_COMMIT = "7d36a8f"
+
+# (name, profile source, schedule, stages, microbatches, chunks)
+TARGETS = [
+    ("A100 8x12", "a100", "1f1b", 8, 12, 1),
+    ("A100 8x96", "a100", "1f1b", 8, 96, 1),
+    ("H100-like 16x128", "h100", "1f1b", 16, 128, 1),
+    ("H100-like 16x4x32 int.", "h100", "interleaved", 16, 32, 4),
+    ("H100-like 16x4x128 int.", "h100", "interleaved", 16, 128, 4),
+]
+CURVE = [(16, m, 1) for m in (2, 4, 8, 16, 32, 64, 128)] + [(16, 64, 4), (16, 128, 4)]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Child process: plan (or solve the LP bound) and print one JSON line."""
+    from perseus.profile import load_profile
+    from perseus.schedule import build_schedule
+
+    profile = load_profile(args.profile)
+    schedule = build_schedule(args.schedule, args.stages, args.microbatches, args.chunks)
+    started = time.perf_counter()
+    if args.worker == "lp":
+        from perseus.dag import InstructionDAG
+        from perseus.planner.choices import build_node_choices
+        from perseus.planner.relaxation import HullRelaxation
+        from perseus.simulator import max_frequency_plan, simulate_plan
+
+        dag = InstructionDAG.from_schedule(schedule)
+        base = simulate_plan(dag, profile, max_frequency_plan(dag, profile))
+        lp_cost = HullRelaxation(dag, build_node_choices(dag, profile, profile.p_blocking_w)).solve(base.time_s)[1]
+        out = {"bound_j": lp_cost + profile.p_blocking_w * schedule.num_stages * base.time_s}
+    else:
+        from perseus.planner import plan_frontier
+
+        frontier = plan_frontier(schedule, profile)
+        out = {
+            "points": [[p.time_s, p.energy_j] for p in frontier.points],
+            "paced": len(frontier.paced_points),
+            "default_j": frontier.default_point().energy_j,
+            "base_j": frontier.baseline_energy_j,
+            "base_s": frontier.baseline_time_s,
+            "fastest_s": frontier.fastest.time_s,
+            "planner": frontier.metadata.get("planner", "?"),
+        }
+    out["wall_s"] = time.perf_counter() - started
+    out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
+
+
+def run_child(tree: Path, mode: str, profile: Path, case: tuple, timeout: float) -> dict | None:
+    _, _, schedule, stages, microbatches, chunks = case
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--profile", str(profile),
+               "--schedule", schedule, "--stages", str(stages), "--microbatches", str(microbatches), "--chunks", str(chunks)]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=True)
+    except subprocess.TimeoutExpired:
+        return None
+    except subprocess.CalledProcessError as exc:
+        sys.exit(f"{mode} run failed on {case[0]} ({tree}):\n{exc.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def profile_file(case: tuple, folder: Path) -> Path:
+    """The instance's profile as a file both trees can load (JSON written by this tree)."""
+    name, source, _, stages, _, chunks = case
+    if source == "a100":
+        from perseus.profile import load_profile
+
+        profile = load_profile(DATA / A100[0], A100[1])
+        path = folder / f"a100-{stages}.json"
+        first = profile.num_stages - stages
+        from perseus.profile import Profile
+
+        entries = {(s - first, c, k): v for (s, c, k), v in profile.entries.items() if s >= first}
+        profile = Profile(entries, A100[1], "A100-SXM") if first else profile
+    else:
+        from perseus.examples.synthetic import h100_like_profile
+
+        profile = h100_like_profile(stages, chunks, seed=0)
+        path = folder / f"h100-{stages}x{chunks}.json"
+    profile.save_json(path)
+    return path
+
+
+def old_tree(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    path = Path(tempfile.gettempdir()) / f"perseus-{OLD_COMMIT}"
+    if not (path / "perseus").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), OLD_COMMIT], check=True,
+                       capture_output=True)
+    return path
+
+
+def worst_excess(new: list, old: list) -> float:
+    """max over today's points of (this planner's least energy within that time − today's energy)."""
+    import numpy as np
+
+    times = np.array([t for t, _ in new])
+    least = np.minimum.accumulate(np.array([e for _, e in new]))
+    worst = -np.inf
+    for t, e in old:
+        at = np.searchsorted(times, t * (1 + 1e-12), side="right") - 1
+        worst = max(worst, (least[at] if at >= 0 else np.inf) - e)
+    return float(worst)
+
+
+def targets(args: argparse.Namespace) -> None:
+    old = old_tree(args.old)
+    header = (f"{'instance':<24} {'instr':>6} {'today s':>8} {'today MB':>8} {'new s':>6} {'new MB':>6} {'speedup':>7} "
+              f"{'E@max today':>11} {'E@max new':>10} {'new-today max J':>15} {'LP gap':>7} {'#pts t/n':>9}")
+    print(f"today = {old} (commit {OLD_COMMIT}); new = {ROOT}")
+    print(header)
+    print("-" * len(header))
+    with tempfile.TemporaryDirectory() as folder:
+        for case in TARGETS:
+            if args.only and not any(o in case[0] for o in args.only):
+                continue
+            path = profile_file(case, Path(folder))
+            n = case[3] * case[4] * case[5] * 2
+            new = run_child(ROOT, "plan", path, case, args.new_timeout)
+            then = run_child(old, "plan", path, case, args.old_timeout)
+            lp = run_child(ROOT, "lp", path, case, args.lp_timeout)
+            assert new is not None, f"new planner past {args.new_timeout} s on {case[0]}"
+            assert new["fastest_s"] <= new["base_s"], "new planner's fastest plan is slower than all-max"
+            t_s = f"{then['wall_s']:.1f}" if then else f">{args.old_timeout:.0f}"
+            t_mb = f"{then['rss_mb']:.0f}" if then else "-"
+            speed = f"{then['wall_s'] / new['wall_s']:.1f}x" if then else f">{args.old_timeout / new['wall_s']:.0f}x"
+            t_e = f"{then['default_j']:.2f}" if then else "-"
+            excess = f"{worst_excess(new['points'], then['points']):+.2f}" if then else "-"
+            gap = f"{100 * (new['default_j'] / lp['bound_j'] - 1):.2f}%" if lp else f"(>{args.lp_timeout:.0f}s)"
+            pts = f"{len(then['points']) if then else '-'}/{len(new['points'])}"
+            print(f"{case[0]:<24} {n:>6} {t_s:>8} {t_mb:>8} {new['wall_s']:>6.1f} {new['rss_mb']:>6.0f} {speed:>7} "
+                  f"{t_e:>11} {new['default_j']:>10.2f} {excess:>15} {gap:>7} {pts:>9}", flush=True)
+
+
+def curve(args: argparse.Namespace) -> None:
+    rows = []
+    print(f"{'instance':<16} {'instr':>6} {'planner':<16} {'wall s':>7} {'peak MB':>8} {'#pts':>5}")
+    with tempfile.TemporaryDirectory() as folder:
+        for stages, mb, chunks in CURVE:
+            case = (f"{stages}x{chunks}x{mb}", "h100", "1f1b" if chunks == 1 else "interleaved", stages, mb, chunks)
+            r = run_child(ROOT, "plan", profile_file(case, Path(folder)), case, args.new_timeout)
+            n = stages * mb * chunks * 2
+            rows.append((n, r["wall_s"], r["rss_mb"]))
+            print(f"{case[0]:<16} {n:>6} {r['planner']:<16} {r['wall_s']:>7.2f} {r['rss_mb']:>8.0f} {len(r['points']):>5}", flush=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ns = [r[0] for r in rows]
+    ax.loglog(ns, [r[1] for r in rows], "o-", label="wall time (s)")
+    ax.loglog(ns, [r[2] / 1024 for r in rows], "s--", label="peak RSS (GB)")
+    ax.axvline(2048.5, color="grey", lw=0.8, ls=":")
+    ax.text(2200, ax.get_ylim()[0] * 1.5, "price sweep →", fontsize=8, color="grey")
+    ax.set_xlabel("instructions per iteration (16 stages, H100-like)")
+    ax.set_title("perseus plan: full frontier, 2 cores")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.curve, dpi=90)
+    print(f"wrote {args.curve}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", help="checkout of today's planner (default: a git worktree of 7d36a8f in /tmp)")
+    parser.add_argument("--old-timeout", type=float, default=600.0)
+    parser.add_argument("--new-timeout", type=float, default=600.0)
+    parser.add_argument("--lp-timeout", type=float, default=120.0)
+    parser.add_argument("--only", nargs="*", help="instances whose name contains one of these")
+    parser.add_argument("--curve", help="new planner only: write the scaling curve PNG here")
+    parser.add_argument("--worker", choices=["plan", "lp"], help=argparse.SUPPRESS)
+    parser.add_argument("--profile", help=argparse.SUPPRESS)
+    parser.add_argument("--schedule", help=argparse.SUPPRESS)
+    parser.add_argument("--stages", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--microbatches", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--chunks", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    elif args.curve:
+        curve(args)
+    else:
+        if not (DATA / A100[0]).exists():
+            sys.exit(f"A100 profile not found under {DATA}")
+        targets(args)
+
+
+if __name__ == "__main__":
+    main()
