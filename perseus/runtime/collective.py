@@ -4,8 +4,10 @@ Every call here is made by all ranks of the group at the same step boundary; non
 from an instruction hook. Without torch.distributed (single process) every call degenerates to
 the local value, so the runtime runs unchanged in a plain script.
 
-Frontiers travel compactly as their version 2 file document (``perseus.frontier_file``): the
-schedule once and every point's clocks as packed indices, rather than a per-instruction plan.
+After planning, rank 0 sends each rank only its own stage's slice of the frontier
+(``perseus.runtime.stage_plan``) with ``scatter_bytes``, point to point: a rank never receives
+the other stages' clocks. ``encode_frontier``/``decode_frontier`` (the version 2 file document)
+remain for whole-frontier transport (the planner process hands rank 0 the same document).
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ except ImportError:  # pragma: no cover - exercised only without torch
     dist = None  # type: ignore[assignment]
 
 
+_TAG_SIZE, _TAG_DATA = 7301, 7302  # scatter_bytes' messages, apart from the trainer's own tags
+
+
 class Collective:
-    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats."""
+    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats,
+    per-rank bytes from rank 0."""
 
     def __init__(self, process_group: Any = None) -> None:
         self.group: Any = None
@@ -90,6 +96,31 @@ class Collective:
         box = [obj if self.is_root else None]
         dist.broadcast_object_list(box, src=self._root, group=self.group)
         return box[0]
+
+    def scatter_bytes(self, payloads: list[bytes] | None) -> bytes:
+        """Rank i's own bytes ``payloads[i]`` from rank 0, point to point: each rank receives only
+        its own (a length, then the bytes); rank 0 keeps ``payloads[0]``. Only rank 0 passes a list."""
+        if not self.distributed:
+            assert payloads is not None
+            return payloads[0]
+        if self.is_root:
+            assert payloads is not None and len(payloads) == self.size
+            works, keep = [], []
+            for r in range(1, self.size):
+                dst = dist.get_global_rank(self.group, r)
+                size = torch.tensor([len(payloads[r])], dtype=torch.int64)
+                data = torch.frombuffer(bytearray(payloads[r]), dtype=torch.uint8)
+                keep += [size, data]
+                works.append(dist.isend(size, dst=dst, group=self.group, tag=_TAG_SIZE))
+                works.append(dist.isend(data, dst=dst, group=self.group, tag=_TAG_DATA))
+            for work in works:
+                work.wait()
+            return payloads[0]
+        size = torch.empty(1, dtype=torch.int64)
+        dist.recv(size, src=self._root, group=self.group, tag=_TAG_SIZE)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.recv(data, src=self._root, group=self.group, tag=_TAG_DATA)
+        return data.numpy().tobytes()
 
     def close(self) -> None:
         if self.group is not None and dist is not None and dist.is_initialized():

@@ -2,7 +2,7 @@
 
 One object per training process. It keeps the hot path and the phase transitions (``phases.py``):
 warm-up at default clocks (baseline), online profiling (``profiling.py``: the clock sweep of
-``clock_sweep.py`` measured by ``profiler.py``), planning on rank 0 in a background thread while
+``clock_sweep.py`` measured by ``profiler.py``), planning on rank 0 in a niced child process while
 training continues (``planning.py``), then deployment of the frontier's default point
 (``deploy.py``), with straggler matching (``job_check.py``, ``straggler.py``) and external targets
 on top. Where the plan comes from (``sources.py``), the summary (``report.py``) and closing at
@@ -22,7 +22,7 @@ from time import perf_counter
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.frontier import Frontier, FrontierPoint
+from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
 from perseus.runtime.clock_sweep import profiling_iterations
@@ -93,8 +93,9 @@ class PerseusRuntime:
         self.timer = self.gpu.instruction_timer()
         self._profiling: ProfilingRun | None = None
         self.p_blocking_w: float | None = None
-        self.frontier: Frontier | None = None
-        self.point: FrontierPoint | None = None
+        # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
+        self.frontier: StagePlan | None = None
+        self.point: StagePoint | None = None
         self._follower: PlanFollower | None = None
         self._slowdown = 1.0
         self._policy = StragglerPolicy(
@@ -153,11 +154,13 @@ class PerseusRuntime:
     def _load_sources(self) -> None:
         """Rank 0 finds a provided or cached frontier/profile; every rank learns the outcome."""
         try:
-            sources = share_sources(self.collective, self.config, self.schedule, self.cache)
+            sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache)
         except ConfigError:
             self.close()
             raise
-        self.frontier = sources.frontier
+        self.frontier = sources.plan
+        if sources.plan is not None:
+            self._plan_received(sources.plan, sources.received_bytes)
         self._profile = sources.profile
         self._have_profile = sources.have_profile
         if sources.origin:
@@ -330,14 +333,16 @@ class PerseusRuntime:
             self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options)
 
     def _poll_plan(self) -> None:
-        outcome = share_outcome(self.collective, self._planner)
+        outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)
         if outcome is None:
             return
-        if outcome.frontier is None:
+        self._planner = None  # it holds the whole frontier: only this stage's slice is kept
+        if outcome.plan is None:
             log.warning("perseus: planning failed (%s); keeping default clocks", outcome.error)
             self._steady("no plan")
             return
-        self.frontier = outcome.frontier
+        self.frontier = outcome.plan
+        self._plan_received(outcome.plan, outcome.received_bytes)
         if self.is_root:
             assert outcome.planned is not None
             log.info(
@@ -354,6 +359,11 @@ class PerseusRuntime:
                 f"{self.frontier.baseline_energy_j:.1f} J); mode {self.config.mode!r} keeps default clocks"
             )
 
+    def _plan_received(self, plan: StagePlan, received_bytes: int) -> None:
+        self._event("plan_received", {"stage": plan.stage, "instructions": len(plan.instructions),
+                                      "points": len(plan.points), "paced_points": len(plan.paced_points),
+                                      "bytes": received_bytes})
+
     # ---------------------------------------------------------------- deployment
 
     def _deploy(self) -> None:
@@ -365,7 +375,7 @@ class PerseusRuntime:
         if self.is_root:
             log.info("perseus: plan deployed at step %d (%d frontier points)", self.step, len(self.frontier.points))
 
-    def _choose_point(self) -> FrontierPoint:
+    def _choose_point(self) -> StagePoint:
         """External target first, else the straggler slowdown, else the no-slowdown default."""
         assert self.frontier is not None
         base = self.frontier.default_point().time_s
@@ -380,7 +390,7 @@ class PerseusRuntime:
             return self.frontier.paced_lookup(base * self._policy.ratio)
         return self.frontier.default_point()
 
-    def _set_point(self, point: FrontierPoint) -> None:
+    def _set_point(self, point: StagePoint) -> None:
         assert self.frontier is not None
         changed = self.point is not None and point is not self.point
         self.point = point
@@ -479,6 +489,11 @@ class PerseusRuntime:
         self._stopped = True
         if self.enabled and not self._closed:
             self.gpu.reset()
+
+    def stage_clocks(self) -> list[int] | None:
+        """The clocks (MHz) this rank follows, one per instruction of its stage, or None before a
+        plan is deployed: the current point's clocks from this rank's own stage plan."""
+        return self._follower.frequencies if self._follower is not None else None
 
     @property
     def phase(self) -> Phase:
@@ -583,6 +598,9 @@ class PerseusRuntime:
             kernels.close()
         if self._profiling is not None:
             self._profiling.stop()
+        planner, self._planner = self._planner, None
+        if planner is not None:  # training ended before planning did: no orphan planner process
+            planner.close()
         sinks, self._sinks = self._sinks, []
         for sink in sinks:
             close_quietly(sink)
