@@ -22,7 +22,6 @@ from time import perf_counter
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
 from perseus.runtime.clock_sweep import profiling_iterations
@@ -41,6 +40,7 @@ from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
 from perseus.runtime.sources import cache_key, open_cache, share_sources
+from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.schedule import InstructionKind
 

@@ -12,8 +12,7 @@ import pytest
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner import PlannerOptions
 from perseus.profile import InstructionProfile, uniform_profile
-from perseus.runtime import PipelineJob
-from perseus.runtime import planning
+from perseus.runtime import PipelineJob, planning
 from perseus.runtime.collective import Collective
 from perseus.runtime.job_check import check_job
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
