@@ -51,22 +51,22 @@ class ProcessPlanner:
         self.result: Frontier | None = None
         self.error: str | None = None
         self._done = threading.Event()
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         try:  # two pickles: the path first, so the child can import the planner function's module
             request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options), pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - e.g. a planner function defined inside another
+            env = dict(os.environ)
+            root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
+            env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD.format(nice=int(nice), parent=os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            )
+        except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
             self.error = f"cannot hand the planning job to a planner process ({type(exc).__name__}: {exc})"
-            self.pid = None
-            self._proc: subprocess.Popen[bytes] | None = None
             self._done.set()
             return
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
-        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD.format(nice=int(nice), parent=os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-        )
-        self.pid: int | None = self._proc.pid
+        self.pid = self._proc.pid
         self._thread = threading.Thread(target=self._talk, args=(request,), name="perseus-planner", daemon=True)
         self._thread.start()
 

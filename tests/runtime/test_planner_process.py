@@ -105,3 +105,10 @@ def test_a_planner_function_the_child_cannot_import_is_a_planning_error():
     planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, local)
     assert planner.status == FAILED and planner.pid is None
     assert planner.error.startswith("cannot hand the planning job to a planner process (AttributeError")
+
+
+def test_no_python_to_run_the_planner_is_a_planning_error(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.broken)
+    assert planner.status == FAILED and planner.pid is None
+    assert planner.error.startswith("cannot hand the planning job to a planner process (FileNotFoundError")
