@@ -7,18 +7,18 @@ its Python-level work, so each wake-up may wait up to a switch interval (5 ms); 
 competes only for a CPU core, at lower priority (``os.nice``).
 
 Each "training step" here is ``--instructions`` × (``--burst-us`` of Python work, then
-``--wait-ms`` asleep, like a blocking GPU sync). Three modes, interleaved in ``--rounds`` rounds
-so the shared machine's load affects them alike (each round's medians are also compared with that
-round's no-planning median, the paired ratio, whose spread shows the noise): no planning, planning in a thread (today's
-``BackgroundPlanner``: ``plan_frontier`` in a daemon thread), planning in the runtime's planner
-process at nice 10 (``perseus.runtime.planner_process``, what the runtime does now) and, to
-separate the GIL from the priority, the same process at nice 0. While a mode runs, its planner plans the
-``--stages`` × ``--microbatches`` 1F1B pipeline on the shipped GPT-3 A100 profile over and over,
-so every measured step overlaps planning. Prints median and p90 step time and their ratios to no
-planning, measured in the same run.
+``--wait-ms`` asleep, like a blocking GPU sync). Four modes: no planning; planning in a thread (the
+runtime before: ``plan_frontier`` in a daemon thread); the runtime's planner process at nice 10
+(``perseus.runtime.planner_process``, what it does now); the same process at nice 0, to separate
+the GIL from the priority. They are interleaved in ``--rounds`` rounds so the shared machine's
+load affects them alike, and each round's median is also divided by that round's no-planning
+median (the paired ratio, whose spread shows the noise). While a mode runs, its planner plans the
+``--stages`` × ``--microbatches`` 1F1B pipeline on the public GPT-3 A100 profile
+(/work/shared/data, or ``PERSEUS_ARTIFACT_DATA``) over and over, so every measured step overlaps
+planning. Prints median and p90 step time and their ratios to no planning, measured in the same run.
 
     python benchmarks/bench_planning_interference.py
-    python benchmarks/bench_planning_interference.py --steps 200 --rounds 5
+    python benchmarks/bench_planning_interference.py --rounds 8 --steps 60   # docs/runtime.md's run
 """
 
 from __future__ import annotations
