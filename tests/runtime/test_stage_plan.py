@@ -83,3 +83,11 @@ def test_distribute_without_torch_distributed_keeps_the_own_slice():
     delivered = distribute(Collective(), front, front.schedule, 0)
     assert delivered.received_bytes == 0 and delivered.plan.stage == 0
     assert point_of(front, delivered.plan.default_point()) is front.default_point()
+
+
+def test_clocks_outside_the_mhz_range_still_round_trip():
+    schedule = build_schedule("1f1b", 2, 2)
+    n = schedule.num_instructions
+    front = Frontier(schedule, 50.0, 1.0, 10.0, [FrontierPoint(1.0, 9.0, np.array([2_000_000, 1_500_000] * (n // 2)))])
+    plan = stage_plan_of(front, 1)
+    assert plan.stage_plan(plan.default_point(), 1) == front.stage_plan(front.default_point(), 1)
