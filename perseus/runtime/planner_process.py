@@ -6,7 +6,7 @@ Python thread, which spends a step mostly blocked on the GPU, waits for the GIL 
 child process only competes for a CPU core, and at ``nice`` 10 it yields to the trainer.
 
 How: ``subprocess`` runs ``python -c`` that lowers its priority before importing anything and
-then calls ``child_main`` (no ``multiprocessing`` spawn: that would re-import the trainer's
+then calls ``child_main`` of this file (no ``multiprocessing`` spawn: that would re-import the trainer's
 ``__main__`` script). The parent writes one pickled request to the child's stdin (the planner
 function by reference, schedule, profile, options, the parent's ``sys.path``); the child writes
 one pickled reply on a private copy of its stdout (stdout itself goes to stderr, so a solver's
@@ -38,7 +38,14 @@ from perseus.schedule import Schedule
 PENDING, READY, FAILED = 0, 1, 2
 NICE = 10
 _WATCH_S = 0.2
-_CHILD = "import os; os.nice({nice}); from perseus.runtime.planner_process import child_main; child_main({parent})"
+# The child lowers its priority first, then loads this file by path: importing it as
+# perseus.runtime.planner_process would first import perseus.runtime (pydantic, the config), about
+# as long as the planner's own imports, for nothing.
+_CHILD = (
+    "import os; os.nice({nice}); import importlib.util as u; "
+    "s = u.spec_from_file_location('perseus_planner_child', {path!r}); m = u.module_from_spec(s); "
+    "s.loader.exec_module(m); m.child_main({parent})"
+)
 
 PlanFunction = Callable[[Schedule, Profile, PlannerOptions], Frontier]
 
@@ -59,7 +66,7 @@ class ProcessPlanner:
             root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
             env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD.format(nice=int(nice), parent=os.getpid())],
+                [sys.executable, "-c", _CHILD.format(nice=int(nice), path=__file__, parent=os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
             )
         except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
