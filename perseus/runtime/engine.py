@@ -34,7 +34,7 @@ from perseus.runtime.job_check import check_job
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
 from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
-from perseus.runtime.planning import BackgroundPlanner, share_outcome
+from perseus.runtime.planning import BackgroundPlanner, share_outcome, start_child, stop_child
 from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
@@ -108,6 +108,7 @@ class PerseusRuntime:
         self._fallback_problem: str | None = None
         self._fallback_warned = False
         self._planner: BackgroundPlanner | None = None  # rank 0 only
+        self._planner_child: Any = None  # rank 0: the planner process, started while profiling
         self._profile: Profile | None = None
         self._have_profile = False
         self.events: list[tuple[int, str, Any]] = []
@@ -288,6 +289,11 @@ class PerseusRuntime:
         self._enter(Phase.PROFILING)
         self.timer.resolve()
         run.start(self.p_blocking_w)
+        if self.is_root and c.mode != "profile":
+            try:  # its start-up overlaps profiling; a failure here shows again when planning starts
+                self._planner_child = start_child()
+            except Exception:  # noqa: BLE001
+                self._planner_child = None
 
     def _measure_p_blocking(self) -> float:
         """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps."""
@@ -330,7 +336,8 @@ class PerseusRuntime:
         if self.is_root:
             log.info("perseus: planning in the background; training continues at default clocks")
             assert self._profile is not None
-            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options)
+            child, self._planner_child = self._planner_child, None
+            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options, child)
 
     def _poll_plan(self) -> None:
         outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)
@@ -601,6 +608,9 @@ class PerseusRuntime:
         planner, self._planner = self._planner, None
         if planner is not None:  # training ended before planning did: no orphan planner process
             planner.close()
+        child, self._planner_child = self._planner_child, None
+        if child is not None:
+            stop_child(child)
         sinks, self._sinks = self._sinks, []
         for sink in sinks:
             close_quietly(sink)

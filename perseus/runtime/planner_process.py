@@ -50,11 +50,38 @@ _CHILD = (
 PlanFunction = Callable[[Schedule, Profile, PlannerOptions], Frontier]
 
 
+def start_child(nice: int = NICE) -> subprocess.Popen[bytes]:
+    """Start a planner process that imports the planner and waits for its job on stdin.
+
+    Started ahead (while profiling), its start-up (Python, numpy, scipy: seconds on a busy machine)
+    is over by the time the profile is ready."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD.format(nice=int(nice), path=__file__, parent=os.getpid())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+    )
+
+
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a planner process (a planning run or a started child nobody needs any more)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class ProcessPlanner:
-    """One planning run in a niced child process; its frontier or its error, once done."""
+    """One planning run in a niced child process; its frontier or its error, once done.
+
+    ``started``: a child from ``start_child`` to run it in (started fresh if absent or dead)."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions, plan: PlanFunction,
-                 nice: int = NICE) -> None:
+                 nice: int = NICE, started: subprocess.Popen[bytes] | None = None) -> None:
         self.result: Frontier | None = None
         self.error: str | None = None
         self._done = threading.Event()
@@ -62,14 +89,10 @@ class ProcessPlanner:
         self._proc: subprocess.Popen[bytes] | None = None
         try:  # two pickles: the path first, so the child can import the planner function's module
             request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options), pickle.HIGHEST_PROTOCOL)
-            env = dict(os.environ)
-            root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
-            env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD.format(nice=int(nice), path=__file__, parent=os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-            )
+            self._proc = started if started is not None and started.poll() is None else start_child(nice)
         except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
+            if started is not None:
+                stop_child(started)
             self.error = f"cannot hand the planning job to a planner process ({type(exc).__name__}: {exc})"
             self._done.set()
             return
@@ -114,13 +137,8 @@ class ProcessPlanner:
 
     def close(self) -> None:
         """Stop a planning run nobody waits for any more (training ended first)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None:
+            stop_child(self._proc)
 
 
 def _exit_status(code: int) -> str:

@@ -7,17 +7,19 @@ rank 0 sends each rank its own stage's slice of the frontier (``stage_plan.distr
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 
 from perseus.frontier import Frontier
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import Profile
 from perseus.runtime.collective import Collective
-from perseus.runtime.planner_process import FAILED, PENDING, READY, ProcessPlanner
+from perseus.runtime.planner_process import FAILED, PENDING, READY, ProcessPlanner, start_child, stop_child
 from perseus.runtime.stage_plan import StagePlan, distribute
 from perseus.schedule import Schedule
 
-__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "share_outcome"]
+__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "share_outcome", "start_child",
+           "stop_child"]
 
 
 class BackgroundPlanner(ProcessPlanner):
@@ -26,8 +28,9 @@ class BackgroundPlanner(ProcessPlanner):
     The planning function is looked up here when planning starts, so a test (or a caller) that
     replaces ``planning.plan_frontier`` plans with its own function in the child."""
 
-    def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions) -> None:
-        super().__init__(schedule, profile, options, plan_frontier)
+    def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions,
+                 started: subprocess.Popen[bytes] | None = None) -> None:
+        super().__init__(schedule, profile, options, plan_frontier, started=started)
 
 
 @dataclass(frozen=True)

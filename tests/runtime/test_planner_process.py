@@ -16,7 +16,7 @@ from perseus.planner import PlannerOptions, plan_frontier  # noqa: E402
 from perseus.profile import InstructionProfile, uniform_profile  # noqa: E402
 from perseus.runtime import planning  # noqa: E402
 from perseus.runtime.collective import Collective  # noqa: E402
-from perseus.runtime.planner_process import FAILED, PENDING, READY, ProcessPlanner  # noqa: E402
+from perseus.runtime.planner_process import FAILED, PENDING, READY, ProcessPlanner, start_child, stop_child  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 
 SCHEDULE = build_schedule("1f1b", 2, 4)
@@ -78,22 +78,25 @@ def test_the_planner_exits_when_its_trainer_is_killed(tmp_path):
         from perseus.planner import PlannerOptions
         from perseus.runtime.planner_process import ProcessPlanner
         from test_planner_process import SCHEDULE, PROFILE, OPTIONS
+        from perseus.runtime.planner_process import start_child
         planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, planner_stand_ins.hang)
-        print(planner.pid, flush=True)
+        idle = start_child()  # started ahead, still waiting for its job
+        print(planner.pid, idle.pid, flush=True)
         time.sleep(600)
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", trainer], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        child = int(proc.stdout.readline())
-        assert not _gone(child)
-        time.sleep(1.0)  # the child is planning (hanging) now
+        children = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(children) == 2 and not any(_gone(c) for c in children)
+        time.sleep(1.0)  # one child is planning (hanging) now, the other waits for a job
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 30
-        while not _gone(child):
-            assert time.monotonic() < deadline, f"planner {child} outlived its killed trainer"
-            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        for child in children:
+            while not _gone(child):
+                assert time.monotonic() < deadline, f"planner {child} outlived its killed trainer"
+                time.sleep(0.1)
     finally:
         proc.kill()
 
@@ -112,3 +115,16 @@ def test_no_python_to_run_the_planner_is_a_planning_error(monkeypatch):
     planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.broken)
     assert planner.status == FAILED and planner.pid is None
     assert planner.error.startswith("cannot hand the planning job to a planner process (FileNotFoundError")
+
+
+def test_a_child_started_ahead_runs_the_job_and_a_dead_one_is_replaced():
+    child = start_child()
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, started=child)
+    assert planner.pid == child.pid
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    assert planner.result.metadata["pid"] == child.pid
+    dead = start_child()
+    stop_child(dead)
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, started=dead)
+    assert planner.pid != dead.pid
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
