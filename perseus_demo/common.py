@@ -21,8 +21,9 @@ from typing import Any
 from perseus.errors import PerseusError
 
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
+# planner_nice 0: CPU training is CPU-bound itself, so a niced planner would be starved on a busy machine.
 DEFAULT_PERSEUS = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6, "iters_per_freq": 2,
-                   "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None}
+                   "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None, "planner_nice": 0}
 
 
 class SimulatedCompute:

@@ -291,7 +291,7 @@ class PerseusRuntime:
         run.start(self.p_blocking_w)
         if self.is_root and c.mode != "profile":
             try:  # its start-up overlaps profiling; a failure here shows again when planning starts
-                self._planner_child = start_child()
+                self._planner_child = start_child(c.planner_nice)
             except Exception:  # noqa: BLE001
                 self._planner_child = None
 
@@ -337,7 +337,8 @@ class PerseusRuntime:
             log.info("perseus: planning in the background; training continues at default clocks")
             assert self._profile is not None
             child, self._planner_child = self._planner_child, None
-            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options, child)
+            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options, child,
+                                              nice=self.config.planner_nice)
 
     def _poll_plan(self) -> None:
         outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)

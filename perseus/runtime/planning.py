@@ -14,7 +14,7 @@ from perseus.frontier import Frontier
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import Profile
 from perseus.runtime.collective import Collective
-from perseus.runtime.planner_process import FAILED, PENDING, READY, ProcessPlanner, start_child, stop_child
+from perseus.runtime.planner_process import NICE, FAILED, PENDING, READY, ProcessPlanner, start_child, stop_child
 from perseus.runtime.stage_plan import StagePlan, distribute
 from perseus.schedule import Schedule
 
@@ -29,8 +29,8 @@ class BackgroundPlanner(ProcessPlanner):
     replaces ``planning.plan_frontier`` plans with its own function in the child."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions,
-                 started: subprocess.Popen[bytes] | None = None) -> None:
-        super().__init__(schedule, profile, options, plan_frontier, started=started)
+                 started: subprocess.Popen[bytes] | None = None, nice: int = NICE) -> None:
+        super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started)
 
 
 @dataclass(frozen=True)

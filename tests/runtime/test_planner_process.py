@@ -9,6 +9,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 import planner_stand_ins as stand_ins  # noqa: E402
 
@@ -128,3 +130,16 @@ def test_a_child_started_ahead_runs_the_job_and_a_dead_one_is_replaced():
     planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, started=dead)
     assert planner.pid != dead.pid
     assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+
+
+def test_the_planner_priority_is_a_setting():
+    from perseus.errors import ConfigError
+    from perseus.runtime import PerseusConfig
+
+    assert PerseusConfig().planner_nice == 10
+    assert PerseusConfig.from_dict({"planner_nice": 0}).planner_nice == 0
+    with pytest.raises(ConfigError, match="planner_nice"):
+        PerseusConfig.from_dict({"planner_nice": 25})
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, nice=3)
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    assert planner.result.metadata["nice"] == min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19)
