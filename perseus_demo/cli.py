@@ -124,8 +124,8 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default: 4)")
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
     p.add_argument("--max-steps", type=int, default=None,
-                   help="give up if the plan is not deployed by then (default: 60; torch: 200, planning zero-bubble "
-                        "schedules on a busy CPU takes longer)")
+                   help="give up if the plan is not deployed by then; steps spent waiting for the planner do not "
+                        "count (default: 60; torch: 200)")
     p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
     p.add_argument("--megatron-lm", metavar="PATH",
                    help="run this Megatron-LM checkout's own pretrain_gpt.py (unmodified; tiny GPT, mock data) "

@@ -21,8 +21,9 @@ from typing import Any
 from perseus.errors import PerseusError
 
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
+# planner_nice 0: CPU training is CPU-bound itself, so a niced planner would be starved on a busy machine.
 DEFAULT_PERSEUS = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6, "iters_per_freq": 2,
-                   "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None}
+                   "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None, "planner_nice": 0}
 
 
 class SimulatedCompute:
@@ -129,6 +130,10 @@ class DemoSettings:
     dp_size: int = 1  # data-parallel pipelines (torchrun starts stages × dp_size ranks)
     straggler: dict[str, Any] | None = None  # Straggler fields: one slow replica for a while
     max_steps: int = 60
+    # Steps spent waiting for the planner do not count towards ``max_steps``: it plans in a process
+    # of its own, so how many steps pass meanwhile depends on the machine's load, not on the demo.
+    # This bound (the same on every rank: phases change on all ranks together) is a hang guard.
+    planning_grace_steps: int = 20_000
     deployed_steps: int = 8  # iterations with the plan deployed
     # Then this many iterations at default clocks again (A/B/A): a baseline measured at the same
     # time as the plan, so machine load that drifts during the run does not fake a saving.
@@ -165,12 +170,16 @@ def run_phases(train_step: Any, compute: list[SimulatedCompute], handle: Any, se
     def iterations() -> list[dict[str, Any]]:
         return [it for c in compute for it in c.iterations]
 
-    deployed = 0
-    while len(iterations()) < settings.max_steps and deployed < settings.deployed_steps:
+    deployed = planning = 0
+    while len(iterations()) < settings.max_steps + planning and deployed < settings.deployed_steps:
         if straggler is not None:
             straggler.apply(compute, dp_rank, deployed)
+        before = len(iterations())
         train_step()
-        deployed += iterations()[-1]["phase"].startswith("deployed")
+        phase = iterations()[-1]["phase"]
+        deployed += phase.startswith("deployed")
+        if phase == "planning" and planning < settings.planning_grace_steps:
+            planning += len(iterations()) - before
     if straggler is not None and deployed:
         for _ in range(straggler.recovery_steps):
             if not _any_rank(handle.summary()["slowdown"] > 1.0):

@@ -304,6 +304,8 @@ def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, m
     perseus = ["--perseus", "--perseus-gpu", "sim", "--perseus-warmup-steps", "2", "--perseus-iters-per-freq", "1",
                "--perseus-freq-min", "1000", "--perseus-freq-step", "200", "--perseus-early-stop-patience", "0",
                "--perseus-straggler-period", "0", "--perseus-cache-dir", str(out_dir / "cache"),
+               # CPU training: the trainer is CPU-bound itself, so a niced planner would be starved
+               "--perseus-planner-nice", "0",
                "--perseus-sim-gpu", json.dumps(DEFAULT_SIM_GPU)]
     repo = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(out_dir / "sim-gpus"), OMP_NUM_THREADS="1",

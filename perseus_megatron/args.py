@@ -78,6 +78,8 @@ FLAGS: tuple[Flag, ...] = (
          metavar="PATH"),
     Flag("--perseus-planner-options", "planner_options", _json_object,
          "planner settings (PlannerOptions) as JSON, e.g. '{\"num_anchors\": 16}'; checked at startup", metavar="JSON"),
+    Flag("--perseus-planner-nice", "planner_nice", int,
+         "priority (nice 0-19) of rank 0's planner process; 0 for CPU-bound trainers on a busy machine", metavar="N"),
     Flag("--perseus-switch-ahead", "switch_ahead", _on_off,
          "request each instruction's clock when the previous one ends, hiding the switch latency (default: on)",
          metavar="on|off"),

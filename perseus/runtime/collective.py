@@ -9,8 +9,10 @@ A collective never waits forever: the group Perseus creates has a stated timeout
 is one ``CollectiveError`` line, never gloo's multi-line traceback. The engine then leaves the
 job at default clocks and makes no further collective (``PerseusRuntime._detach``).
 
-Frontiers travel compactly as their version 2 file document (``perseus.frontier_file``): the
-schedule once and every point's clocks as packed indices, rather than a per-instruction plan.
+After planning, rank 0 sends each rank only its own stage's slice of the frontier
+(``perseus.runtime.stage_plan``) with ``scatter_bytes``, point to point: a rank never receives
+the other stages' clocks. ``encode_frontier``/``decode_frontier`` (the version 2 file document)
+remain for whole-frontier transport (the planner process hands rank 0 the same document).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 
 DEFAULT_TIMEOUT_S = 300.0
+_TAG_SIZE, _TAG_DATA = 7301, 7302  # scatter_bytes' messages, apart from the trainer's own tags
 
 
 class CollectiveError(PerseusError):
@@ -49,7 +52,8 @@ def _guard(what: str, timeout_s: float | None) -> Iterator[None]:
 
 
 class Collective:
-    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats.
+    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats,
+    per-rank bytes from rank 0.
 
     ``timeout_s`` bounds every collective of the group created here; a gloo ``process_group``
     given by the caller is reused as it is, with the timeout it was created with.
@@ -128,6 +132,33 @@ class Collective:
         with _guard("a broadcast", self.timeout_s):
             dist.broadcast_object_list(box, src=self._root, group=self.group)
         return box[0]
+
+    def scatter_bytes(self, payloads: list[bytes] | None) -> bytes:
+        """Rank i's own bytes ``payloads[i]`` from rank 0, point to point: each rank receives only
+        its own (a length, then the bytes); rank 0 keeps ``payloads[0]``. Only rank 0 passes a list."""
+        if not self.distributed:
+            assert payloads is not None
+            return payloads[0]
+        if self.is_root:
+            assert payloads is not None and len(payloads) == self.size
+            works, keep = [], []
+            for r in range(1, self.size):
+                dst = dist.get_global_rank(self.group, r)
+                size = torch.tensor([len(payloads[r])], dtype=torch.int64)
+                data = torch.frombuffer(bytearray(payloads[r]), dtype=torch.uint8)
+                keep += [size, data]
+                works.append(dist.isend(size, dst=dst, group=self.group, tag=_TAG_SIZE))
+                works.append(dist.isend(data, dst=dst, group=self.group, tag=_TAG_DATA))
+            with _guard("sending the stage plans", self.timeout_s):
+                for work in works:
+                    work.wait()
+            return payloads[0]
+        size = torch.empty(1, dtype=torch.int64)
+        with _guard("receiving this stage's plan", self.timeout_s):
+            dist.recv(size, src=self._root, group=self.group, tag=_TAG_SIZE)
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.recv(data, src=self._root, group=self.group, tag=_TAG_DATA)
+        return data.numpy().tobytes()
 
     def close(self) -> None:
         if self.group is not None and dist is not None and dist.is_initialized():

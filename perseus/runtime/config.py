@@ -61,6 +61,10 @@ class PerseusConfig(BaseModel):
     profile_path: str | None = None
     frontier_path: str | None = None
     planner_options: PlannerOptionsField = Field(default_factory=PlannerOptions)
+    # Priority of rank 0's planner process (os.nice): 10 yields the CPU to a trainer whose Python
+    # thread must wake up promptly; 0 for CPU-bound trainers on a busy machine (the CPU demos),
+    # where a niced planner would be starved.
+    planner_nice: int = Field(default=10, ge=0, le=19)
 
     # Stragglers and external targets.
     # Request each instruction's clock when the previous one ends, so the switch latency overlaps

@@ -2,7 +2,7 @@
 
 One object per training process. It keeps the hot path and the phase transitions (``phases.py``):
 warm-up at default clocks (baseline), online profiling (``profiling.py``: the clock sweep of
-``clock_sweep.py`` measured by ``profiler.py``), planning on rank 0 in a background thread while
+``clock_sweep.py`` measured by ``profiler.py``), planning on rank 0 in a niced child process while
 training continues (``planning.py``), then deployment of the frontier's default point
 (``deploy.py``), with straggler matching (``job_check.py``, ``straggler.py``) and external targets
 on top. Where the plan comes from (``sources.py``), the summary (``report.py``) and closing at
@@ -22,7 +22,6 @@ from time import monotonic, perf_counter
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
 from perseus.runtime.clock_sweep import profiling_iterations
@@ -36,12 +35,13 @@ from perseus.runtime.job_check import check_job
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
 from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
-from perseus.runtime.planning import BackgroundPlanner, share_outcome
+from perseus.runtime.planning import BackgroundPlanner, share_outcome, start_child, stop_child
 from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
 from perseus.runtime.sources import cache_key, open_cache, share_sources
+from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.schedule import InstructionKind
 
@@ -99,8 +99,9 @@ class PerseusRuntime:
         self.timer = self.gpu.instruction_timer()
         self._profiling: ProfilingRun | None = None
         self.p_blocking_w: float | None = None
-        self.frontier: Frontier | None = None
-        self.point: FrontierPoint | None = None
+        # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
+        self.frontier: StagePlan | None = None
+        self.point: StagePoint | None = None
         self._follower: PlanFollower | None = None
         self._slowdown = 1.0
         self._policy = StragglerPolicy(
@@ -114,6 +115,7 @@ class PerseusRuntime:
         self._fallback_warned = False
         self._clock_failure: str | None = None  # the device refused a clock: default clocks for good
         self._planner: BackgroundPlanner | None = None  # rank 0 only
+        self._planner_child: Any = None  # rank 0: the planner process, started while profiling
         self._profile: Profile | None = None
         self._have_profile = False
         self.events: list[tuple[int, str, Any]] = []
@@ -161,11 +163,13 @@ class PerseusRuntime:
     def _load_sources(self) -> None:
         """Rank 0 finds a provided or cached frontier/profile; every rank learns the outcome."""
         try:
-            sources = share_sources(self.collective, self.config, self.schedule, self.cache)
+            sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache)
         except ConfigError:
             self.close()
             raise
-        self.frontier = sources.frontier
+        self.frontier = sources.plan
+        if sources.plan is not None:
+            self._plan_received(sources.plan, sources.received_bytes)
         self._profile = sources.profile
         self._have_profile = sources.have_profile
         if sources.origin:
@@ -358,6 +362,11 @@ class PerseusRuntime:
         self._enter(Phase.PROFILING)
         self.timer.resolve()
         run.start(self.p_blocking_w)
+        if self.is_root and c.mode != "profile":
+            try:  # its start-up overlaps profiling; a failure here shows again when planning starts
+                self._planner_child = start_child(c.planner_nice)
+            except Exception:  # noqa: BLE001
+                self._planner_child = None
 
     def _measure_p_blocking(self) -> float:
         """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps."""
@@ -414,17 +423,21 @@ class PerseusRuntime:
         if self.is_root:
             log.info("perseus: planning in the background; training continues at default clocks")
             assert self._profile is not None
-            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options)
+            child, self._planner_child = self._planner_child, None
+            self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options, child,
+                                              nice=self.config.planner_nice)
 
     def _poll_plan(self) -> None:
-        outcome = share_outcome(self.collective, self._planner)
+        outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)
         if outcome is None:
             return
-        if outcome.frontier is None:
+        self._planner = None  # it holds the whole frontier: only this stage's slice is kept
+        if outcome.plan is None:
             log.warning("perseus: planning failed (%s); keeping default clocks", outcome.error)
             self._steady("no plan")
             return
-        self.frontier = outcome.frontier
+        self.frontier = outcome.plan
+        self._plan_received(outcome.plan, outcome.received_bytes)
         if self.is_root:
             assert outcome.planned is not None
             log.info(
@@ -441,6 +454,11 @@ class PerseusRuntime:
                 f"{self.frontier.baseline_energy_j:.1f} J); mode {self.config.mode!r} keeps default clocks"
             )
 
+    def _plan_received(self, plan: StagePlan, received_bytes: int) -> None:
+        self._event("plan_received", {"stage": plan.stage, "instructions": len(plan.instructions),
+                                      "points": len(plan.points), "paced_points": len(plan.paced_points),
+                                      "bytes": received_bytes})
+
     # ---------------------------------------------------------------- deployment
 
     def _deploy(self) -> None:
@@ -454,7 +472,7 @@ class PerseusRuntime:
         if self.is_root:
             log.info("perseus: plan deployed at step %d (%d frontier points)", self.step, len(self.frontier.points))
 
-    def _choose_point(self) -> FrontierPoint:
+    def _choose_point(self) -> StagePoint:
         """External target first, else the straggler slowdown, else the no-slowdown default."""
         assert self.frontier is not None
         base = self.frontier.default_point().time_s
@@ -469,7 +487,7 @@ class PerseusRuntime:
             return self.frontier.paced_lookup(base * self._policy.ratio)
         return self.frontier.default_point()
 
-    def _set_point(self, point: FrontierPoint) -> None:
+    def _set_point(self, point: StagePoint) -> None:
         assert self.frontier is not None
         changed = self.point is not None and point is not self.point
         self.point = point
@@ -571,6 +589,11 @@ class PerseusRuntime:
         self._stopped = True
         if self.enabled and not self._closed:
             self.gpu.reset()
+
+    def stage_clocks(self) -> list[int] | None:
+        """The clocks (MHz) this rank follows, one per instruction of its stage, or None before a
+        plan is deployed: the current point's clocks from this rank's own stage plan."""
+        return self._follower.frequencies if self._follower is not None else None
 
     @property
     def phase(self) -> Phase:
@@ -675,6 +698,12 @@ class PerseusRuntime:
             kernels.close()
         if self._profiling is not None:
             self._profiling.stop()
+        planner, self._planner = self._planner, None
+        if planner is not None:  # training ended before planning did: no orphan planner process
+            planner.close()
+        child, self._planner_child = self._planner_child, None
+        if child is not None:
+            stop_child(child)
         sinks, self._sinks = self._sinks, []
         for sink in sinks:
             close_quietly(sink)

@@ -6,7 +6,7 @@
 
 - WARMUP: default clocks; the baseline iteration time and energy are measured.
 - PROFILING: the SM clock sweep, a few iterations per frequency, while training proceeds.
-- PLANNING: default clocks while rank 0 plans in a background thread.
+- PLANNING: default clocks while rank 0 plans in a child process at lower priority.
 - DEPLOYED: every instruction runs at its planned frequency.
 - FALLBACK: the executed order stopped matching the plan, or a rank's clock control failed;
   default clocks until replanned.

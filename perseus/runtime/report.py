@@ -17,6 +17,7 @@ from perseus.runtime.metrics_file import MetricsFile
 
 if TYPE_CHECKING:
     from perseus.frontier import Frontier, FrontierPoint
+    from perseus.runtime.stage_plan import StagePlan, StagePoint
     from perseus.runtime.clock_sweep import ClockSweep
     from perseus.runtime.events import PipelineJob
 
@@ -133,8 +134,8 @@ def summarize(
     job_numbers: dict[str, Any],
     sweep: ClockSweep | None,
     profiling_iterations: int | None,
-    frontier: Frontier | None,
-    point: FrontierPoint | None,
+    frontier: Frontier | StagePlan | None,
+    point: FrontierPoint | StagePoint | None,
 ) -> dict[str, Any]:
     """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
     means = reporter.phase_means()

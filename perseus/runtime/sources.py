@@ -1,7 +1,9 @@
 """Where the plan comes from: a provided frontier or profile, else the cache, else profiling.
 
 Rank 0 resolves the sources (it alone reads files and owns the cache); every rank learns the
-outcome, so all of them take the same path after warm-up.
+outcome, so all of them take the same path after warm-up. A frontier found there reaches each
+rank as its own stage's slice only (``stage_plan.distribute``); rank 0 keeps only its own slice
+too once it has sent the others theirs.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_profile
 from perseus.runtime.cache import RunCache
-from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
+from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
+from perseus.runtime.stage_plan import StagePlan, distribute
 from perseus.schedule import Schedule
 
 
@@ -45,33 +48,43 @@ def open_cache(config: PerseusConfig, key: dict[str, Any]) -> RunCache | None:
 
 @dataclass(frozen=True)
 class Sources:
-    """What this rank starts from. ``profile`` is rank 0's only; ``have_profile`` is everyone's."""
+    """What this rank starts from. ``profile`` is rank 0's only; ``have_profile`` is everyone's;
+    ``plan`` is this rank's stage of a provided or cached frontier."""
 
-    frontier: Frontier | None = None
+    plan: StagePlan | None = None
     profile: Profile | None = None
     have_profile: bool = False
     origin: str | None = None
+    received_bytes: int = 0
 
 
-def share_sources(collective: Collective, config: PerseusConfig, schedule: Schedule, cache: RunCache | None) -> Sources:
+def share_sources(
+    collective: Collective, config: PerseusConfig, schedule: Schedule, stage: int, cache: RunCache | None
+) -> Sources:
     """Collective: rank 0 finds a provided or cached frontier/profile; every rank learns the
-    outcome. A bad provided file is a ``ConfigError`` on every rank."""
-    status: dict[str, Any] = {"error": None, "frontier": None, "profile": False, "origin": None}
+    outcome and receives its stage's plan. A bad provided file is a ``ConfigError`` on every rank."""
+    status: dict[str, Any] = {"error": None, "frontier": False, "profile": False, "origin": None}
     profile: Profile | None = None
+    frontier: Frontier | None = None
     if collective.is_root:
         try:
-            found, profile = _root_sources(config, schedule, cache)
-            status.update(found)
+            found, frontier, profile = _root_sources(config, schedule, cache)
+            status.update(found, frontier=frontier is not None)
         except PerseusError as exc:
             status["error"] = str(exc)
     status = collective.broadcast_object(status)
     if status["error"]:
         raise ConfigError(status["error"])
-    frontier = decode_frontier(status["frontier"]) if status["frontier"] is not None else None
-    return Sources(frontier, profile, status["profile"], status["origin"])
+    if not status["frontier"]:
+        return Sources(None, profile, status["profile"], status["origin"])
+    delivered = distribute(collective, frontier, schedule, stage)
+    del frontier  # rank 0 keeps its own stage's slice only
+    return Sources(delivered.plan, profile, status["profile"], status["origin"], delivered.received_bytes)
 
 
-def _root_sources(config: PerseusConfig, schedule: Schedule, cache: RunCache | None) -> tuple[dict[str, Any], Profile | None]:
+def _root_sources(
+    config: PerseusConfig, schedule: Schedule, cache: RunCache | None
+) -> tuple[dict[str, Any], Frontier | None, Profile | None]:
     c = config
     if c.frontier_path:
         frontier = load_frontier(c.frontier_path)
@@ -80,20 +93,21 @@ def _root_sources(config: PerseusConfig, schedule: Schedule, cache: RunCache | N
                 f"{c.frontier_path}: frontier is for {frontier.schedule.describe()}, but this job runs "
                 f"{schedule.describe()}; plan for this job"
             )
-        return {"frontier": encode_frontier(frontier), "origin": f"frontier {c.frontier_path}"}, None
+        return {"origin": f"frontier {c.frontier_path}"}, frontier, None
     if c.profile_path:
         profile = load_profile(c.profile_path, c.p_blocking_w)
         profile.check_matches(schedule)
-        return {"profile": True, "origin": f"profile {c.profile_path}"}, profile
+        return {"profile": True, "origin": f"profile {c.profile_path}"}, None, profile
     if cache is None:
-        return {}, None
+        return {}, None, None
     out: dict[str, Any] = {}
+    frontier = None
     if c.mode != "profile":
         frontier = cache.load_frontier(schedule)
         if frontier is not None:
-            out.update(frontier=encode_frontier(frontier), origin=f"cached frontier {cache.frontier_path}")
+            out["origin"] = f"cached frontier {cache.frontier_path}"
     profile = cache.load_profile()
     if profile is not None:
         out["profile"] = True
         out.setdefault("origin", f"cached profile {cache.profile_path}")
-    return out, profile
+    return out, frontier, profile

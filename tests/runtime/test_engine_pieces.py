@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,12 +12,14 @@ import pytest
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner import PlannerOptions
 from perseus.profile import InstructionProfile, uniform_profile
-from perseus.runtime import PipelineJob
-from perseus.runtime import planning
+from perseus.runtime import PipelineJob, planning
 from perseus.runtime.collective import Collective
 from perseus.runtime.job_check import check_job
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
 from perseus.schedule import build_schedule
+
+sys.path.insert(0, str(Path(__file__).parent))
+import planner_stand_ins as stand_ins  # noqa: E402
 
 SCHEDULE = build_schedule("1f1b", 2, 2)
 PROFILE = uniform_profile(2, {"forward": InstructionProfile((1400, 1000), (0.01, 0.012), (3.0, 2.5)),
@@ -23,8 +27,8 @@ PROFILE = uniform_profile(2, {"forward": InstructionProfile((1400, 1000), (0.01,
 
 
 def _outcome(planner):
-    for _ in range(2000):
-        outcome = planning.share_outcome(Collective(), planner)
+    for _ in range(20000):  # the planner process starts slowly on a loaded machine
+        outcome = planning.share_outcome(Collective(), planner, SCHEDULE, 0)
         if outcome is not None:
             return outcome
         time.sleep(0.005)
@@ -32,17 +36,16 @@ def _outcome(planner):
 
 
 def test_background_planner_shares_the_frontier_or_the_failure(monkeypatch):
-    assert planning.share_outcome(Collective(), None) is None  # no planner yet: pending
+    assert planning.share_outcome(Collective(), None, SCHEDULE, 0) is None  # no planner yet: pending
     outcome = _outcome(planning.BackgroundPlanner(SCHEDULE, PROFILE, PlannerOptions(num_anchors=4, num_deadlines=8)))
-    assert outcome.error is None and outcome.frontier is not None and outcome.planned is not None
-    assert len(outcome.frontier.points) == len(outcome.planned.points)
+    assert outcome.error is None and outcome.plan is not None and outcome.planned is not None
+    assert len(outcome.plan.points) == len(outcome.planned.points)
+    assert outcome.plan.stage == 0 and len(outcome.plan.instructions) == len(SCHEDULE.stages[0])
 
-    def broken(schedule, profile, options):
-        raise ValueError("no luck")
-
-    monkeypatch.setattr(planning, "plan_frontier", broken)
+    # the planner runs in a child process: its function must be importable there
+    monkeypatch.setattr(planning, "plan_frontier", stand_ins.broken)
     outcome = _outcome(planning.BackgroundPlanner(SCHEDULE, PROFILE, PlannerOptions()))
-    assert outcome.frontier is None and outcome.error == "ValueError: no luck"
+    assert outcome.plan is None and outcome.error == "ValueError: no luck"
 
 
 def test_job_check_alone_sees_no_straggler_and_sums_energy():

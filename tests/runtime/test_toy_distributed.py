@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from demo_checks import cached_frontier, find_point, replay_policy, slowdown_bound  # noqa: E402
 from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile  # noqa: E402
+import planner_stand_ins  # noqa: E402
 
 from perseus.dag import InstructionDAG  # noqa: E402
 from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
@@ -22,6 +23,8 @@ from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
 from perseus.runtime import planning  # noqa: E402
 from perseus.runtime.clock_sweep import profiling_iterations  # noqa: E402
+from perseus.runtime.stage_plan import encode_stage  # noqa: E402
+from perseus.frontier import load_frontier  # noqa: E402
 from perseus.simulator import max_frequency_plan, simulate_plan  # noqa: E402
 from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
 
@@ -110,6 +113,43 @@ def test_saving_with_stand_in_planner(tmp_path, monkeypatch):
     cfg, results = run_end_to_end(tmp_path)
     assert results[0]["summary"]["frontier"]["points"] == 2
     assert assert_saving(results, cfg, tmp_path / "cache") > 0.02
+
+
+def test_a_dead_planner_process_means_default_clocks_and_one_clear_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(planning, "plan_frontier", planner_stand_ins.die)  # the child kills itself
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14, perseus={**SWEEP, "cache_dir": None})
+    results = ok(launch(cfg, tmp_path / "run", timeout_s=HANG_S))
+    for r in results:
+        assert [p for _, p in r["summary"]["phase_history"]] == ["warmup", "profiling", "planning", "steady"]
+        failed = [w for w in r["warnings"] if "planning failed" in w]
+        assert failed == ["perseus: planning failed (planner process ended without a result (killed by SIGKILL)); "
+                          "keeping default clocks"], r["warnings"]
+        steady = [s for s in r["steps"] if s["phase"] == "steady"]
+        assert steady and not any(s["clock_locked"] for s in steady)
+        assert r["stage_clocks"] is None and "frontier" not in r["summary"]
+
+
+def test_each_rank_receives_only_its_stage_and_follows_the_whole_frontier_clocks(tmp_path):
+    """2 stages x 2 chunks (interleaved) x 2 data-parallel replicas: every rank gets its stage's
+    slice (rank 0 sends, point to point) and follows what the whole frontier prescribes."""
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, schedule="interleaved", num_chunks=2, dp_size=2, steps=6,
+                    target_slowdown=1.2)
+    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None}
+    results = ok(launch(cfg, tmp_path / "run", timeout_s=HANG_S))
+    whole = load_frontier(tmp_path / "frontier.json")
+    point = whole.paced_lookup(whole.default_point().time_s * 1.2)
+    assert point is not whole.default_point()  # the target picks a slowed point
+    for r in results:
+        stage = r["rank"] % 2
+        (received,) = [data for _, what, data in r["summary"]["events"] if what == "plan_received"]
+        expected_bytes = 0 if r["rank"] == 0 else len(encode_stage(whole, stage))
+        assert received == {"stage": stage, "instructions": len(whole.schedule.stages[stage]),
+                            "points": len(whole.points), "paced_points": len(whole.paced_points),
+                            "bytes": expected_bytes}
+        assert received["instructions"] == whole.schedule.num_instructions // 2
+        assert r["stage_clocks"] == [f for _, f in whole.stage_plan(point, stage)]
+        assert r["summary"]["point"] == {"time_s": point.time_s, "energy_j": point.energy_j}
 
 
 def test_straggler_slows_others_and_recovers(tmp_path):

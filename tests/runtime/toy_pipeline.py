@@ -262,6 +262,7 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                     planning_extra += 1
                 step += 1
             result["summary"] = runtime.summary()
+            result["stage_clocks"] = runtime.stage_clocks()
         device.close()
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher through the result file
         result["error"] = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,122 @@
+"""Bytes on the wire after planning: the whole frontier broadcast vs each rank's own stage.
+
+Before: rank 0 broadcast the whole frontier (its version 2 document, ``broadcast_object``) and
+every rank held all of it. Now: rank 0 sends each rank only its stage's slice
+(``perseus.runtime.stage_plan``: every point's time and energy, that stage's clocks as a
+compressed index matrix), point to point, and every rank holds only that.
+
+Builds a synthetic frontier of the given size without running the planner (interleaved 1F1B,
+16 stages × 4 chunks × 128 microbatches = 16,384 instructions, 300 points plus 200 paced points
+by default; the planner finds ~300 + ~200 on the GPT-3 profiles) with two clock patterns:
+
+- ``walk``: like a planner's frontier, every point is the previous one with 2 % of the
+  instructions one clock step slower (neighbouring plans share most clocks);
+- ``random``: every clock drawn independently (the worst case for compression).
+
+Prints, per pattern: what each rank receives, what rank 0 sends in all (``--dp`` data-parallel
+replicas of each stage; a broadcast's bytes are counted as rank 0 sending every other rank the
+whole document, whatever tree gloo uses, since every rank receives all of it), the clock arrays a
+rank holds afterwards, and rank 0's encoding time. Sizes are exact (the bytes the runtime sends);
+times are this machine's, noisy.
+
+    python benchmarks/bench_plan_wire.py
+    python benchmarks/bench_plan_wire.py --stages 8 --microbatches 64 --chunks 2 --dp 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
+from perseus.runtime.collective import decode_frontier, encode_frontier  # noqa: E402
+from perseus.runtime.stage_plan import decode_stage, encode_stage  # noqa: E402
+from perseus.schedule import build_schedule  # noqa: E402
+
+CLOCKS_MHZ = np.arange(210, 1981, 15)  # H100 SM clocks: 119 values
+
+
+def synthetic_frontier(stages: int, microbatches: int, chunks: int, points: int, paced: int, pattern: str,
+                       seed: int = 0) -> Frontier:
+    rng = np.random.default_rng(seed)
+    schedule = build_schedule("interleaved", stages, microbatches, chunks)
+    n = schedule.num_instructions
+    total = points + paced
+    if pattern == "random":
+        levels = rng.integers(0, len(CLOCKS_MHZ), size=(total, n))
+    else:
+        levels = np.empty((total, n), dtype=np.int64)
+        current = np.full(n, len(CLOCKS_MHZ) - 1)
+        for i in range(total):
+            slower = rng.choice(n, size=max(n // 50, 1), replace=False)
+            current[slower] = np.maximum(current[slower] - 1, 0)
+            levels[i] = current
+    freqs = CLOCKS_MHZ[levels]
+    times = 10.0 + np.cumsum(rng.uniform(0.001, 0.01, total))
+    own = [FrontierPoint(float(times[i]), 5000.0 - i * 3.7 + rng.random(), freqs[i]) for i in range(points)]
+    slow = [FrontierPoint(float(times[i]), 5000.0 - points * 3.7 + (i - points) * 0.9 + rng.random(), freqs[i])
+            for i in range(points, total)]
+    return Frontier(schedule, 90.0, float(times[0]), 5000.0, own, gpu_name="H100 SXM", paced_points=slow)
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:9.3f}"
+
+
+def measure(front: Frontier, dp: int) -> dict:
+    sched = front.schedule
+    world = sched.num_stages * dp
+    t0 = time.perf_counter()
+    whole = pickle.dumps(encode_frontier(front))  # what broadcast_object pickled and sent
+    t_whole = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    slices = [encode_stage(front, s) for s in range(sched.num_stages)]  # once per stage, whatever dp
+    t_stage = time.perf_counter() - t0
+    held_whole = sum(p.freqs_mhz.nbytes for p in decode_frontier(pickle.loads(whole)).points
+                     + decode_frontier(pickle.loads(whole)).paced_points)
+    held_stage = max(decode_stage(b, sched, s).nbytes() for s, b in enumerate(slices))
+    sizes = [len(b) for b in slices]
+    return {
+        "whole": len(whole), "t_whole": t_whole, "t_stage": t_stage,
+        "stage_max": max(sizes), "stage_mean": sum(sizes) / len(sizes),
+        "sent_whole": len(whole) * (world - 1), "sent_stage": dp * sum(sizes) - sizes[0],
+        "held_whole": held_whole, "held_stage": held_stage, "world": world,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stages", type=int, default=16)
+    ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--microbatches", type=int, default=128)
+    ap.add_argument("--points", type=int, default=300)
+    ap.add_argument("--paced", type=int, default=200)
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of every stage")
+    args = ap.parse_args()
+    n = args.stages * args.chunks * args.microbatches * 2
+    print(f"interleaved {args.stages} stages x {args.chunks} chunks x {args.microbatches} microbatches "
+          f"({n:,} instructions), {args.points} points + {args.paced} paced points, {args.dp} replica(s) per stage")
+    print(f"{'pattern':<8} {'transport':<22} {'rank receives MB':>17} {'rank 0 sends MB':>16} "
+          f"{'rank holds MB':>14} {'rank 0 encode s':>16}")
+    for pattern in ("walk", "random"):
+        front = synthetic_frontier(args.stages, args.microbatches, args.chunks, args.points, args.paced, pattern)
+        m = measure(front, args.dp)
+        print(f"{pattern:<8} {'whole, broadcast':<22} {mb(m['whole']):>17} {mb(m['sent_whole']):>16} "
+              f"{mb(m['held_whole']):>14} {m['t_whole']:>16.2f}")
+        print(f"{pattern:<8} {'own stage, p2p':<22} {mb(m['stage_max']):>17} {mb(m['sent_stage']):>16} "
+              f"{mb(m['held_stage']):>14} {m['t_stage']:>16.2f}")
+        print(f"{pattern:<8} {'ratio (stage / whole)':<22} {m['stage_max'] / m['whole']:>17.4f} "
+              f"{m['sent_stage'] / m['sent_whole']:>16.4f} {m['held_stage'] / m['held_whole']:>14.4f}")
+    print("rank receives: the largest stage's slice (per stage: its size; whole: every rank). rank holds: the clock "
+          "arrays after decoding (whole: int64 per instruction and point; stage: uint8 indices)")
+
+
+if __name__ == "__main__":
+    main()

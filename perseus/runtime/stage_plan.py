@@ -1,0 +1,256 @@
+"""One pipeline stage's slice of a frontier: all a rank needs after planning, and its wire form.
+
+A rank follows only its own stage's clocks, but it picks points by numbers that are the whole
+pipeline's (iteration time, energy, P_blocking × stages for ``paced_lookup``). So a
+``StagePlan`` keeps every point's time and energy, and the clocks of this stage's instructions
+only, as indices into a small table of the clocks they use (uint8, uint16 past 256 clocks).
+At 16 stages that is 1/16 of the clocks, which is what dominates a frontier's size.
+
+Rank 0 cuts one slice per stage out of the whole ``Frontier`` (``encode_stage``) and sends each
+rank its own stage's bytes; data-parallel replicas of a stage receive the same bytes, and a rank
+owns all virtual chunks of its stage. ``decode_stage`` checks the slice against the rank's own
+schedule, so a plan is never applied to another instruction order.
+
+``lookup``, ``paced_lookup`` and ``default_point`` choose the same point as the ``Frontier``
+they were cut from (tests/runtime/test_stage_plan.py compares them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import pickle
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perseus.errors import FrontierError
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.schedule import Instruction, Schedule
+
+WIRE_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class StagePoint:
+    """One frontier point as a stage sees it: the pipeline's time and energy, this stage's clocks."""
+
+    time_s: float
+    energy_j: float
+    row: int  # row of this point's clocks in the plan's index matrix
+
+
+class StagePlan:
+    """The frontier restricted to one stage's clocks; answers the engine's point questions."""
+
+    def __init__(
+        self,
+        *,
+        stage: int,
+        num_stages: int,
+        instructions: list[Instruction],
+        p_blocking_w: float,
+        baseline_time_s: float,
+        baseline_energy_j: float,
+        clocks_mhz: np.ndarray,
+        index: np.ndarray,
+        points: list[tuple[float, float]],
+        paced_points: list[tuple[float, float]],
+        gpu_name: str = "unknown",
+        solve_time_s: float = 0.0,
+    ) -> None:
+        if not points:
+            raise FrontierError("a stage plan needs at least one point")
+        if index.shape != (len(points) + len(paced_points), len(instructions)):
+            raise FrontierError(
+                f"stage {stage} plan: clock index is {index.shape}, expected "
+                f"({len(points) + len(paced_points)}, {len(instructions)})"
+            )
+        self.stage = stage
+        self.num_stages = num_stages
+        self.instructions = list(instructions)
+        self.p_blocking_w = p_blocking_w
+        self.baseline_time_s = baseline_time_s
+        self.baseline_energy_j = baseline_energy_j
+        self.clocks_mhz = clocks_mhz
+        self.index = index
+        self.gpu_name = gpu_name
+        self.solve_time_s = solve_time_s
+        self.points = [StagePoint(t, e, i) for i, (t, e) in enumerate(points)]
+        self.paced_points = [StagePoint(t, e, len(points) + i) for i, (t, e) in enumerate(paced_points)]
+        self.points.sort(key=lambda p: p.time_s)
+        self.paced_points.sort(key=lambda p: p.time_s)
+        self._times = [p.time_s for p in self.points]
+        self._paced = _paced_order(self.points + self.paced_points, p_blocking_w * num_stages)
+        self._paced_times = [p.time_s for p in self._paced]
+
+    # The same questions as ``Frontier`` asks, with the same answers.
+
+    @property
+    def fastest(self) -> StagePoint:
+        return self.points[0]
+
+    def lookup(self, max_time_s: float) -> StagePoint:
+        """Least-energy point whose time does not exceed ``max_time_s`` (fastest if none does)."""
+        i = bisect.bisect_right(self._times, max_time_s * (1 + 1e-12))
+        return self.points[max(i - 1, 0)]
+
+    def paced_lookup(self, iteration_time_s: float) -> StagePoint:
+        """Least-energy plan when the iteration lasts ``iteration_time_s`` whatever the plan."""
+        i = bisect.bisect_right(self._paced_times, iteration_time_s * (1 + 1e-12))
+        return self._paced[max(i - 1, 0)]
+
+    def default_point(self) -> StagePoint:
+        """Least energy with no slowdown against the all-max-frequency baseline."""
+        return self.lookup(self.baseline_time_s)
+
+    def clocks(self, point: StagePoint) -> np.ndarray:
+        """This stage's planned clocks (MHz) of ``point``, in execution order."""
+        return self.clocks_mhz[self.index[point.row]]
+
+    def stage_plan(self, point: StagePoint, stage: int) -> list[tuple[Instruction, int]]:
+        """(instruction, frequency) pairs of this stage in execution order (``Frontier.stage_plan``)."""
+        if stage != self.stage:
+            raise FrontierError(f"this rank holds the plan of stage {self.stage}, not of stage {stage}")
+        return list(zip(self.instructions, self.clocks(point).tolist()))
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays this plan holds (its clocks dominate)."""
+        return int(self.index.nbytes + self.clocks_mhz.nbytes) + 2 * 8 * (len(self.points) + len(self.paced_points))
+
+
+def _paced_order(points: list[StagePoint], idle_w: float) -> list[StagePoint]:
+    """Candidates of ``paced_lookup``: the rule of ``perseus.frontier``'s paced order, on stage points."""
+    kept: list[StagePoint] = []
+    for point in sorted(points, key=lambda p: (p.time_s, p.energy_j)):
+        if not kept or point.energy_j - idle_w * point.time_s < (kept[-1].energy_j - idle_w * kept[-1].time_s):
+            kept.append(point)
+    return kept
+
+
+# ---------------------------------------------------------------- wire form
+
+
+def stage_slice(frontier: Frontier, stage: int) -> slice:
+    """Node ids of ``stage`` in the frontier's stage-major clock arrays."""
+    stages = frontier.schedule.stages
+    start = sum(len(s) for s in stages[:stage])
+    return slice(start, start + len(stages[stage]))
+
+
+def encode_stage(frontier: Frontier, stage: int) -> bytes:
+    """The bytes rank 0 sends to the ranks of ``stage``: every point's time and energy, and this
+    stage's clocks as a zlib-compressed index matrix (points then paced points × instructions)."""
+    sched = frontier.schedule
+    if not 0 <= stage < sched.num_stages:
+        raise FrontierError(f"stage {stage} is not in this {sched.num_stages}-stage frontier")
+    cut = stage_slice(frontier, stage)
+    rows = frontier.points + frontier.paced_points
+    clocks = np.stack([np.asarray(p.freqs_mhz[cut]) for p in rows]).astype(np.int64)
+    table, index = _clock_table(clocks)
+    dtype = np.uint8 if len(table) <= 1 << 8 else np.uint16
+    doc: dict[str, Any] = {
+        "v": WIRE_VERSION,
+        "schedule": (sched.name, sched.num_stages, sched.num_microbatches, sched.num_chunks),
+        "stage": stage,
+        "instructions": cut.stop - cut.start,
+        "p_blocking_w": frontier.p_blocking_w,
+        "baseline": (frontier.baseline_time_s, frontier.baseline_energy_j),
+        "gpu_name": frontier.gpu_name,
+        "solve_time_s": frontier.solve_time_s,
+        "times": np.array([p.time_s for p in rows]).tobytes(),
+        "energies": np.array([p.energy_j for p in rows]).tobytes(),
+        "num_points": len(frontier.points),
+        "clocks_mhz": table.astype(np.int32).tobytes(),
+        "dtype": np.dtype(dtype).str,
+        "index": zlib.compress(index.astype(dtype).tobytes(), 6),
+    }
+    return pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _clock_table(clocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct clocks, index of every entry); linear time for MHz values (no sort)."""
+    if clocks.size and clocks.min() >= 0 and clocks.max() < 1 << 20:
+        present = np.bincount(clocks.ravel()) > 0
+        return np.flatnonzero(present), (np.cumsum(present) - 1)[clocks]
+    table, index = np.unique(clocks, return_inverse=True)
+    return table, index.reshape(clocks.shape)
+
+
+def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:
+    """The ``StagePlan`` in ``data``, checked against this rank's schedule and stage."""
+    try:
+        doc = pickle.loads(data)
+        if doc.get("v") != WIRE_VERSION:
+            raise FrontierError(f"stage plan of wire version {doc.get('v')!r}, expected {WIRE_VERSION}")
+        mine = (schedule.name, schedule.num_stages, schedule.num_microbatches, schedule.num_chunks)
+        if tuple(doc["schedule"]) != mine or doc["stage"] != stage:
+            raise FrontierError(
+                f"received the plan of stage {doc['stage']} of {tuple(doc['schedule'])}, but this rank runs "
+                f"stage {stage} of {mine}"
+            )
+        instructions = list(schedule.stages[stage])
+        times = np.frombuffer(doc["times"], dtype=np.float64)
+        energies = np.frombuffer(doc["energies"], dtype=np.float64)
+        n_points = int(doc["num_points"])
+        index = np.frombuffer(zlib.decompress(doc["index"]), dtype=np.dtype(doc["dtype"]))
+        index = index.reshape(len(times), len(instructions))
+        pairs = list(zip(times.tolist(), energies.tolist()))
+        return StagePlan(
+            stage=stage,
+            num_stages=schedule.num_stages,
+            instructions=instructions,
+            p_blocking_w=float(doc["p_blocking_w"]),
+            baseline_time_s=float(doc["baseline"][0]),
+            baseline_energy_j=float(doc["baseline"][1]),
+            clocks_mhz=np.frombuffer(doc["clocks_mhz"], dtype=np.int32).astype(np.int64),
+            index=index,
+            points=pairs[:n_points],
+            paced_points=pairs[n_points:],
+            gpu_name=str(doc["gpu_name"]),
+            solve_time_s=float(doc["solve_time_s"]),
+        )
+    except FrontierError:
+        raise
+    except Exception as exc:  # a corrupt payload is one line, not a traceback
+        raise FrontierError(f"stage {stage}: malformed stage plan from rank 0 ({type(exc).__name__}: {exc})") from None
+
+
+def stage_plan_of(frontier: Frontier, stage: int) -> StagePlan:
+    """This process's own slice of a frontier it holds (rank 0, or a single process)."""
+    return decode_stage(encode_stage(frontier, stage), frontier.schedule, stage)
+
+
+def point_of(frontier: Frontier, point: StagePoint) -> FrontierPoint:
+    """The frontier's point a stage point was cut from (rank 0 / tests)."""
+    rows = frontier.points + frontier.paced_points
+    return rows[point.row]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What ``distribute`` gave this rank: its stage plan and the bytes it received for it."""
+
+    plan: StagePlan
+    received_bytes: int
+
+
+def distribute(collective: Any, frontier: Frontier | None, schedule: Schedule, stage: int) -> Delivery:
+    """Collective: rank 0 (which holds ``frontier``) sends every rank of its group only the slice
+    of that rank's stage, point to point; every rank returns its own ``StagePlan``.
+
+    Ranks first tell rank 0 their stage (a few bytes each); each stage's slice is encoded once,
+    however many data-parallel replicas receive it."""
+    stages = collective.gather_to_root(stage)
+    payloads: list[bytes] | None = None
+    if collective.is_root:
+        if frontier is None:
+            raise FrontierError("perseus runtime bug: rank 0 distributes a plan it does not have")
+        encoded: dict[int, bytes] = {}
+        for s in stages:
+            if s not in encoded:
+                encoded[s] = encode_stage(frontier, s)
+        payloads = [encoded[s] for s in stages]
+    mine = collective.scatter_bytes(payloads)
+    return Delivery(decode_stage(mine, schedule, stage), len(mine) if collective.rank != 0 else 0)

@@ -1,0 +1,30 @@
+"""Planning functions for the planner-process tests: module level, so the child imports them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from perseus.planner import plan_frontier
+
+
+def plan_and_tell_where(schedule, profile, options):
+    """The real planner, plus the process and priority it ran with (in the frontier's metadata)."""
+    frontier = plan_frontier(schedule, profile, options)
+    frontier.metadata.update(pid=os.getpid(), nice=os.getpriority(os.PRIO_PROCESS, 0))
+    print("a planner banner on stdout must not corrupt the reply")
+    return frontier
+
+
+def broken(schedule, profile, options):
+    raise ValueError("no luck")
+
+
+def die(schedule, profile, options):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang(schedule, profile, options):
+    while True:
+        time.sleep(0.1)
