@@ -306,6 +306,9 @@ def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, m
                "--perseus-straggler-period", "0", "--perseus-cache-dir", str(out_dir / "cache"),
                # CPU training: the trainer is CPU-bound itself, so a niced planner would be starved
                "--perseus-planner-nice", "0",
+               # a fixed iteration budget: rank 0 waits for its planner rather than running out of
+               # iterations on a busy machine (the wait is one long step)
+               "--perseus-plan-wait", "240",
                "--perseus-sim-gpu", json.dumps(DEFAULT_SIM_GPU)]
     repo = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(out_dir / "sim-gpus"), OMP_NUM_THREADS="1",

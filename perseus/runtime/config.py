@@ -65,6 +65,11 @@ class PerseusConfig(BaseModel):
     # thread must wake up promptly; 0 for CPU-bound trainers on a busy machine (the CPU demos),
     # where a niced planner would be starved.
     planner_nice: int = Field(default=10, ge=0, le=19)
+    # At each step end while planning, rank 0 waits up to this long for its planner before the
+    # ranks learn the outcome (0: never; training goes on at default clocks meanwhile). For runs
+    # with a fixed, short iteration budget (benchmarks, CI) that must reach the deployed plan
+    # however busy the machine is: the step that waits lasts as long as planning.
+    plan_wait_s: float = Field(default=0.0, ge=0)
 
     # Stragglers and external targets.
     # Request each instruction's clock when the previous one ends, so the switch latency overlaps
@@ -103,6 +108,11 @@ class PerseusConfig(BaseModel):
             raise ValueError(
                 f"straggler_recover_threshold ({self.straggler_recover_threshold}) must be below "
                 f"straggler_threshold ({self.straggler_threshold}) so the policy has a hysteresis band"
+            )
+        if self.plan_wait_s >= self.collective_timeout_s:
+            raise ValueError(
+                f"plan_wait_s ({self.plan_wait_s:g}) must be below collective_timeout_s ({self.collective_timeout_s:g}): "
+                "the other ranks wait for rank 0's planning in a collective"
             )
         if self.profile_path is not None and self.frontier_path is not None:
             raise ValueError("give profile_path or frontier_path, not both (a frontier already holds the plan)")

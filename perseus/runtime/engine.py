@@ -428,6 +428,8 @@ class PerseusRuntime:
                                               nice=self.config.planner_nice)
 
     def _poll_plan(self) -> None:
+        if self.is_root and self._planner is not None and self.config.plan_wait_s > 0:
+            self._planner.wait(self.config.plan_wait_s)
         outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)
         if outcome is None:
             return

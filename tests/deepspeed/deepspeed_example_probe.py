@@ -12,10 +12,8 @@ which runs with this process's arguments (``--local_rank`` and the example's own
 - after ``engine.destroy()``, before interpreter exit: whether Perseus closed and the simulated
   GPU's clock lock.
 
-"Enough steps" for the background planner: with ``$PERSEUS_PROBE_WAIT_PLAN`` set, rank 0 waits
-for its planner before a ``train_batch`` in the planning phase. The other ranks wait for it in
-the runtime's own end-of-step broadcast, so the plan is deployed after that step on every rank,
-however loaded the machine is. Nothing else of the script or of Perseus changes.
+Nothing of the script or of Perseus changes: "enough steps" for the background planner come
+from the config's ``plan_wait_s``.
 """
 
 from __future__ import annotations
@@ -26,13 +24,9 @@ import runpy
 import sys
 from pathlib import Path
 
-PLAN_WAIT_S = 240.0
-
-
 def main() -> None:
     script = os.environ["PERSEUS_PROBE_SCRIPT"]
     out = Path(os.environ["PERSEUS_PROBE_DIR"])
-    wait_plan = bool(os.environ.get("PERSEUS_PROBE_WAIT_PLAN"))
     record: dict = {"batches_read": 0}
 
     import perseus_deepspeed
@@ -71,7 +65,7 @@ def main() -> None:
         record["engine"] = engine
         record["handle"] = handle
         if handle is not None:
-            _watch(engine, handle, record, wait_plan)
+            _watch(engine, handle, record)
         return result
 
     perseus_deepspeed.initialize = initialize
@@ -97,25 +91,16 @@ def _counting_base() -> type:
     return RepeatingLoader
 
 
-def _watch(engine, handle, record, wait_plan: bool) -> None:
-    """Summary at ``engine.destroy()``; optionally rank 0 waits for its planner before a planning step."""
+def _watch(engine, handle, record) -> None:
+    """Summary and clock lock at ``engine.destroy()``, just before Perseus closes."""
     perseus_destroy = engine.destroy
-    hooked_train_batch = engine.train_batch
-    runtime = handle.runtime
 
     def destroy(*args, **kwargs):
         record["summary"] = handle.summary()
         record["locked_before_destroy"] = _locked(engine)
         return perseus_destroy(*args, **kwargs)
 
-    def train_batch(*args, **kwargs):
-        planner = getattr(runtime, "_planner", None)
-        if wait_plan and runtime.phases.phase.value == "planning" and planner is not None:
-            planner._done.wait(PLAN_WAIT_S)
-        return hooked_train_batch(*args, **kwargs)
-
     engine.__dict__["destroy"] = destroy
-    engine.__dict__["train_batch"] = train_batch
 
 
 def _locked(engine) -> int:

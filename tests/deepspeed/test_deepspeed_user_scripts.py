@@ -6,9 +6,9 @@ the config, and Perseus through ``perseus_deepspeed.initialize`` and the config'
 CPU (``--cpu``: gloo, simulated GPUs), 2 stages, inside ``deepspeed_example_probe.py``, which
 records per rank what is checked here. The config is the example's, with a short Perseus run:
 2 warm-up steps, one step per clock at 1410/810/210 MHz, a small planner, so that Perseus
-profiles, plans and deploys within the run. The planner runs in the background; the probe
-makes rank 0 wait for it before the first planning step (``$PERSEUS_PROBE_WAIT_PLAN``), which
-stands in for "enough steps" on a machine of any load.
+profiles, plans and deploys within the run. The planner runs in the background; ``plan_wait_s``
+makes rank 0 wait for it at the first planning step, which stands in for "enough steps" on a
+machine of any load.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ MICRO_BATCH_SIZE = 2
 STEPS = 10
 SHORT_RUN = {
     "gpu": "sim", "warmup_steps": 2, "iters_per_freq": 1, "freq_step_mhz": 600, "p_blocking_seconds": 0.1,
-    "straggler_period_steps": 0, "log_every_steps": 1,
+    "straggler_period_steps": 0, "log_every_steps": 1, "plan_wait_s": 240.0,
     "planner_options": {"num_anchors": 2, "num_deadlines": 8, "improve_sweeps": 0, "search_time_s": 0,
                         "beam_width": 0},
 }
@@ -59,7 +59,7 @@ def launch_example(tmp_path: Path, master_port: str) -> list[dict]:
     out = tmp_path / "probe"
     out.mkdir()
     env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(tmp_path / "sim"), OMP_NUM_THREADS="1",
-               PERSEUS_PROBE_SCRIPT=str(SCRIPT), PERSEUS_PROBE_DIR=str(out), PERSEUS_PROBE_WAIT_PLAN="1",
+               PERSEUS_PROBE_SCRIPT=str(SCRIPT), PERSEUS_PROBE_DIR=str(out),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [shutil.which("deepspeed"), "--num_gpus", str(STAGES), "--master_port", master_port, str(PROBE),
            "--deepspeed_config", str(config_path), "-p", str(STAGES), "--steps", str(STEPS), "--hidden-size", "32",

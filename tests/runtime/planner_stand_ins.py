@@ -28,3 +28,9 @@ def die(schedule, profile, options):
 def hang(schedule, profile, options):
     while True:
         time.sleep(0.1)
+
+
+def slow(schedule, profile, options):
+    """The real planner, seconds late: longer than a few training steps of a test."""
+    time.sleep(3.0)
+    return plan_frontier(schedule, profile, options)

@@ -84,6 +84,32 @@ def test_measure_only_plans_from_provided_profile(tmp_path):
     assert device.snapshot().n_lock == locks
 
 
+def test_plan_wait_deploys_at_the_first_planning_step_however_long_planning_takes(tmp_path, monkeypatch):
+    import planner_stand_ins as stand_ins
+
+    from perseus.runtime import planning
+
+    monkeypatch.setattr(planning, "plan_frontier", stand_ins.slow)  # 3 s: many of these 1-ms steps
+    device = sim(tmp_path)
+    with PerseusRuntime(JOB, config(tmp_path, mode="profile", freq_min_mhz=1200, freq_step_mhz=100,
+                                    iters_per_freq=1)) as rt:
+        train(rt, device, 6)
+    (entry,) = [p for p in (tmp_path / "cache").iterdir()]
+    cfg = config(tmp_path, mode="measure-only", profile_path=str(entry / "profile.json"), cache_dir=None,
+                 plan_wait_s=200.0)
+    with PerseusRuntime(JOB, cfg) as rt:
+        train(rt, device, 3, t=0.0005)
+        history = rt.summary()["phase_history"]
+    assert [p for _, p in history] == ["warmup", "planning", "steady"]
+    (planning_step, _), (steady_step, _) = history[1], history[2]
+    assert steady_step == planning_step + 1, history  # one step waited for the plan, none ran without it
+
+
+def test_plan_wait_must_stay_below_the_collective_timeout():
+    with pytest.raises(ConfigError, match="plan_wait_s .* must be below collective_timeout_s"):
+        PerseusConfig.from_dict({"plan_wait_s": 300, "collective_timeout_s": 300})
+
+
 def test_run_mode_without_clock_privilege_is_config_error(tmp_path):
     sim(tmp_path, allow_clock_setting=False).close()
     cfg = config(tmp_path, sim_gpu={"state_dir": str(tmp_path / "sim"), "allow_clock_setting": False})
