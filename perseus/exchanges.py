@@ -68,4 +68,4 @@ def megatron_interleaved_waits(schedule: Schedule) -> list[tuple[Node, Node]]:
                 p = backwards[0][j - pp]
                 if schedule.stages[0][p].chunk > 0:
                     edges.append((release(0, p), after_exchange(r, q)))
-    return edges
+    return list(dict.fromkeys(edges))  # a pair's exchange can carry two tensors between the same two
