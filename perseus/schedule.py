@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 from perseus.errors import ScheduleError
+from perseus.exchanges import megatron_interleaved_waits
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
 # forward, full backward, and zero-bubble's split backward: input gradient (I), weight gradient (W).
@@ -42,9 +43,10 @@ SHORT_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_
 # Kinds whose output (an activation gradient) flows to the previous virtual stage.
 _GRAD_SENDING = ("backward", "backward_input")
 # Bumped whenever the dependency rules change (2: interleaved joint receives; 3: none on a stage
-# whose microbatches are all in warm-up; 4: zero-bubble kinds and placements), so that plans made
-# under older rules are not reused from a cache.
-DAG_MODEL_VERSION = 4
+# whose microbatches are all in warm-up; 4: zero-bubble kinds and placements; 5: megatron-core's
+# interleaved exchanges in full, perseus/exchanges.py), so that plans made under older rules are
+# not reused from a cache.
+DAG_MODEL_VERSION = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,10 @@ class Schedule:
     of instructions ``i`` and ``j`` in one blocking exchange before running ``i``, so ``i`` also
     waits for ``j``'s input. megatron-core's interleaved 1F1B does this (``send_forward_backward_
     recv_forward_backward`` after every forward/backward pair); a DAG without these edges shows
-    slack that is not there, and a plan that uses it runs slower than planned.
+    slack that is not there, and a plan that uses it runs slower than planned. A schedule with
+    joint receives runs megatron's blocking exchanges, whose other waits (outputs sent after the
+    paired backward, early receives on the first and last stage) ``dependencies`` adds too
+    (``perseus.exchanges``).
     """
 
     name: str
@@ -118,7 +123,9 @@ class Schedule:
         input-gradient part I of a split backward) flows the other way. A weight-gradient part W
         needs its own I. The last virtual stage's backward needing its own forward is implied by
         that stage's program order. An edge between two virtual stages on one rank (ZBV's turn)
-        is an ordinary edge within that stage.
+        is an ordinary edge within that stage. With joint receives (megatron-core's interleaved
+        exchanges) the cross-stage edges are the exchanges' waits instead, which imply the data
+        flow (``perseus.exchanges.megatron_interleaved_waits``).
         """
         position: dict[tuple[int, Instruction], int] = {}
         for s, stage in enumerate(self.stages):
@@ -128,6 +135,9 @@ class Schedule:
         for s, stage in enumerate(self.stages):
             for i in range(1, len(stage)):
                 edges.append(((s, i - 1), (s, i)))
+        if self.joint_receives and self.num_stages > 1:
+            # megatron-core's blocking exchanges: they imply the data flow and add the waits it misses
+            return edges + megatron_interleaved_waits(self)
         num_virtual = self.num_stages * self.num_chunks
 
         def gradient_step(stage: int, microbatch: int, chunk: int) -> int:
@@ -147,14 +157,6 @@ class Schedule:
                 elif inst.kind == "backward_weight":
                     j = position[(s, Instruction("backward_input", inst.microbatch, inst.chunk))]
                     edges.append(((s, j), (s, i)))
-        if self.joint_receives:
-            inputs: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for src, dst in edges:
-                if src[0] != dst[0]:
-                    inputs.setdefault(dst, []).append(src)
-            for s, pairs in enumerate(self.joint_receives):
-                for i, j in pairs:
-                    edges.extend((src, (s, i)) for src in inputs.get((s, j), ()))
         return edges
 
 

@@ -1,0 +1,71 @@
+"""What megatron-core's interleaved 1F1B really makes each instruction wait for.
+
+Models ``forward_backward_pipelining_with_interleaving`` without p2p overlap (the default), as
+written in megatron-core 0.16.1 through 0.19.0 ``pipeline_parallel/schedules.py`` (unchanged
+there). Every stage alternates compute with one blocking exchange: before its first forward,
+after each warm-up forward, after each steady forward/backward pair
+(``send_forward_backward_recv_forward_backward``) and after each cool-down backward. The data
+flow alone misses two of the waits this creates, and a plan that uses that slack runs slower than
+planned:
+
+- an output leaves its stage only at the exchange after it: a steady forward's activation is sent
+  after the backward paired with it, so its consumer waits for that backward too;
+- an exchange receives the inputs of the instructions up to the next exchange (the next forward
+  and, at a pair, its backward: the "joint receives"), and the first (last) stage receives the
+  activations (gradients) coming round from the other end of the ring ``pipeline size``
+  virtual microbatches after the sender's own index (megatron's
+  ``recv_tensor_from_previous_stage``), which is earlier than the instruction that needs them.
+
+Everything is read off the schedule data: per-stage orders and the steady pairs
+(``Schedule.joint_receives``). Tensors are identified by their place in the order (the j-th
+forward of every stage runs the same virtual microbatch); on each link they arrive in the order
+sent, as NCCL/gloo point-to-point delivers them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from perseus.schedule import Schedule
+
+Node = tuple[int, int]  # (stage, index in the stage's order)
+
+
+def megatron_interleaved_waits(schedule: Schedule) -> list[tuple[Node, Node]]:
+    """Cross-stage edges ``(release, waiter)``: ``waiter`` cannot start before ``release`` ends.
+
+    ``release`` is the instruction whose end the sender's exchange follows; ``waiter`` is the
+    first instruction after the receiver's exchange. Program order is not included.
+    """
+    pp = schedule.num_stages
+    pairs = [dict(p) for p in schedule.joint_receives] or [{} for _ in range(pp)]
+    forwards = [[i for i, inst in enumerate(order) if inst.kind == "forward"] for order in schedule.stages]
+    backwards = [[i for i, inst in enumerate(order) if inst.kind == "backward"] for order in schedule.stages]
+    paired_backward = [{j for j in p.values()} for p in pairs]
+
+    def release(stage: int, index: int) -> Node:
+        """The instruction after which the exchange sending ``index``'s output runs."""
+        return stage, pairs[stage].get(index, index)
+
+    def after_exchange(stage: int, index: int) -> Node:
+        """First instruction after the exchange that receives ``index``'s input."""
+        return stage, index - 1 if index in paired_backward[stage] else index
+
+    edges: list[tuple[Node, Node]] = []
+    for r in range(pp):
+        for j, q in enumerate(forwards[r]):
+            if r > 0:
+                edges.append((release(r - 1, forwards[r - 1][j]), after_exchange(r, q)))
+            elif j >= pp:  # the first stage: what the last stage sent pp virtual microbatches earlier
+                p = forwards[pp - 1][j - pp]
+                if schedule.stages[pp - 1][p].chunk < schedule.num_chunks - 1:
+                    edges.append((release(pp - 1, p), after_exchange(r, q)))
+        for j, q in enumerate(backwards[r]):
+            if r < pp - 1:
+                edges.append((release(r + 1, backwards[r + 1][j]), after_exchange(r, q)))
+            elif j >= pp:  # the last stage: what the first stage sent pp virtual microbatches earlier
+                p = backwards[0][j - pp]
+                if schedule.stages[0][p].chunk > 0:
+                    edges.append((release(0, p), after_exchange(r, q)))
+    return list(dict.fromkeys(edges))  # a pair's exchange can carry two tensors between the same two
