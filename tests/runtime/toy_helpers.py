@@ -80,3 +80,14 @@ def greedy_frontier(schedule, profile, options=None, *, progress=None) -> Fronti
     if best.energy_j < base.energy_j:
         points.append(FrontierPoint(best.time_s, best.energy_j, plan))
     return Frontier(schedule, profile.require_p_blocking(), base.time_s, base.energy_j, points, gpu_name=profile.gpu_name)
+
+
+def greedy_frontier_held_back_in_first_attempt(schedule, profile, options=None, *, progress=None) -> Frontier:
+    """``greedy_frontier``, 3 s late in a torchrun job's first attempt, so that a rank can die while
+    rank 0 is still planning. Module level: the planner process imports it by name."""
+    import os
+    import time
+
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        time.sleep(3.0)
+    return greedy_frontier(schedule, profile, options)
