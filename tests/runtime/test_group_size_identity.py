@@ -88,8 +88,9 @@ def test_a_provided_frontier_for_another_group_size_is_refused_in_one_line(tmp_p
         _root_sources(config, build_schedule(*GROUPED), None)
     message = str(err.value)
     assert "\n" not in message and "microbatch group size 6" in message and "plan for this job" in message
-    found, _ = _root_sources(config, build_schedule(*GROUPED, group_size=6), None)
-    assert found["frontier"] is not None
+    source, frontier, profile = _root_sources(config, build_schedule(*GROUPED, group_size=6), None)
+    assert frontier is not None and frontier.schedule.group_size == 6 and profile is None
+    assert source["origin"].startswith("frontier ")
 
 
 def test_a_cached_frontier_for_another_group_size_is_planned_again(tmp_path):
