@@ -38,26 +38,34 @@ from perseus.schedule import build_schedule  # noqa: E402
 CLOCKS_MHZ = np.arange(210, 1411, 15)  # A100 SM clocks: 81 values
 
 
-def synthetic_frontier(stages: int, microbatches: int, points: int, paced: int, pattern: str, seed: int = 0) -> Frontier:
-    """A frontier of the given size whose clocks follow ``pattern`` (walk or random)."""
+def synthetic_points(num_instructions: int, points: int, paced: int, pattern: str, clocks_mhz: np.ndarray,
+                     seed: int = 0) -> tuple[list[FrontierPoint], list[FrontierPoint]]:
+    """Own-pace and paced points whose clocks follow ``pattern``: "walk" (each point slows 2 % of
+    the instructions by one clock, as a planner's neighbouring points do) or "random" (worst case)."""
     rng = np.random.default_rng(seed)
-    schedule = build_schedule("1f1b", stages, microbatches)
-    n = schedule.num_instructions
+    n = num_instructions
     total = points + paced
     if pattern == "random":
-        levels = rng.integers(0, len(CLOCKS_MHZ), size=(total, n))
+        levels = rng.integers(0, len(clocks_mhz), size=(total, n))
     else:
         levels = np.empty((total, n), dtype=np.int64)
-        current = np.full(n, len(CLOCKS_MHZ) - 1)
+        current = np.full(n, len(clocks_mhz) - 1)
         for i in range(total):
             slower = rng.choice(n, size=max(n // 50, 1), replace=False)
             current[slower] = np.maximum(current[slower] - 1, 0)
             levels[i] = current
-    freqs = CLOCKS_MHZ[levels]
+    freqs = clocks_mhz[levels]
     times = 10.0 + np.cumsum(rng.uniform(0.001, 0.01, total))
     own = [FrontierPoint(float(times[i]), 5000.0 - i * 3.7 + rng.random(), freqs[i]) for i in range(points)]
     slow = [FrontierPoint(float(times[i]), 5000.0 - points * 3.7 + (i - points) * 0.9 + rng.random(), freqs[i])
             for i in range(points, total)]
+    return own, slow
+
+
+def synthetic_frontier(stages: int, microbatches: int, points: int, paced: int, pattern: str, seed: int = 0) -> Frontier:
+    """A 1F1B frontier of the given size whose clocks follow ``pattern`` (walk or random)."""
+    schedule = build_schedule("1f1b", stages, microbatches)
+    own, slow = synthetic_points(schedule.num_instructions, points, paced, pattern, CLOCKS_MHZ, seed)
     return Frontier(schedule, 83.64, 10.0, 5100.0, own, gpu_name="A100 (synthetic)", solve_time_s=123.4,
                     metadata={"created_by": "bench_frontier_file", "profile": "synthetic"}, paced_points=slow)
 

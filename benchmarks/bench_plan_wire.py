@@ -34,8 +34,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
+from bench_frontier_file import synthetic_points  # noqa: E402
+
+from perseus.frontier import Frontier  # noqa: E402
 from perseus.runtime.collective import decode_frontier, encode_frontier  # noqa: E402
 from perseus.runtime.stage_plan import decode_stage, encode_stage  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
@@ -45,24 +48,9 @@ CLOCKS_MHZ = np.arange(210, 1981, 15)  # H100 SM clocks: 119 values
 
 def synthetic_frontier(stages: int, microbatches: int, chunks: int, points: int, paced: int, pattern: str,
                        seed: int = 0) -> Frontier:
-    rng = np.random.default_rng(seed)
     schedule = build_schedule("interleaved", stages, microbatches, chunks)
-    n = schedule.num_instructions
-    total = points + paced
-    if pattern == "random":
-        levels = rng.integers(0, len(CLOCKS_MHZ), size=(total, n))
-    else:
-        levels = np.empty((total, n), dtype=np.int64)
-        current = np.full(n, len(CLOCKS_MHZ) - 1)
-        for i in range(total):
-            slower = rng.choice(n, size=max(n // 50, 1), replace=False)
-            current[slower] = np.maximum(current[slower] - 1, 0)
-            levels[i] = current
-    freqs = CLOCKS_MHZ[levels]
-    times = 10.0 + np.cumsum(rng.uniform(0.001, 0.01, total))
-    own = [FrontierPoint(float(times[i]), 5000.0 - i * 3.7 + rng.random(), freqs[i]) for i in range(points)]
-    slow = [FrontierPoint(float(times[i]), 5000.0 - points * 3.7 + (i - points) * 0.9 + rng.random(), freqs[i])
-            for i in range(points, total)]
+    own, slow = synthetic_points(schedule.num_instructions, points, paced, pattern, CLOCKS_MHZ, seed)
+    times = [p.time_s for p in own]
     return Frontier(schedule, 90.0, float(times[0]), 5000.0, own, gpu_name="H100 SXM", paced_points=slow)
 
 
