@@ -1,7 +1,7 @@
 """Real megatron-core, 2 stages × 2 data-parallel pipelines under torchrun, one pipeline straggling.
 
 Full path on simulated GPUs: online profiling → planning → the no-slowdown plan deployed; then
-replica 1 runs 1.3× slower for a while. Replica 0 must notice, move to a slower frontier plan
+replica 1 runs 1.5× slower for a while. Replica 0 must notice, move to a slower frontier plan
 (less energy, no extra time: it waits for replica 1 in the gradient all-reduce anyway), and move
 back when replica 1 recovers. Replica 1 itself must not slow down.
 """
