@@ -55,9 +55,8 @@ def one_run(stages: int, microbatches: int, out: Path, latency_s: float, planner
     results = launch(cfg, out / "run")
     table = phase_table(results)
     plan, base = table["deployed"], table["baseline again"]
-    acc = account(results, cfg, out / "cache", cached_frontier(out / "cache").default_point(),
-                  steps_in(results[0], "deployed"))
     frontier = cached_frontier(out / "cache")
+    acc = account(results, cfg, out / "cache", frontier.default_point(), steps_in(results[0], "deployed"))
     paths = {phase: kernel_paths(results, frontier, cfg, phase) for phase in (DEPLOYED, BASELINE)}
     per_rank = []
     for r in results:
