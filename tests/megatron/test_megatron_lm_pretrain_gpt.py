@@ -6,10 +6,15 @@ the launcher a GPU user runs (``perseus_megatron.pretrain_gpt``). A tiny GPT on 
 simulated GPU per rank: warm-up → online profiling (few clocks) → planning → deployed, without
 a plan mismatch; the profile and frontier are cached, and a restart on the same cache deploys
 the cached plan without profiling. No savings or times are asserted.
+
+The 2-stage 1F1B run also writes Megatron's TensorBoard events and iteration lines, which
+Perseus extends: one launch serves the lifecycle, restart and observability checks, as a launch
+(torch, megatron-core and Megatron-LM imported in every rank) is what costs.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +25,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 from megatron_lm_archive import REPO, unpack  # noqa: E402
+from tensorboard_events import read_scalars  # noqa: E402
 from perseus_demo.megatron_lm_cpu import format_summaries, launch  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -53,16 +59,58 @@ def check_first_run(results: list[dict[str, Any]], stages: int, cache: Path) -> 
     assert (key_dirs[0] / "profile.json").exists() and (key_dirs[0] / "frontier.json").exists()
 
 
-def test_1f1b_two_stages_profiles_plans_deploys_and_restarts_from_the_cache(checkout, tmp_path):
-    first = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=14, simulate_compute=False)
-    check_first_run(first, 2, tmp_path / "cache")
+ITERS_1F1B = 14  # warm-up 2, profiling 3 clocks, planning in the background, then deployed
+
+
+@pytest.fixture(scope="module")
+def first_1f1b(checkout, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
+    """2 stages, 1F1B, with Megatron's TensorBoard writer and Perseus's periodic job check on."""
+    out = tmp_path_factory.mktemp("first-1f1b")
+    results = run_pretrain_gpt(checkout, out, stages=2, microbatches=4, train_iters=ITERS_1F1B, simulate_compute=False,
+                               extra_args=["--tensorboard-dir", str(out / "tb"), "--perseus-straggler-period", "2"])
+    return out, results
+
+
+def test_1f1b_two_stages_profiles_plans_deploys_and_restarts_from_the_cache(checkout, first_1f1b, tmp_path):
+    out, first = first_1f1b
+    check_first_run(first, 2, out / "cache")
     assert not any(r["hooks_from_patched_source"] for r in first)  # run-time hooks: the checkout is unmodified
 
-    restarted = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=4, simulate_compute=False)
+    restarted = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=4, simulate_compute=False,
+                                 extra_args=["--perseus-cache-dir", str(out / "cache")])
     for r in restarted:
         assert "profiling" not in phases(r) and "planning" not in phases(r), r["phase_history"]
         assert r["phase"] == "deployed" and r["fallback"] is None
         assert not r.get("profiled_clocks_mhz")
+
+
+def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line(first_1f1b):
+    """An unmodified Megatron-LM core_v0.16.1 ``pretrain_gpt.py`` (2 stages, CPU) with
+    ``--tensorboard-dir``: Megatron's own writer (last rank) gets the ``perseus/*`` scalars at its
+    iterations, and its iteration line carries the last rank's Perseus numbers."""
+    pytest.importorskip("tensorboard")
+    out, results = first_1f1b
+    iters = ITERS_1F1B
+    last = next(r for r in results if r["stage"] == 1)  # Megatron's writers and log line are the last rank's
+    records = last["step_records"]
+    assert len(records) == iters and records[-1]["phase"] == "deployed"
+    scalars = read_scalars(out / "tb")
+    assert {"lm loss", "perseus/energy_j", "perseus/saving_j_total"} <= set(scalars)  # next to Megatron's own
+    assert scalars["perseus/energy_j"] == [(i + 1, pytest.approx(r["energy_j"], rel=1e-6)) for i, r in enumerate(records)]
+    assert [v for _, v in scalars["perseus/phase"]] == [
+        ["warmup", "profiling", "planning", "deployed", "fallback", "steady"].index(r["phase"]) for r in records]
+    checked = sum(r["phase"] == "deployed" for r in records) >= 2  # a periodic job check ran
+    assert bool(scalars.get("perseus/job_energy_j")) == checked
+    # Megatron's iteration lines (split at each "iteration N/ M |", in case another rank's output interleaves)
+    log = (out / "pretrain_gpt.log").read_text()
+    starts = list(re.finditer(r"iteration +(\d+)/ +%d \|" % iters, log))
+    assert [int(m.group(1)) for m in starts] == list(range(1, iters + 1))
+    for m, end, r in zip(starts, [*(n.start() for n in starts[1:]), len(log)], records):
+        line = log[m.start():end]
+        assert f"perseus energy this GPU (J/iter): {r['energy_j']:.1f} |" in line, line
+        assert f"perseus phase: {r['phase']} |" in line
+    assert "perseus saved this GPU (J):" in log[starts[-1].start():]
+    assert ("perseus job energy all GPUs" in log[starts[-1].start():]) == checked
 
 
 def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp_path):

@@ -4,7 +4,8 @@ Real megatron-core training steps in this process (one rank, gloo, CPU) through 
 real ``torch.utils.tensorboard.SummaryWriter`` registered where Megatron-LM keeps its writer
 (``megatron.training.global_vars``, absent with megatron-core alone, so a stand-in module holds
 it); the event files are read back with TensorBoard's ``EventAccumulator``. The real Megatron-LM
-``pretrain_gpt.py`` with ``--tensorboard-dir`` is in test_megatron_lm_pretrain_gpt.py.
+``pretrain_gpt.py`` with ``--tensorboard-dir`` is in test_megatron_lm_pretrain_gpt.py (it shares
+the launch of the 1F1B run there).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 pytest.importorskip("megatron.core")
 pytest.importorskip("tensorboard")
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
@@ -29,6 +29,7 @@ from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
 from perseus_megatron.integration import enable  # noqa: E402
 from perseus_megatron.observability import IterationLogText, MegatronWritersSink, add_to_iteration_log  # noqa: E402
 from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
+from tensorboard_events import read_scalars  # noqa: E402
 
 MICROBATCHES = 3
 PLAN = [1410, 1200, 1200, 1005, 1410, 1005]  # one clock per instruction of the one-stage 1F1B order
@@ -45,12 +46,6 @@ class Wandb:
 
     def log(self, data: dict, step: int) -> None:
         self.logged.append((dict(data), step))
-
-
-def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def test_megatron_writers_get_the_runtimes_records_at_megatrons_iteration(trainer, tmp_path, monkeypatch):
@@ -146,41 +141,3 @@ def test_iteration_log_line_gets_perseus_numbers_only_in_training_log(trainer, t
     assert "perseus phase: steady" in last and "perseus phase: warmup" in printed[1]
     assert "perseus saved" not in printed[1]  # no baseline yet
     assert IterationLogText(handle)() != ""  # a fresh reader starts from the first step
-
-
-@pytest.mark.distributed
-def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line(tmp_path):
-    """An unmodified Megatron-LM core_v0.16.1 ``pretrain_gpt.py`` (2 stages, CPU) with
-    ``--tensorboard-dir``: Megatron's own writer (last rank) gets the ``perseus/*`` scalars at its
-    iterations, and its iteration line carries the last rank's Perseus numbers."""
-    import re
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from megatron_lm_archive import unpack
-
-    from perseus_demo.megatron_lm_cpu import launch
-
-    checkout = unpack("0.16.1", tmp_path / "megatron-lm")
-    iters = 14  # warm-up 2, profiling 3 clocks, planning in the background, then deployed
-    results = launch(checkout, tmp_path / "run", stages=2, microbatches=4, train_iters=iters, simulate_compute=False,
-                     extra_args=["--tensorboard-dir", str(tmp_path / "tb"), "--perseus-straggler-period", "2"])
-    last = next(r for r in results if r["stage"] == 1)  # Megatron's writers and log line are the last rank's
-    records = last["step_records"]
-    assert len(records) == iters and records[-1]["phase"] == "deployed"
-    scalars = read_scalars(tmp_path / "tb")
-    assert {"lm loss", "perseus/energy_j", "perseus/saving_j_total"} <= set(scalars)  # next to Megatron's own
-    assert scalars["perseus/energy_j"] == [(i + 1, pytest.approx(r["energy_j"], rel=1e-6)) for i, r in enumerate(records)]
-    assert [v for _, v in scalars["perseus/phase"]] == [
-        ["warmup", "profiling", "planning", "deployed", "fallback", "steady"].index(r["phase"]) for r in records]
-    checked = sum(r["phase"] == "deployed" for r in records) >= 2  # a periodic job check ran
-    assert bool(scalars.get("perseus/job_energy_j")) == checked
-    # Megatron's iteration lines (split at each "iteration N/ M |", in case another rank's output interleaves)
-    log = (tmp_path / "run" / "pretrain_gpt.log").read_text()
-    starts = list(re.finditer(r"iteration +(\d+)/ +%d \|" % iters, log))
-    assert [int(m.group(1)) for m in starts] == list(range(1, iters + 1))
-    for m, end, r in zip(starts, [*(n.start() for n in starts[1:]), len(log)], records):
-        line = log[m.start():end]
-        assert f"perseus energy this GPU (J/iter): {r['energy_j']:.1f} |" in line, line
-        assert f"perseus phase: {r['phase']} |" in line
-    assert "perseus saved this GPU (J):" in log[starts[-1].start():]
-    assert ("perseus job energy all GPUs" in log[starts[-1].start():]) == checked

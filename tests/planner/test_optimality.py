@@ -4,7 +4,13 @@ The MILP (milp_oracle.py) is independent of the planner: raw profile, every freq
 choice per instruction, continuous start times. ``GAP_LIMIT`` is the largest relative excess the
 planner is allowed over the optimum; the measured gaps are printed (pytest -s) and summarised in
 docs/planner.md.
+
+The MILPs cost a fifth of the whole suite's CPU time, so the suite checks the 3 × 4 × 40 instances
+on a sample of the seeds: the one with the worst gap today (2), the worst of the previous planner
+(6), and seed 0. ``PERSEUS_OPTIMALITY=full`` runs all ten, as docs/planner.md's table does.
 """
+
+import os
 
 import numpy as np
 import pytest
@@ -45,10 +51,10 @@ def check_against_milp(schedule, profile, count: int = 5, deadlines=None, limit:
     return gaps
 
 
-@pytest.mark.parametrize(
-    "seed",
-    range(10),
-)
+SEEDS_3X4 = range(10) if os.environ.get("PERSEUS_OPTIMALITY") == "full" else (0, 2, 6)
+
+
+@pytest.mark.parametrize("seed", SEEDS_3X4)
 def test_3_stages_4_microbatches_40_frequencies(seed):
     check_against_milp(build_schedule("1f1b", 3, 4), synthetic_profile(3, 40, seed))
 
