@@ -4,38 +4,82 @@
 deployed plan follows the instructions the hooks report (a wrong microbatch index would show up
 as a fallback); the checks are on what the run did, not on wall-clock time
 (``tests/demo_checks.py``; measured savings are in ``benchmarks/bench_demo.py``).
+
+The 2-stage run also has DeepSpeed's ``csv_monitor`` and rank 0's metrics file on: one launch
+serves the demo checks and the monitor check, as a launch is what costs.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("deepspeed")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demo_checks import check_deployed_demo  # noqa: E402
+from deepspeed_monitor_files import read_csv  # noqa: E402
 
+from perseus.runtime.metrics import PHASE_CODES  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
 from perseus_demo.deepspeed_demo import DemoConfig, launch  # noqa: E402
 
+pytestmark = pytest.mark.distributed
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)], ids=["2-stages", "4-stages"])
-def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(tmp_path, stages, microbatches):
+Run = tuple[Path, DemoConfig, list[dict[str, Any]]]
+
+
+def run_demo(run: Path, stages: int, microbatches: int, monitor: bool = False) -> Run:
+    """One torchrun of the demo into ``run``; with ``monitor``, DeepSpeed's csv_monitor and rank 0's
+    metrics file are on too."""
     cfg = DemoConfig(
         stages=stages, microbatches=microbatches, max_steps=1000, deployed_steps=6, startup_steps=1, hidden_size=16,
         rebaseline_steps=4,
     )
-    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache")}
-    results = launch(cfg, tmp_path / "out", timeout_s=300)
+    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(run / "cache")}
+    if monitor:
+        cfg.perseus["metrics_file"] = str(run / "metrics.jsonl")
+        cfg.deepspeed = {"csv_monitor": {"enabled": True, "output_path": str(run / "csv"), "job_name": "demo"}}
+    return run, cfg, launch(cfg, run / "out", timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def two_stages(tmp_path_factory) -> Run:
+    return run_demo(tmp_path_factory.mktemp("two-stages"), 2, 4, monitor=True)
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)], ids=["2-stages", "4-stages"])
+def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(request, tmp_path, stages, microbatches):
+    if (stages, microbatches) == (2, 4):
+        run, cfg, results = request.getfixturevalue("two_stages")
+    else:
+        run, cfg, results = run_demo(tmp_path, stages, microbatches)
     for result in results:
         assert result["summary"]["profiled_clocks_mhz"] == [1410, 1260, 1110]
     table = phase_table(results)
     assert {"warmup", "profiling", "planning", "deployed", "baseline again"} <= set(table)
     assert table["baseline again"]["iterations"] == cfg.rebaseline_steps
     assert "deployed plan vs baseline again (default clocks)" in format_report(table)
-    assert {"frontier.json", "profile.json"} <= {p.name for p in (tmp_path / "cache").glob("*/*.json")}
-    accounting = check_deployed_demo(results, cfg, tmp_path / "cache")
+    assert {"frontier.json", "profile.json"} <= {p.name for p in (run / "cache").glob("*/*.json")}
+    accounting = check_deployed_demo(results, cfg, run / "cache")
     print(f"\n{stages} stages:\n{format_report(table)}\n{accounting}")
+
+
+def test_demo_run_writes_rank_zeros_metrics_to_the_csv_monitor(two_stages):
+    """DeepSpeed's monitor writes on global rank 0, the metrics file is rank 0's: the same numbers.
+    Perseus stops before the demo re-measures default clocks, so both end with the deployed steps."""
+    run, cfg, _ = two_stages
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "event" not in s]
+    folder = run / "csv" / "demo"
+    energy = read_csv(folder, "perseus/energy_j")
+    assert [v for _, v in energy] == pytest.approx([s["energy_j"] for s in steps], rel=1e-12)
+    assert [x for x, _ in energy] == [cfg.micro_batch_size * cfg.microbatches * (i + 1) for i in range(len(steps))]
+    assert [v for _, v in read_csv(folder, "perseus/phase")] == [PHASE_CODES.index(s["phase"]) for s in steps]
+    assert "deployed" in {s["phase"] for s in steps}
+    saving = read_csv(folder, "perseus/saving_ratio")
+    after_warmup = [s for s in steps if s["phase"] != "warmup"]
+    assert [v for _, v in saving] == pytest.approx([s["saving"] for s in after_warmup], rel=1e-9)

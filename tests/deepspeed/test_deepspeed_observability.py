@@ -3,16 +3,13 @@
 A real ``PipelineEngine`` in this process (one rank, gloo, CPU) running the real runtime on a
 simulated GPU with a given frontier (warm-up, then the plan deployed); the CSV files and
 TensorBoard event files DeepSpeed's monitors write are read back and compared with the runtime's
-own records. The distributed demo run with ``csv_monitor`` is the second test.
+own records. The distributed demo run with ``csv_monitor`` is checked in test_deepspeed_demo.py,
+on the demo's own 2-stage launch.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,18 +20,12 @@ deepspeed = pytest.importorskip("deepspeed")
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 from perseus_deepspeed import get_handle, initialize  # noqa: E402
+from deepspeed_monitor_files import read_csv  # noqa: E402
 from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config  # noqa: E402
 
 SHAPE = TinyPipeShape(hidden_size=8, layers_per_stage=1, micro_batch_size=2)
 MICROBATCHES = 2
 PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
-
-
-def read_csv(folder: Path, name: str) -> list[tuple[int, float]]:
-    with (folder / (name.replace("/", "_") + ".csv")).open() as f:
-        rows = list(csv.reader(f))
-    assert rows[0] == ["step", name.split("/")[-1]]
-    return [(int(s), float(v)) for s, v in rows[1:]]
 
 
 def test_monitor_csv_and_tensorboard_get_the_runtimes_records(dist_world, tmp_path, monkeypatch):
@@ -90,30 +81,3 @@ def test_without_a_monitor_no_sink_is_added(dist_world, tmp_path, monkeypatch):
         assert get_handle(engine).runtime._sinks == []
     finally:
         engine.destroy()
-
-
-@pytest.mark.distributed
-def test_demo_run_writes_rank_zeros_metrics_to_the_csv_monitor(tmp_path):
-    """Two pipeline stages under torchrun (perseus_demo.deepspeed_demo): profile, plan, deploy.
-    DeepSpeed's monitor writes on global rank 0, the metrics file is rank 0's: the same numbers."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from perseus_demo.deepspeed_demo import DemoConfig, launch
-
-    cfg = DemoConfig(stages=2, microbatches=4, max_steps=1000, deployed_steps=4, startup_steps=1, hidden_size=16,
-                     rebaseline_steps=0)
-    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(tmp_path / "cache"),
-                   "metrics_file": str(tmp_path / "metrics.jsonl")}
-    cfg.deepspeed = {"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "demo"}}
-    launch(cfg, tmp_path / "out", timeout_s=300)
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "event" not in s]
-    folder = tmp_path / "csv" / "demo"
-    energy = read_csv(folder, "perseus/energy_j")
-    assert [v for _, v in energy] == pytest.approx([s["energy_j"] for s in steps], rel=1e-12)
-    assert [x for x, _ in energy] == [cfg.micro_batch_size * cfg.microbatches * (i + 1) for i in range(len(steps))]
-    phases = ["warmup", "profiling", "planning", "deployed", "fallback", "steady"]
-    assert [v for _, v in read_csv(folder, "perseus/phase")] == [phases.index(s["phase"]) for s in steps]
-    assert "deployed" in {s["phase"] for s in steps}
-    saving = read_csv(folder, "perseus/saving_ratio")
-    after_warmup = [s for s in steps if s["phase"] != "warmup"]
-    assert [v for _, v in saving] == pytest.approx([s["saving"] for s in after_warmup], rel=1e-9)
