@@ -1,5 +1,5 @@
 """The torch demo end to end on real torch.distributed.pipelining (2 gloo ranks, simulated GPUs;
-ZBV also on 4): online profiling, planning and deployment on 1F1B, Interleaved1F1B and the
+ZBV on 4): online profiling, planning and deployment on 1F1B, Interleaved1F1B and the
 zero-bubble schedules. ZBV deploys on 4 ranks only: its V placement on 2 ranks is checked against
 real runs in test_torch_orders_distributed.py, and a launch is what costs.
 
