@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The Megatron tests on the other Python line, by hand: megatron-core 0.17+ need Python >= 3.12, so
-# tests/megatron run on a Python 3.12 venv with megatron-core 0.19.x. Not part of .ci/run: it does not
-# fit CI's time budget (measured, with what passes and fails: docs/megatron.md, "Two Python lines in
-# CI"). torch for 3.12 comes from PyPI, where only its CUDA build is: 527 MB wheel, 4.7 GB installed
-# with its nvidia-* libraries, ~12 min to install everything. The venv lives in a temporary folder
-# and is removed afterwards, whatever happens.
+# The Megatron tests on the other Python line: megatron-core 0.17+ need Python >= 3.12, so
+# tests/megatron run on a Python 3.12 venv with megatron-core 0.19.x. scripts/test_all.sh (the
+# project's test command, and .ci/run) runs it after the 3.11 suite. torch for 3.12 comes from PyPI,
+# where only its CUDA build is (4.7 GB installed with its nvidia-* libraries; measured install times:
+# docs/megatron.md, "Two Python lines in CI"). The venv lives in a temporary folder and is removed
+# afterwards, whatever happens.
 #   scripts/megatron_py312.sh [pytest args]      (default: tests/megatron)
 # Skips (one line, exit 0) when there is no Python 3.12.
 set -euo pipefail
@@ -28,7 +28,7 @@ started=$(date +%s)
 # -c constraints.txt: the same torch as the 3.11 line; megatron-core 0.19.x is the newest line supported.
 "$venv/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
 "$venv/bin/python" -m pip install -q -c constraints.txt -e ".[megatron]" "megatron-core>=0.19,<0.20" \
-    "pytest>=8" "tensorboard>=2.14" "prometheus-client>=0.20" six regex pyyaml  # Megatron-LM's megatron.training imports these
+    "pytest>=8" "pytest-xdist>=3.5" "tensorboard>=2.14" "prometheus-client>=0.20" six regex pyyaml  # Megatron-LM's megatron.training imports these
 echo "megatron_py312: venv ready in $(( $(date +%s) - started )) s: $("$venv/bin/python" -c \
     'import sys, torch, megatron.core as m; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, megatron-core {m.__version__}")' 2>/dev/null)"
 "$venv/bin/python" -m pytest -q "${@:-tests/megatron}"
