@@ -178,7 +178,7 @@ def _patch_initialize() -> None:
 
     initialize._set_random_seed = set_random_seed
     initialize._compile_dependencies = _load_dataset_helpers
-    initialize._warmup_jit_function = lambda: None
+    initialize._warmup_jit_function = lambda *args, **kwargs: None  # 0.19 passes tp_size=
 
 
 class _Stream:

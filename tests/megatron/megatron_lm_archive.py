@@ -28,6 +28,16 @@ def clients_dir() -> Path:
     return Path(os.environ.get(CLIENTS_ENV) or REPO.parent / "shared" / "clients")
 
 
+def release_for_installed_core() -> str:
+    """The archived Megatron-LM release that matches the installed megatron-core's line: 0.19.0 on
+    the Python 3.12 line (megatron-core 0.19.x), 0.16.1 otherwise. A checkout's own ``megatron/core``
+    shadows the installed one when its ``pretrain_gpt.py`` runs, so the pair must be of one line."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("megatron-core").split(".")[:2])
+    return "0.19.0" if (major, minor) >= (0, 19) else "0.16.1"
+
+
 def archive_path(version: str) -> Path:
     """The archive of one release, or skip the calling test."""
     path = clients_dir() / RELEASES[version]

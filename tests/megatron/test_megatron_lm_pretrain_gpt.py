@@ -1,4 +1,8 @@
-"""A real, unmodified Megatron-LM ``pretrain_gpt.py`` (core_v0.16.1) trains with ``--perseus`` on CPU.
+"""A real, unmodified Megatron-LM ``pretrain_gpt.py`` trains with ``--perseus`` on CPU.
+
+The release is the one of the installed megatron-core's line: core_v0.16.1 on Python 3.11
+(``extra_args_provider`` generation), core_v0.19.0 on the Python 3.12 line that
+``scripts/megatron_py312.sh`` runs (``parse_and_validate_args`` + ``pretrain(full_config, ...)``).
 
 The archived checkout is unpacked to a temporary directory and started under torchrun (gloo) by
 ``perseus_demo.megatron_lm_cpu``, which removes Megatron's CUDA-only start-up steps and then runs
@@ -24,16 +28,18 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron_lm_archive import REPO, unpack  # noqa: E402
+from megatron_lm_archive import REPO, release_for_installed_core, unpack  # noqa: E402
 from tensorboard_events import read_scalars  # noqa: E402
 from perseus_demo.megatron_lm_cpu import format_summaries, launch  # noqa: E402
 
 pytestmark = pytest.mark.distributed
+RELEASE = release_for_installed_core()
+LINE = RELEASE.rsplit(".", 1)[0]  # "0.16" or "0.19": the patches' release line
 
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    return unpack("0.16.1", tmp_path_factory.mktemp("megatron-lm"))
+    return unpack(RELEASE, tmp_path_factory.mktemp("megatron-lm"))
 
 
 def run_pretrain_gpt(checkout: Path, out: Path, **kwargs: Any) -> list[dict[str, Any]]:
@@ -85,7 +91,7 @@ def test_1f1b_two_stages_profiles_plans_deploys_and_restarts_from_the_cache(chec
 
 
 def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line(first_1f1b):
-    """An unmodified Megatron-LM core_v0.16.1 ``pretrain_gpt.py`` (2 stages, CPU) with
+    """An unmodified Megatron-LM ``pretrain_gpt.py`` (2 stages, CPU) with
     ``--tensorboard-dir``: Megatron's own writer (last rank) gets the ``perseus/*`` scalars at its
     iterations, and its iteration line carries the last rank's Perseus numbers."""
     pytest.importorskip("tensorboard")
@@ -123,11 +129,11 @@ def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_checkout_with_both_patches_trains_with_perseus(tmp_path):
-    """core_v0.16.1 with patches/megatron-core-0.16-schedules.patch and
-    patches/megatron-lm-core_v0.16-pretrain_gpt.patch applied: its own __main__ adds the flags and
+    """The checkout with its line's patches/megatron-core-<line>-schedules.patch and
+    patches/megatron-lm-core_v<line>-pretrain_gpt.patch applied: its own __main__ adds the flags and
     enables Perseus, and the decorated schedules report the steps (nothing is replaced at run time)."""
-    root = unpack("0.16.1", tmp_path / "src")
-    for name in ("megatron-core-0.16-schedules.patch", "megatron-lm-core_v0.16-pretrain_gpt.patch"):
+    root = unpack(RELEASE, tmp_path / "src")
+    for name in (f"megatron-core-{LINE}-schedules.patch", f"megatron-lm-core_v{LINE}-pretrain_gpt.patch"):
         applied = subprocess.run(["git", "apply", str(REPO / "patches" / name)], cwd=root, capture_output=True, text=True)
         assert applied.returncode == 0, applied.stderr
     results = run_pretrain_gpt(root, tmp_path / "run", stages=2, microbatches=4, train_iters=14, simulate_compute=False)
