@@ -40,6 +40,7 @@ from perseus.gpu import errors as gpu_errors
 from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
 from perseus.gpu.factory import open_spec
+from perseus.gpu.latest_writer import LatestWriter
 from perseus.gpu.spec import GPUSpec
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class FrequencyController:
         self._status_r = -1
         self._status_buf = b""
         self._last = _DEFAULT
-        self._pending: bytes | None = None
+        self._writer: LatestWriter | None = None
         self._dead = False
         self._closed = False
         self._closing = False
@@ -195,6 +196,7 @@ class FrequencyController:
         self._req_w, self._status_r = req_w, status_r
         self._owner_pid = os.getpid()
         os.set_blocking(req_w, False)
+        self._writer = LatestWriter(lambda data: os.write(req_w, data), req_w, self._on_dead)
         event = self._read_event(self._start_timeout)
         if event is None or event.get("event") != "ready":
             self._abort_start(event)
@@ -277,15 +279,9 @@ class FrequencyController:
         self._send(MSG.pack(OP_RESET, 0))
 
     def _send(self, msg: bytes) -> None:
-        if self._dead or self._closed:
+        if self._dead or self._closed or self._writer is None:
             return
-        try:
-            os.write(self._req_w, msg)
-            self._pending = None
-        except BlockingIOError:
-            self._pending = msg  # pipe full (controller stalled): keep only the latest request
-        except OSError:
-            self._on_dead()
+        self._writer.offer(msg)  # pipe full (controller stalled): only the latest request is kept
 
     # -- health -----------------------------------------------------------------------------
     def _on_dead(self, warn: bool = True) -> None:
@@ -303,7 +299,7 @@ class FrequencyController:
                 f"(exit code {code}). Frequency control is disabled for the rest of this run; "
                 "training continues at default GPU clocks.",
                 ControllerDiedWarning,
-                stacklevel=4,
+                stacklevel=6,
             )
             threading.Thread(target=self._background_reset, name="perseus-clock-reset", daemon=True).start()
 
@@ -349,22 +345,6 @@ class FrequencyController:
             self._notices.append(event)
 
     # -- synchronization --------------------------------------------------------------------
-    def _write_blocking(self, msg: bytes, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        view = memoryview(msg)
-        while view:
-            try:
-                n = os.write(self._req_w, view)
-                view = view[n:]
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                select.select([], [self._req_w], [], 0.05)
-            except OSError:
-                self._on_dead()
-                return False
-        return True
-
     def _read_event(self, timeout_s: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._status_buf:
@@ -383,16 +363,12 @@ class FrequencyController:
 
     def flush(self, timeout_s: float = 5.0) -> ControllerStats | None:
         """Wait until every request sent so far is applied; ``None`` if the controller is gone."""
-        if self._dead or self._closed or self._proc is None:
-            return None
-        if self._pending is not None:
-            if not self._write_blocking(self._pending, timeout_s):
-                return None
-            self._pending = None
-        self._sync_seq += 1
-        if not self._write_blocking(MSG.pack(OP_SYNC, self._sync_seq), timeout_s):
+        if self._dead or self._closed or self._proc is None or self._writer is None:
             return None
         deadline = time.monotonic() + timeout_s
+        self._sync_seq += 1
+        if not self._writer.send(MSG.pack(OP_SYNC, self._sync_seq), deadline):
+            return None
         while True:
             event = self._read_event(max(0.0, deadline - time.monotonic()))
             if event is None:
@@ -414,9 +390,9 @@ class FrequencyController:
         self._closing = True
         confirmed = False
         try:
-            if not self._dead:
-                self._write_blocking(MSG.pack(OP_CLOSE, 0), timeout_s)
+            if not self._dead and self._writer is not None:
                 deadline = time.monotonic() + timeout_s
+                self._writer.send(MSG.pack(OP_CLOSE, 0), deadline)
                 while True:
                     event = self._read_event(max(0.0, deadline - time.monotonic()))
                     if event is None:

@@ -125,12 +125,19 @@ def test_wire_frames_and_request_validation():
     assert wire.parse_request(b'{"op":"set","gpu":0,"mhz":1005}') == wire.SetClock(0, 1005)
     hello = wire.parse_request(json.dumps({"op": "hello", "v": 1, "pid": 7, "cuda_visible_devices": "2,3",
                                            "devices": [1], "uuids": None}).encode())
-    assert hello == wire.Hello(7, "2,3", (1,), None)
+    assert hello == wire.Hello(7, "2,3", (1,), None) and (hello.version, hello.clock_check_s) == (1, 0.0)
+    v2 = wire.parse_request(b'{"op":"hello","v":2,"pid":7,"devices":[0],"clock_check_s":0.5}')
+    assert (v2.version, v2.clock_check_s) == (2, 0.5)
     for bad in [b"\xff\xfe", b"[1]", b"{}", b'{"op":5}', b'{"op":"nope"}', b'{"op":"set","gpu":0,"mhz":"1005"}',
                 b'{"op":"set","gpu":true,"mhz":1005}', b'{"op":"set","gpu":0,"mhz":1e3}',
                 b'{"op":"set","gpu":-1,"mhz":1005}', b'{"op":"sync","seq":99999999999999}',
-                b'{"op":"hello","v":2,"pid":1}', b'{"op":"hello","v":1,"pid":1,"devices":[0,0]}',
-                b'{"op":"hello","v":1,"pid":1,"devices":[0],"uuids":["a","b"]}', b"[" * 4000]:
+                b'{"op":"hello","v":3,"pid":1}', b'{"op":"hello","v":true,"pid":1}', b'{"op":"hello","v":"2","pid":1}',
+                b'{"op":"hello","v":1,"pid":1,"devices":[0,0]}',
+                b'{"op":"hello","v":1,"pid":1,"devices":[0],"uuids":["a","b"]}', b"[" * 4000,
+                b'{"op":"hello","v":1,"pid":1,"clock_check_s":1}',  # a v2 field in a v1 HELLO
+                b'{"op":"hello","v":2,"pid":1,"clock_check_s":-1}', b'{"op":"hello","v":2,"pid":1,"clock_check_s":NaN}',
+                b'{"op":"hello","v":2,"pid":1,"clock_check_s":1e400}', b'{"op":"hello","v":2,"pid":1,"clock_check_s":true}',
+                b'{"op":"hello","v":2,"pid":1,"clock_check_s":"1"}']:
         with pytest.raises(wire.ProtocolError):
             wire.parse_request(bad)
 
@@ -265,7 +272,7 @@ def test_set_frequency_does_not_block_when_the_socket_is_full(clockd):
         try:
             for i in range(20000):
                 c.set_frequency(900 if i % 2 else 1005)
-            assert c._pending is not None or c._tail, "the socket filled up and the latest was kept"
+            assert c._writer.pending is not None or c._writer.tail, "the socket filled up and the latest was kept"
         finally:
             daemon._check_liveness = original  # type: ignore[method-assign]
             release.set()
@@ -563,8 +570,11 @@ def test_shipped_service_and_daemonset_run_valid_clockd_commands():
     assert volume["hostPath"]["path"] == mount["mountPath"] == str(Path(args.socket).parent)
 
 
-def test_device_errors_are_reported_to_the_client_and_serving_goes_on(clockd):
-    daemon = clockd(1)
+def test_a_refused_clock_is_a_failed_notice_and_that_claim_stays_at_default(clockd):
+    """As with the local controller: the device refuses a lock → one ``failed`` notice, the GPU
+    reset, later locks ignored for that claim; other clients' GPUs untouched; a new claim starts over.
+    A version-1 client still gets the refusal as an error reply."""
+    daemon = clockd(2)
     device = daemon.gpus[0].device
     real = device.set_locked_sm_clock
 
@@ -574,13 +584,33 @@ def test_device_errors_are_reported_to_the_client_and_serving_goes_on(clockd):
         real(mhz)
 
     device.set_locked_sm_clock = flaky  # type: ignore[method-assign]
-    with _client(daemon, 0) as c:
+    with _client(daemon, 0) as c, _client(daemon, 1) as other:
+        other.set_frequency(1005)
+        c.set_frequency(900)
+        assert c.flush().current == 900 and other.flush().current == 1005
         c.set_frequency(1005)
         stats = c.flush()
-        assert stats.errors == 1 and stats.current is None
-        assert any("device-error" in e and "the driver said no" in e for e in c.errors)
+        assert stats.errors == 1 and stats.current is None and not read_sim_state(0).locked
+        (notice,) = c.notices()
+        assert notice["event"] == "failed" and "the driver said no" in notice["message"] and notice["reset"] is True
+        assert c.errors == [], "reported once, as the notice"
+        c.set_frequency(705)
+        assert c.flush().current is None and not read_sim_state(0).locked, "ignored from now on"
+        assert c.notices() == []
+        other.set_frequency(900)
+        assert other.flush().current == 900 == read_sim_state(1).locked_mhz and other.notices() == []
+    with _client(daemon, 0) as c:  # a new claim: clock changes work again
         c.set_frequency(900)
-        assert c.flush().current == 900 == read_sim_state(0).locked_mhz
+        assert c.flush().current == 900
+    raw = RawClient(daemon.options.socket_path)
+    raw.msg({"op": "hello", "v": 1, "pid": os.getpid(), "devices": [0], "cuda_visible_devices": None})
+    assert "v" not in raw.reply()  # a version-1 OK: no notices for this client
+    raw.msg({"op": "set", "gpu": 0, "mhz": 1005})
+    raw.msg({"op": "sync", "seq": 1})
+    error = raw.reply()
+    assert error["code"] == wire.E_DEVICE and "the driver said no" in error["message"]
+    assert raw.reply()["op"] == "sync"
+    raw.close()
 
 
 def test_a_second_daemon_on_the_same_socket_touches_nothing(clockd, sock_dir):
