@@ -66,12 +66,13 @@ class ClockKeeper:
         if self.failed is not None:
             return
         self.failed = why
+        reset = True
         try:
             self.dev.reset_locked_sm_clock()
             self.current = None
         except Exception:  # noqa: BLE001 - a lost GPU: nothing left to reset
-            pass
-        self.notify({"event": "failed", "message": why, "reset": self.current is None})
+            reset = False
+        self.notify({"event": "failed", "message": why, "reset": reset})
 
     def next_check_in(self, check_s: float) -> float | None:
         """Seconds until the next read-back is due (<= 0: now); None when there is nothing to watch.

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -38,13 +36,6 @@ def _wait_until(cond, timeout_s: float) -> None:
         if time.monotonic() - t0 > timeout_s:
             raise AssertionError(f"condition not met within {timeout_s} s")
         time.sleep(0.01)
-
-
-@pytest.fixture
-def sock_dir():
-    d = tempfile.mkdtemp(prefix="clockd-")  # short: AF_UNIX paths are limited to 107 bytes
-    yield Path(d)
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
