@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,26 @@ def test_nvml_failing_for_one_clients_gpu_leaves_the_other_client_alone(sock_dir
     text = Path(log).read_text()
     assert "GPU 0: clock control failed" in text and "GPU 1: clock control failed" not in text
     print(f"\nclockd, NVML error {code} on one GPU: its client told after {told_s:.3f} s; the other client unaffected")
+
+
+def test_daemon_stopped_while_a_plan_holds_a_clock_is_a_failed_notice(sim_dir, sock_dir, tmp_path):
+    """A plan holding one clock sends no requests; the daemon stops (SIGTERM) and resets the GPU.
+    The client learns it at its next step end (``notices()``, no warning), as the local controller's
+    trainer learns of a dead controller process; afterwards nothing raises or blocks."""
+    SimulatedGPU(0, preset="A100-SXM", reset_state=True).close()
+    sock = sock_dir / "c.sock"
+    with clockd_process(sock, "--gpu", "sim", "--sim-dir", str(sim_dir), log_path=tmp_path / "clockd.log"):
+        client = ClockdController(str(sock), uuid=SimulatedGPU(0).uuid, cuda_visible_devices=None,
+                                  clock_check_s=CLOCK_CHECK_S).start()
+        client.set_frequency(705)
+        assert client.flush().current == 705 and client.notices() == []
+    assert not read_sim_state(0).locked, "the daemon reset the GPU on its way out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the notice is the one report: no ControllerDiedWarning
+        (notice,) = client.notices()
+        assert notice["event"] == "failed" and "closed the connection" in notice["message"]
+        assert client.notices() == [] and not client.alive
+        client.set_frequency(900)
+        client.reset()
+        assert client.flush() is None
+        assert client.close() is False
