@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import functools
 import json
 import logging
 import os
@@ -196,7 +197,7 @@ class FrequencyController:
         self._req_w, self._status_r = req_w, status_r
         self._owner_pid = os.getpid()
         os.set_blocking(req_w, False)
-        self._writer = LatestWriter(lambda data: os.write(req_w, data), req_w, self._on_dead)
+        self._writer = LatestWriter(functools.partial(os.write, req_w), req_w, self._on_dead)
         event = self._read_event(self._start_timeout)
         if event is None or event.get("event") != "ready":
             self._abort_start(event)

@@ -33,8 +33,21 @@ class LatestWriter:
 
     def offer(self, msg: bytes) -> bool:
         """Send ``msg`` now if the channel takes it, else keep it instead of any older pending one."""
-        self.pending = msg
-        return self.drain()
+        if self.tail or self.broken:
+            self.pending = msg
+            return self.drain()
+        self.pending = None  # replaced by ``msg``, which goes straight out (the hot path: one write)
+        try:
+            n = self._write(msg)
+        except (BlockingIOError, InterruptedError):
+            self.pending = msg
+            return False
+        except OSError:
+            self.broken = True
+            self._on_broken()
+            return False
+        self.tail = msg[n:]
+        return not self.tail
 
     def drain(self) -> bool:
         """Hand the tail and the pending message to the kernel without blocking; True when none is left."""
