@@ -31,7 +31,7 @@ import weakref
 from typing import Any
 
 from perseus.gpu import clockd_wire as wire
-from perseus.gpu.controller import NOTICES, ControllerDiedWarning, ControllerStats
+from perseus.gpu.controller import NOTICES, ControllerDiedWarning, ControllerStats, caller_stacklevel
 from perseus.gpu.errors import (
     GPUError,
     GPUInvalidArgumentError,
@@ -219,7 +219,7 @@ class ClockdController:
                 "control is disabled for the rest of this run; the daemon resets the GPU's clocks "
                 "when a connection ends (and on its own shutdown), so training continues at default clocks.",
                 ControllerDiedWarning,
-                stacklevel=6,
+                stacklevel=caller_stacklevel(),
             )
 
     # -- synchronization --------------------------------------------------------------------

@@ -55,6 +55,16 @@ class ControllerDiedWarning(RuntimeWarning):
     """The controller process is gone; training continues at default clocks."""
 
 
+def caller_stacklevel() -> int:
+    """``warnings.warn`` stack level of the first caller outside ``perseus.gpu``: a warning raised
+    deep in the request path points at the training code (or the runtime) that made the request."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @dataclass
 class ControllerStats:
     """What the controller process reported at the last ``flush()``."""
@@ -300,7 +310,7 @@ class FrequencyController:
                 f"(exit code {code}). Frequency control is disabled for the rest of this run; "
                 "training continues at default GPU clocks.",
                 ControllerDiedWarning,
-                stacklevel=6,
+                stacklevel=caller_stacklevel(),
             )
             threading.Thread(target=self._background_reset, name="perseus-clock-reset", daemon=True).start()
 

@@ -444,7 +444,8 @@ def test_cli_daemon_resets_on_sigterm_and_clients_continue(sim_dir, sock_dir):
             for mhz in (900, 1200, 705):
                 c.set_frequency(mhz)  # never raises, never blocks
             assert c.flush() is None and not c.alive
-        assert len([w for w in caught if issubclass(w.category, ControllerDiedWarning)]) == 1
+        died = [w for w in caught if issubclass(w.category, ControllerDiedWarning)]
+        assert len(died) == 1 and died[0].filename == __file__  # points at the training code's call
         c.close()
     finally:
         if daemon.poll() is None:
