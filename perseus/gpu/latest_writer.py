@@ -36,36 +36,41 @@ class LatestWriter:
         if self.tail or self.broken:
             self.pending = msg
             return self.drain()
-        self.pending = None  # replaced by ``msg``, which goes straight out (the hot path: one write)
-        try:
+        self.pending = None
+        try:  # the hot path: one write, nothing older to send first
             n = self._write(msg)
         except (BlockingIOError, InterruptedError):
             self.pending = msg
             return False
         except OSError:
-            self.broken = True
-            self._on_broken()
-            return False
-        self.tail = msg[n:]
-        return not self.tail
-
-    def drain(self) -> bool:
-        """Hand the tail and the pending message to the kernel without blocking; True when none is left."""
-        if self.broken:
-            return False
-        try:
-            while self.tail or self.pending is not None:
-                if not self.tail:
-                    self.tail, self.pending = self.pending, None  # type: ignore[assignment]
-                n = self._write(self.tail)
-                self.tail = self.tail[n:]
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            self.broken = True
-            self._on_broken()
+            return self._break()
+        if n < len(msg):
+            self.tail = msg[n:]
             return False
         return True
+
+    def drain(self) -> bool:
+        """Hand the tail and the pending message to the kernel without blocking; True when none is left.
+        A pending message becomes the tail only once the kernel took part of it, so until then a
+        newer one still replaces it."""
+        while (self.tail or self.pending is not None) and not self.broken:
+            data: bytes = self.tail or self.pending  # type: ignore[assignment]
+            try:
+                n = self._write(data)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return self._break()
+            if not self.tail:
+                self.pending = None
+            self.tail = data[n:]
+        return not self.broken
+
+    def _break(self) -> bool:
+        self.broken = True
+        self.pending = None
+        self._on_broken()
+        return False
 
     def flush(self, deadline: float) -> bool:
         """Block until everything offered is written (False at ``deadline`` or on a broken channel)."""

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from clockd_process import connectable
 
 from perseus.gpu import GPUError, GPUInvalidArgumentError, GPUNotFoundError, GPUPermissionError, SimulatedGPU, read_sim_state
 from perseus.gpu import clockd_wire as wire
@@ -431,7 +432,7 @@ def test_cli_daemon_resets_on_sigterm_and_clients_continue(sim_dir, sock_dir):
     stale.close()
     daemon = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_until(lambda: daemon.poll() is not None or _connectable(path), 60.0)
+        _wait_until(lambda: daemon.poll() is not None or connectable(path), 60.0)
         assert daemon.poll() is None, daemon.stderr.read()
         c = ClockdController(str(path), uuid=SimulatedGPU(1).uuid, cuda_visible_devices=None).start()
         c.set_frequency(1005)
@@ -452,17 +453,6 @@ def test_cli_daemon_resets_on_sigterm_and_clients_continue(sim_dir, sock_dir):
             daemon.kill()
         daemon.wait()
     assert "GPU(s) [1] reset" in daemon.stderr.read()
-
-
-def _connectable(path: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 # ---------------------------------------------------------------- NVML (fake pynvml)
