@@ -191,6 +191,20 @@ def test_unsupported_clock_is_refused_by_the_daemon(clockd):
     raw.close()
 
 
+def test_the_daemon_enforces_its_minimum_read_back_period(clockd):
+    daemon = clockd(1, min_clock_check_s=0.2)
+    for asked, granted in [(0.001, 0.2), (0.5, 0.5), (0, 0.0)]:
+        raw = RawClient(daemon.options.socket_path)
+        raw.msg({"op": "hello", "v": 2, "pid": os.getpid(), "devices": [0], "cuda_visible_devices": None,
+                 "clock_check_s": asked})
+        reply = raw.reply()
+        assert reply["op"] == "ok" and reply["v"] == 2 and reply["clock_check_s"] == granted
+        raw.close()
+        _wait_until(lambda: daemon.gpus[0].holder is None, 5.0)
+    with pytest.raises(GPUInvalidArgumentError, match="minimum clock-check period"):
+        DaemonOptions("x.sock", allow_uids=frozenset({0}), min_clock_check_s=0)
+
+
 # ---------------------------------------------------------------- isolation
 
 def test_two_clients_on_different_gpus_are_isolated(clockd):
@@ -353,6 +367,10 @@ def _garbage(rng: random.Random) -> list[bytes]:
         wire.frame({"op": "hello", "v": 1, "pid": 1, "devices": [0], "uuids": ["GPU-" + "f" * 100]}),
         wire.frame({"op": "hello", "v": 1, "pid": 1, "devices": [63], "cuda_visible_devices": "MIG-1,x"}),
         wire.frame({"op": "sync", "seq": 1}) + struct.pack(">I", 50) + b"{",  # half a frame left hanging
+        wire.frame({"op": "hello", "v": 2, "pid": 1, "devices": [0], "clock_check_s": rng.choice([-1, 1e9, "x", None])}),
+        wire.frame({"op": "hello", "v": 1, "pid": 1, "devices": [0], "clock_check_s": 0.1}),  # a v2 field in v1
+        wire.frame({"op": "hello", "v": rng.choice([0, 3, 2**40, 1.5]), "pid": 1, "devices": [0]}),
+        wire.frame({"op": "notice", "gpu": 0, "event": "failed"}),  # daemon-to-client only
     ]
 
 
