@@ -21,10 +21,17 @@ Security model (docs/gpu.md, "clockd"):
   checked (``clockd_wire``); a bad message gets an error reply, an oversized frame, too many
   errors or a client that stops reading get that client dropped, and the daemon keeps serving.
 
+Faults are handled as by the local controller process, with the same ``ClockKeeper`` per GPU: a
+refused lock resets that GPU, stops locking it for that claim and sends the holder a ``failed``
+notice; a clock changed from outside is read back (every ``clock_check_s`` the client asked for,
+at least ``--min-clock-check-s``), re-applied and reported (``override``), and given up after
+``MAX_OVERRIDES``. Notices go only to the holder of the claim they came from (protocol v2).
+
 One ``selectors`` loop owns every connection, claim and rate limit, so the ownership rules are
-race-free; the driver calls run on one applier thread per GPU (a clock change takes milliseconds,
-and eight GPUs must not queue behind each other). A request the applier has not taken yet is
-replaced by the next one (coalescing); SYNC and BYE are answered once the applier is past them.
+race-free; the driver calls (and read-backs) run on one applier thread per GPU (a clock change
+takes milliseconds, and eight GPUs must not queue behind each other). A request the applier has
+not taken yet is replaced by the next one (coalescing); SYNC and BYE are answered once the
+applier is past them.
 """
 
 from __future__ import annotations
