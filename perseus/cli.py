@@ -353,7 +353,8 @@ def cmd_clockd(args: argparse.Namespace) -> int:
 
     options = DaemonOptions(args.socket, frozenset(args.allow_uid), frozenset(args.allow_gid), rate_hz=args.rate,
                             burst=args.burst, max_clients=args.max_clients, socket_mode=args.socket_mode,
-                            verify_environ=args.verify_environ, require_open_device=args.require_open_device)
+                            verify_environ=args.verify_environ, require_open_device=args.require_open_device,
+                            min_clock_check_s=args.min_clock_check_s)
     return run(args.gpu, args.gpus, args.sim_dir, options)
 
 
@@ -533,6 +534,8 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                    help="require the CUDA_VISIBLE_DEVICES a client sends to match its /proc/PID/environ")
     p.add_argument("--require-open-device", action="store_true",
                    help="require a client to hold each GPU's /dev/nvidiaN open (proof the scheduler gave it that GPU)")
+    p.add_argument("--min-clock-check-s", type=_positive(float), default=0.05, metavar="S",
+                   help="shortest period at which a client may have its held clock read back (default 0.05)")
     p.set_defaults(handler=cmd_clockd)
 
     _add_report_command(sub)

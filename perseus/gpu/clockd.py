@@ -21,10 +21,17 @@ Security model (docs/gpu.md, "clockd"):
   checked (``clockd_wire``); a bad message gets an error reply, an oversized frame, too many
   errors or a client that stops reading get that client dropped, and the daemon keeps serving.
 
+Faults are handled as by the local controller process, with the same ``ClockKeeper`` per GPU: a
+refused lock resets that GPU, stops locking it for that claim and sends the holder a ``failed``
+notice; a clock changed from outside is read back (every ``clock_check_s`` the client asked for,
+at least ``--min-clock-check-s``), re-applied and reported (``override``), and given up after
+``MAX_OVERRIDES``. Notices go only to the holder of the claim they came from (protocol v2).
+
 One ``selectors`` loop owns every connection, claim and rate limit, so the ownership rules are
-race-free; the driver calls run on one applier thread per GPU (a clock change takes milliseconds,
-and eight GPUs must not queue behind each other). A request the applier has not taken yet is
-replaced by the next one (coalescing); SYNC and BYE are answered once the applier is past them.
+race-free; the driver calls (and read-backs) run on one applier thread per GPU (a clock change
+takes milliseconds, and eight GPUs must not queue behind each other). A request the applier has
+not taken yet is replaced by the next one (coalescing); SYNC and BYE are answered once the
+applier is past them.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from perseus.gpu import clockd_wire as wire
+from perseus.gpu.clock_keeper import ClockKeeper
 from perseus.gpu.cuda_visible import parse_cuda_visible_devices, resolve_physical_index
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
@@ -72,12 +80,15 @@ class DaemonOptions:
     require_open_device: bool = False  # the peer must hold each claimed GPU's /dev/nvidia<N> open
     liveness_s: float = 0.5  # how often peer pids are checked (a leaked socket fd hides a death)
     hello_timeout_s: float = 30.0  # a connection that holds no GPU after this long is closed
+    min_clock_check_s: float = 0.05  # a client's read-back period is at least this (one device read each)
 
     def __post_init__(self) -> None:
         if not self.allow_uids and not self.allow_gids:
             raise GPUInvalidArgumentError("clockd needs at least one --allow-uid or --allow-gid")
         if self.rate_hz <= 0 or self.burst < 1:
             raise GPUInvalidArgumentError("clockd: rate must be > 0 and burst >= 1")
+        if not 0 < self.min_clock_check_s <= wire.MAX_CHECK_S:
+            raise GPUInvalidArgumentError(f"clockd: the minimum clock-check period must be in (0, {wire.MAX_CHECK_S:g}] s")
 
 
 class _GPU:
@@ -94,59 +105,87 @@ class _GPU:
         self.holder: _Client | None = None
         self.requested: int | None = None  # loop-owned: the latest target handed to the applier
         # The applier thread (one per GPU) owns the device while serving: a driver call takes
-        # milliseconds, and GPUs must not wait for each other. Shared with it under ``cond``:
+        # milliseconds, and GPUs must not wait for each other. Its ``keeper`` applies targets,
+        # gives up when the device refuses one and reads a held lock back, exactly as the local
+        # controller process does. Shared with the loop under ``cond``:
         self.cond = threading.Condition()
         self.want: int | None = None
         self.want_tag: object = None
         self.want_force = False
+        self.want_claim: _Claim | None = None  # a new holder for the keeper, handed over with a request
         self.want_seq = 0  # bumped per request; requests not yet taken are coalesced to the latest
         self.done_seq = 0  # want_seq of the last request the applier finished
-        self.results: list[tuple[object, str, int | None, str]] = []  # (tag, kind, target, message)
+        self.results: list[tuple[object, str, int | None, dict[str, Any]]] = []  # (tag, kind, target, info)
         self.stopping = False
-        self.current: int | None = None  # applier-owned: the clock it last set (None = default)
+        self.keeper = ClockKeeper(device, self._keeper_event)  # applier-owned
+        self.claim = _Claim(None, 0.0)  # applier-owned: whose notices these are, how often to read back
         self.thread: threading.Thread | None = None
         minor = getattr(device, "minor_number", lambda: None)()
         # st_rdev of /dev/nvidia<minor> (NVIDIA's character-device major is 195); None: unknown
         self.rdev: int | None = os.makedev(NVIDIA_MAJOR, minor) if minor is not None else None
 
-    def request(self, target: int | None, tag: object, *, force: bool = False) -> int:
-        """Hand ``target`` to the applier (replacing one it has not taken yet); returns its seq."""
+    @property
+    def current(self) -> int | None:
+        """The clock the applier last set (None = default)."""
+        return self.keeper.current
+
+    def request(self, target: int | None, tag: object, *, force: bool = False, claim: _Claim | None = None) -> int:
+        """Hand ``target`` to the applier (replacing one it has not taken yet); returns its seq.
+        ``claim``: the GPU changes hands (HELLO, release) before ``target`` is applied."""
         with self.cond:
             self.want, self.want_tag = target, tag
             self.want_force = force or self.want_force
+            self.want_claim = claim if claim is not None else self.want_claim
             self.want_seq += 1
             self.cond.notify()
             return self.want_seq
+
+    def _keeper_event(self, event: dict[str, Any]) -> None:
+        """A keeper notice (``failed``, ``override``): for the holder of the claim it came from."""
+        with self.cond:
+            self.results.append((self.claim.holder, event["event"], None, event))
 
     def run_applier(self, wake: Callable[[], None]) -> None:
         while True:
             with self.cond:
                 while self.done_seq == self.want_seq and not self.stopping:
-                    self.cond.wait()
+                    due = self.keeper.next_check_in(self.claim.check_s)
+                    if due is not None and due <= 0:
+                        break
+                    self.cond.wait(due)
                 if self.done_seq == self.want_seq:
-                    return  # stopping, and nothing left to apply
-                target, tag, seq, force = self.want, self.want_tag, self.want_seq, self.want_force
-                self.want_force = False
-            kind, message = "applied", ""
-            if target == self.current and not force:
-                kind = "skipped"
-            else:
-                try:
-                    if target is None:
-                        self.device.reset_locked_sm_clock()
-                    else:
-                        self.device.set_locked_sm_clock(target)
-                    self.current = target
-                except Exception as exc:  # noqa: BLE001 - reported to the client; the thread goes on
-                    kind, message = "error", str(exc)
+                    if self.stopping:
+                        return  # stopping, and nothing left to apply
+                    request = None  # a read-back is due
+                else:
+                    request = (self.want, self.want_tag, self.want_seq, self.want_force, self.want_claim)
+                    self.want_force, self.want_claim = False, None
+            if request is None:
+                self.keeper.maybe_check(self.claim.check_s)
+                wake()
+                continue
+            target, tag, seq, force, claim = request
+            if claim is not None:
+                self.claim = claim
+                self.keeper.restart()
+            outcome = self.keeper.apply(target, force=force)
             with self.cond:
                 self.done_seq = seq
-                self.results.append((tag, kind, target, message))
+                self.results.append((tag, outcome, target, {"message": self.keeper.last_error}))
             wake()
 
     def describe(self, slot: int) -> dict[str, Any]:
         return {"slot": slot, "uuid": self.uuid, "name": self.name, "index": self.index,
                 "clocks": self.clocks, "default_mhz": self.default_mhz}
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """Who holds a GPU, as its applier sees it: notices go to ``holder``; ``check_s`` > 0 reads a
+    held lock back that often (the client's ``clock_check_s``, at least the daemon's minimum)."""
+
+    holder: _Client | None
+    check_s: float
 
 
 @dataclass(eq=False)
@@ -173,6 +212,7 @@ class _Client:
     errors: int = 0
     bad: int = 0
     closing: bool = False  # drop once outbuf is flushed
+    version: int = 1  # the protocol version its HELLO spoke (2: notices, read-back)
     history: list[collections.deque[int | None]] = field(default_factory=list)
 
     @property
@@ -296,7 +336,6 @@ class ClockDaemon:
         try:
             for g in self.gpus:
                 g.device.reset_locked_sm_clock()  # undo what a killed daemon (or a crashed job) left
-                g.current = None
         except BaseException:
             self._listener.close()
             self._listener = None
@@ -605,14 +644,21 @@ class ClockDaemon:
             if g.holder is not None and g.holder is not client:
                 raise wire.ProtocolError(
                     f"GPU {g.index} ({g.uuid}) is held by another client, {g.holder.who}", wire.E_BUSY)
+        check_s = max(hello.clock_check_s, self.options.min_clock_check_s) if hello.clock_check_s > 0 else 0.0
+        client.version = hello.version
         for slot, g in enumerate(gpus):
             g.holder = client
-            client.marks[slot] = g.request(None, None, force=True)  # start from a known state
+            # start from a known state; the applier takes the claim (read-back period, fresh
+            # keeper) before it resets
+            client.marks[slot] = g.request(None, None, force=True, claim=_Claim(client, check_s))
             g.requested = None
         client.gpus = gpus
         client.history = [collections.deque(maxlen=HISTORY_LEN) for _ in gpus]
         log.info("perseus clockd: %s holds GPU(s) %s", client.who, ", ".join(str(g.index) for g in gpus))
-        self._reply(client, {"op": "ok", "gpus": [g.describe(i) for i, g in enumerate(gpus)]})
+        reply: dict[str, Any] = {"op": "ok", "gpus": [g.describe(i) for i, g in enumerate(gpus)]}
+        if client.version >= 2:
+            reply.update(v=client.version, clock_check_s=check_s)
+        self._reply(client, reply)
 
     def _check_open_devices(self, client: _Client, gpus: list[_GPU]) -> None:
         held = _open_char_devices(client.pid) if client.pid > 0 else None
@@ -659,36 +705,46 @@ class ClockDaemon:
                                      "history": [list(h) for h in client.history]})
 
     def _collect_results(self) -> None:
-        """Account what the appliers did to the client that asked (if it is still connected)."""
+        """Account what the appliers did to the client that asked (if it is still connected), and
+        pass the keepers' notices on to their GPU's holder."""
         for g in self.gpus:
             with g.cond:
                 results, g.results = g.results, []
-            for tag, kind, target, message in results:
+            for tag, kind, target, info in results:
                 if isinstance(tag, tuple):  # ("bye", client): a release it waits for
                     if kind == "error":
                         tag[1].bye_ok = False
                     tag = None
-                if kind == "error":
-                    log.error("perseus clockd: GPU %d: %s", g.index, message)
+                if kind == "error" and target is None:
+                    log.error("perseus clockd: GPU %d: resetting the clocks failed: %s", g.index, info["message"])
+                elif kind == "failed":
+                    log.error("perseus clockd: GPU %d: clock control failed (%s); the GPU is %s, and stays at default "
+                              "clocks until its client reconnects", g.index, info["message"],
+                              "reset" if info["reset"] else "NOT reset (the device refused that too)")
+                elif kind == "override":
+                    log.warning("perseus clockd: GPU %d: the SM clock was changed outside the daemon (held %s MHz, read "
+                                "%s MHz); %s (%s of at most %s times)", g.index, info["expected"], info["found"],
+                                "re-applied it" if info["reapplied"] else "re-applying failed", info["count"], info["max"])
                 client = tag if isinstance(tag, _Client) else None
                 if client is None or g.holder is not client or self.clients.get(client.sock.fileno()) is not client:
                     continue
+                slot = client.gpus.index(g)
                 if kind == "applied":
                     client.applied += 1
-                    client.history[client.gpus.index(g)].append(target)
+                    client.history[slot].append(target)
                 elif kind == "skipped":
                     client.skipped += 1
-                else:
+                elif kind == "error":
                     client.errors += 1
-                    self._error(client, wire.E_DEVICE, f"GPU {g.index}: {message}")
+                    if client.version < 2 or target is None:  # a refused lock is a ``failed`` notice in v2
+                        self._error(client, wire.E_DEVICE, f"GPU {g.index}: {info['message']}")
+                elif client.version >= 2:  # "failed", "override": what the local controller reports
+                    self._reply(client, {"op": "notice", "gpu": slot, **info})
 
     def _reset_gpu(self, gpu: _GPU) -> bool:
-        try:
-            gpu.device.reset_locked_sm_clock()
-        except GPUError as exc:
-            log.error("perseus clockd: resetting GPU %d failed: %s", gpu.index, exc)
+        if gpu.keeper.apply(None, force=True) == "error":
+            log.error("perseus clockd: resetting GPU %d failed: %s", gpu.index, gpu.keeper.last_error)
             return False
-        gpu.current = None
         return True
 
     def _release(self, client: _Client, tag: object = None) -> list[tuple[_GPU, int]]:
@@ -697,7 +753,7 @@ class ClockDaemon:
         marks = []
         for g in client.gpus:
             if g.holder is client:
-                marks.append((g, g.request(None, tag, force=True)))
+                marks.append((g, g.request(None, tag, force=True, claim=_Claim(None, 0.0))))
                 g.requested = None
                 g.holder = None
         client.gpus = []

@@ -1,10 +1,16 @@
 """``ClockdController``: the trainer's handle on ``perseus clockd`` (no privileges needed).
 
 Same surface as ``FrequencyController`` (``start``, ``set_frequency``, ``reset``, ``flush``,
-``close``, ``alive``, context manager), so ``GPUPort`` uses either. On the training thread,
-``set_frequency`` looks up a pre-encoded frame and does one non-blocking ``send``; if the socket
-buffer is full (the daemon is busy or rate-limiting), the request is kept and replaced by later
-ones, i.e. coalesced to the latest, and goes out at the next call or ``flush()``.
+``notices``, ``close``, ``alive``, context manager), so ``GPUPort`` and the runtime use either
+without asking which. On the training thread, ``set_frequency`` looks up a pre-encoded frame and
+does one non-blocking ``send`` (``LatestWriter``); if the socket buffer is full (the daemon is
+busy or rate-limiting), the request is kept and replaced by later ones, i.e. coalesced to the
+latest, and goes out at the next call or ``flush()``.
+
+Faults arrive as the local controller's do: the daemon reads a held clock back every
+``clock_check_s`` and sends ``override`` and ``failed`` notices (``clock_keeper``), which
+``notices()`` drains without blocking at step ends; a daemon that closes the connection is a
+``failed`` notice too (it reset the GPU as it went).
 
 Clock safety is the daemon's job: it resets the GPU when this connection closes, which the kernel
 does for us on any exit, SIGKILL included. So there are no signal handlers here; an at-fork hook
@@ -25,13 +31,14 @@ import weakref
 from typing import Any
 
 from perseus.gpu import clockd_wire as wire
-from perseus.gpu.controller import ControllerDiedWarning, ControllerStats
+from perseus.gpu.controller import NOTICES, ControllerDiedWarning, ControllerStats, caller_stacklevel
 from perseus.gpu.errors import (
     GPUError,
     GPUInvalidArgumentError,
     GPUNotFoundError,
     GPUPermissionError,
 )
+from perseus.gpu.latest_writer import LatestWriter
 
 log = logging.getLogger(__name__)
 ENV_SOCKET = "PERSEUS_CLOCKD_SOCKET"
@@ -71,7 +78,9 @@ class ClockdController:
     ``uuid`` (the GPU's UUID as this process sees it: ``device.uuid``) identifies the GPU even in a
     container whose CUDA numbering differs from the node's; ``device_index`` (CUDA index) and
     ``cuda_visible_devices`` (default: this process's environment) are sent too, and the daemon
-    resolves them when no UUID is given.
+    resolves them when no UUID is given. ``clock_check_s`` > 0: the daemon reads a held clock
+    back that often (at least its ``--min-clock-check-s``) and re-applies it if something else
+    changed it.
     """
 
     enabled = True
@@ -84,6 +93,7 @@ class ClockdController:
         device_index: int = 0,
         cuda_visible_devices: Any = _UNSET,
         start_timeout_s: float = 30.0,
+        clock_check_s: float = 0.0,
     ) -> None:
         self.socket_path = str(socket_path)
         self.uuid = uuid
@@ -91,10 +101,11 @@ class ClockdController:
         self.cuda_visible_devices: str | None = (os.environ.get("CUDA_VISIBLE_DEVICES")
                                                  if cuda_visible_devices is _UNSET else cuda_visible_devices)
         self._start_timeout = start_timeout_s
+        self.clock_check_s = float(clock_check_s)
         self._sock: socket.socket | None = None
         self._rbuf = bytearray()
-        self._tail = b""  # rest of a partially sent frame: must go out before anything else
-        self._pending: bytes | None = None  # latest coalesced SET/RESET not yet handed to the kernel
+        self._writer: LatestWriter | None = None
+        self._notices: list[dict[str, Any]] = []
         self._frames: dict[int, bytes] = {}
         self._reset_frame = wire.frame({"op": "reset", "gpu": 0})
         self._last = _DEFAULT
@@ -125,7 +136,7 @@ class ClockdController:
         self._sock = sock
         hello = {"op": "hello", "v": wire.VERSION, "pid": os.getpid(),
                  "cuda_visible_devices": self.cuda_visible_devices, "devices": [self.device_index],
-                 "uuids": [self.uuid] if self.uuid else None}
+                 "uuids": [self.uuid] if self.uuid else None, "clock_check_s": self.clock_check_s}
         failure = "no reply to HELLO (daemon gone or too slow)"
         try:
             sock.sendall(wire.frame(hello))
@@ -147,6 +158,7 @@ class ClockdController:
         self.default_mhz = int(gpu["default_mhz"])
         self._frames = {c: wire.frame({"op": "set", "gpu": 0, "mhz": c}) for c in self.clocks}
         sock.setblocking(False)
+        self._writer = LatestWriter(lambda data: sock.send(data, socket.MSG_NOSIGNAL), sock.fileno(), self._on_dead)
         self._owner_pid = os.getpid()
         atexit.register(self.close)
         ref = weakref.ref(self)
@@ -191,26 +203,9 @@ class ClockdController:
         self._send(self._reset_frame)
 
     def _send(self, frame: bytes) -> None:
-        if self._dead or self._closed or self._sock is None:
+        if self._dead or self._closed or self._writer is None:
             return
-        self._pending = frame  # the latest wins; older unsent requests are dropped
-        self._drain()
-
-    def _drain(self) -> bool:
-        """Hand tail and pending to the kernel without blocking; True when nothing is left."""
-        assert self._sock is not None
-        try:
-            while self._tail or self._pending is not None:
-                if not self._tail:
-                    self._tail, self._pending = self._pending, None  # type: ignore[assignment]
-                n = self._sock.send(self._tail, socket.MSG_NOSIGNAL)
-                self._tail = self._tail[n:]
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            self._on_dead()
-            return False
-        return True
+        self._writer.offer(frame)  # the latest wins; older unsent requests are dropped
 
     # -- health -----------------------------------------------------------------------------
     def _on_dead(self) -> None:
@@ -224,7 +219,7 @@ class ClockdController:
                 "control is disabled for the rest of this run; the daemon resets the GPU's clocks "
                 "when a connection ends (and on its own shutdown), so training continues at default clocks.",
                 ControllerDiedWarning,
-                stacklevel=5,
+                stacklevel=caller_stacklevel(),
             )
 
     # -- synchronization --------------------------------------------------------------------
@@ -265,21 +260,6 @@ class ClockdController:
                 return None
             self._rbuf += chunk
 
-    def _send_all(self, frames: list[bytes], deadline: float) -> bool:
-        """Blocking send of whatever is pending, then ``frames`` in order."""
-        assert self._sock is not None
-        while not self._drain():
-            if self._dead or time.monotonic() > deadline:
-                return False
-            select.select([], [self._sock], [], 0.05)
-        for frame in frames:
-            self._pending = frame
-            while not self._drain():
-                if self._dead or time.monotonic() > deadline:
-                    return False
-                select.select([], [self._sock], [], 0.05)
-        return True
-
     def _note_error(self, reply: dict[str, Any]) -> None:
         message = f"{reply.get('code')}: {reply.get('message')}"
         if not any(e == message for e in self.errors):
@@ -291,9 +271,10 @@ class ClockdController:
         """Wait until everything sent so far is applied; ``None`` if the daemon is gone."""
         if self._dead or self._closed or self._sock is None:
             return None
+        assert self._writer is not None
         deadline = time.monotonic() + timeout_s
         self._sync_seq += 1
-        if not self._send_all([wire.frame({"op": "sync", "seq": self._sync_seq})], deadline):
+        if not self._writer.send(wire.frame({"op": "sync", "seq": self._sync_seq}), deadline):
             return None
         while True:
             reply = self._read_reply(deadline)
@@ -302,8 +283,8 @@ class ClockdController:
                     self._on_dead()
                 return None
             op = reply.get("op")
-            if op == "error":
-                self._note_error(reply)
+            if op in ("error", "notice"):
+                self._unasked(reply)
             elif op == "sync" and reply.get("seq") == self._sync_seq:
                 current = reply.get("current") or [None]
                 history = reply.get("history") or [[]]
@@ -311,9 +292,42 @@ class ClockdController:
                                        errors=int(reply["errors"]), received=int(reply["received"]),
                                        current=current[0], history=list(history[0]))
 
+    def _unasked(self, reply: dict[str, Any]) -> None:
+        """An error reply (logged once) or a notice (kept for ``notices()``)."""
+        if reply.get("op") == "error":
+            self._note_error(reply)
+        elif reply.get("event") in NOTICES:
+            self._notices.append({k: v for k, v in reply.items() if k not in ("op", "gpu")})
+
     def notices(self) -> list[dict[str, Any]]:
-        """The daemon reports refused clocks in its replies (``flush``); no unasked notices."""
-        return []
+        """Notices the daemon sent unasked since the last call (``override``: it re-applied a clock
+        something else changed; ``failed``: the device refused a clock, or the daemon closed the
+        connection: default clocks from now on). Never blocks: reads only what has arrived."""
+        if self._sock is not None and not self._dead and not self._closed:
+            eof = False
+            try:
+                while select.select([self._sock], [], [], 0)[0]:
+                    chunk = self._sock.recv(65536)
+                    if not chunk:
+                        eof = True
+                        break
+                    self._rbuf += chunk
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                eof = True
+            while (reply := self._read_reply(0.0)) is not None:
+                self._unasked(reply)
+            if eof:
+                # The daemon went away between requests (a plan holding one clock sends none). It
+                # resets a GPU when the connection ends; say so once, as the notice, not a warning.
+                self._dead = True
+                self._notices.append({"event": "failed", "reset": None,
+                                      "message": f"the perseus clock daemon at {self.socket_path} closed the "
+                                                 "connection (the daemon resets the GPU as it does; one killed "
+                                                 "outright does so when it starts again)"})
+        out, self._notices = self._notices, []
+        return out
 
     def close(self, timeout_s: float = 5.0) -> bool:
         """Ask the daemon to reset and release the GPU; True if the reset was confirmed. Idempotent."""
@@ -325,15 +339,15 @@ class ClockdController:
         confirmed = False
         self._closing = True
         try:
-            if not self._dead:
+            if not self._dead and self._writer is not None:
                 deadline = time.monotonic() + timeout_s
-                if self._send_all([wire.frame({"op": "bye"})], deadline):
+                if self._writer.send(wire.frame({"op": "bye"}), deadline):
                     while True:
                         reply = self._read_reply(deadline)
                         if reply is None:
                             break
-                        if reply.get("op") == "error":
-                            self._note_error(reply)
+                        if reply.get("op") in ("error", "notice"):
+                            self._unasked(reply)
                         elif reply.get("op") == "bye":
                             confirmed = bool(reply.get("reset"))
                             break

@@ -9,17 +9,26 @@ out-of-range numbers are ``ProtocolError``s the daemon reports without dropping 
 
 Requests::
 
-    HELLO {"op": "hello", "v": 1, "pid": int, "cuda_visible_devices": str | null,
-           "devices": [cuda index, ...], "uuids": [str, ...] | null}
+    HELLO {"op": "hello", "v": 1 | 2, "pid": int, "cuda_visible_devices": str | null,
+           "devices": [cuda index, ...], "uuids": [str, ...] | null,
+           "clock_check_s": number}                       # v2 only; optional, 0 = never
     SET   {"op": "set", "gpu": slot, "mhz": int}          # no reply on success
     RESET {"op": "reset", "gpu": slot}                    # no reply on success
     SYNC  {"op": "sync", "seq": int}                      # → {"op": "sync", "seq", stats...}
     BYE   {"op": "bye"}                                   # reset my GPUs → {"op": "bye", "reset": bool}
 
 ``slot`` is the position of a GPU in the HELLO reply's ``gpus`` list. Replies are
-``{"op": "ok", "gpus": [{"slot", "uuid", "name", "clocks", "default_mhz"}, ...]}`` for HELLO,
-the SYNC/BYE answers above, and ``{"op": "error", "code": str, "message": str}`` (asynchronous
-for SET/RESET: the client reads them at its next ``flush()``).
+``{"op": "ok", "v", "clock_check_s", "gpus": [{"slot", "uuid", "name", "clocks", "default_mhz"}, ...]}``
+for HELLO, the SYNC/BYE answers above, and ``{"op": "error", "code": str, "message": str}``
+(asynchronous for SET/RESET: the client reads them at its next ``flush()``).
+
+Version 2 adds what the local controller process reports unasked (``clock_keeper``): the daemon
+reads a held lock back every ``clock_check_s`` (never more often than its ``--min-clock-check-s``)
+and sends, at any time, ``{"op": "notice", "gpu": slot, "event": "override", "expected",
+"found", "reapplied", "count", "max"}`` or ``{"op": "notice", "gpu": slot, "event": "failed",
+"message", "reset"}`` (the device refused a clock: that GPU stays at default clocks until the
+client reconnects). A version-1 client gets a refused clock as an ``error`` reply instead, and no
+read-back.
 """
 
 from __future__ import annotations
@@ -29,7 +38,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-VERSION = 1
+VERSION = 2  # what this client speaks
+SUPPORTED_VERSIONS = (1, 2)  # what the daemon accepts in HELLO
+MAX_CHECK_S = 3600.0
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 4096  # bytes of JSON per request; HELLO with 64 GPUs fits comfortably
 MAX_REPLY = 1 << 20  # replies carry stats and clock lists; the client accepts up to this
@@ -102,6 +113,8 @@ class Hello:
     cuda_visible_devices: str | None
     devices: tuple[int, ...]
     uuids: tuple[str, ...] | None
+    version: int = 1
+    clock_check_s: float = 0.0  # read a held lock back this often (v2; 0: never)
 
 
 @dataclass(frozen=True)
@@ -141,8 +154,10 @@ def parse_request(payload: bytes) -> Request:
     if op == "bye":
         return Bye()
     if op == "hello":
-        if msg.get("v") != VERSION:
-            raise ProtocolError(f"protocol version {msg.get('v')!r} is not supported (this daemon speaks {VERSION})")
+        version = msg.get("v")
+        if type(version) is not int or version not in SUPPORTED_VERSIONS:
+            raise ProtocolError(f"protocol version {version!r} is not supported (this daemon speaks "
+                                f"{', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade perseus on this node")
         cvd = msg.get("cuda_visible_devices")
         if cvd is not None and (not isinstance(cvd, str) or len(cvd) > 2048):
             raise ProtocolError("'cuda_visible_devices' must be a string or null")
@@ -155,5 +170,11 @@ def parse_request(payload: bytes) -> Request:
         if uuids is not None and (not isinstance(uuids, list) or len(uuids) != len(devices)
                                   or any(not isinstance(u, str) or not 0 < len(u) <= 128 for u in uuids)):
             raise ProtocolError("'uuids' must be null or one UUID string per entry of 'devices'")
-        return Hello(_int(msg, "pid"), cvd, tuple(devices), tuple(uuids) if uuids is not None else None)
+        check_s = msg.get("clock_check_s", 0.0)
+        if "clock_check_s" in msg and version < 2:
+            raise ProtocolError("'clock_check_s' needs protocol version 2")
+        if type(check_s) not in (int, float) or not 0.0 <= check_s <= MAX_CHECK_S:  # NaN fails too
+            raise ProtocolError(f"'clock_check_s' must be a number of seconds in [0, {MAX_CHECK_S:g}], got {check_s!r}")
+        return Hello(_int(msg, "pid"), cvd, tuple(devices), tuple(uuids) if uuids is not None else None,
+                     version, float(check_s))
     raise ProtocolError(f"unknown op {op[:32]!r}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import functools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from perseus.gpu import errors as gpu_errors
 from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
 from perseus.gpu.factory import open_spec
+from perseus.gpu.latest_writer import LatestWriter
 from perseus.gpu.spec import GPUSpec
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,16 @@ _CONTROLLER_MAIN = "import sys; from perseus.gpu.controller_proc import main; sy
 
 class ControllerDiedWarning(RuntimeWarning):
     """The controller process is gone; training continues at default clocks."""
+
+
+def caller_stacklevel() -> int:
+    """``warnings.warn`` stack level of the first caller outside ``perseus.gpu``: a warning raised
+    deep in the request path points at the training code (or the runtime) that made the request."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @dataclass
@@ -162,7 +174,7 @@ class FrequencyController:
         self._status_r = -1
         self._status_buf = b""
         self._last = _DEFAULT
-        self._pending: bytes | None = None
+        self._writer: LatestWriter | None = None
         self._dead = False
         self._closed = False
         self._closing = False
@@ -195,6 +207,7 @@ class FrequencyController:
         self._req_w, self._status_r = req_w, status_r
         self._owner_pid = os.getpid()
         os.set_blocking(req_w, False)
+        self._writer = LatestWriter(functools.partial(os.write, req_w), req_w, self._on_dead)
         event = self._read_event(self._start_timeout)
         if event is None or event.get("event") != "ready":
             self._abort_start(event)
@@ -277,15 +290,9 @@ class FrequencyController:
         self._send(MSG.pack(OP_RESET, 0))
 
     def _send(self, msg: bytes) -> None:
-        if self._dead or self._closed:
+        if self._dead or self._closed or self._writer is None:
             return
-        try:
-            os.write(self._req_w, msg)
-            self._pending = None
-        except BlockingIOError:
-            self._pending = msg  # pipe full (controller stalled): keep only the latest request
-        except OSError:
-            self._on_dead()
+        self._writer.offer(msg)  # pipe full (controller stalled): only the latest request is kept
 
     # -- health -----------------------------------------------------------------------------
     def _on_dead(self, warn: bool = True) -> None:
@@ -303,7 +310,7 @@ class FrequencyController:
                 f"(exit code {code}). Frequency control is disabled for the rest of this run; "
                 "training continues at default GPU clocks.",
                 ControllerDiedWarning,
-                stacklevel=4,
+                stacklevel=caller_stacklevel(),
             )
             threading.Thread(target=self._background_reset, name="perseus-clock-reset", daemon=True).start()
 
@@ -349,22 +356,6 @@ class FrequencyController:
             self._notices.append(event)
 
     # -- synchronization --------------------------------------------------------------------
-    def _write_blocking(self, msg: bytes, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        view = memoryview(msg)
-        while view:
-            try:
-                n = os.write(self._req_w, view)
-                view = view[n:]
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                select.select([], [self._req_w], [], 0.05)
-            except OSError:
-                self._on_dead()
-                return False
-        return True
-
     def _read_event(self, timeout_s: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._status_buf:
@@ -383,16 +374,12 @@ class FrequencyController:
 
     def flush(self, timeout_s: float = 5.0) -> ControllerStats | None:
         """Wait until every request sent so far is applied; ``None`` if the controller is gone."""
-        if self._dead or self._closed or self._proc is None:
-            return None
-        if self._pending is not None:
-            if not self._write_blocking(self._pending, timeout_s):
-                return None
-            self._pending = None
-        self._sync_seq += 1
-        if not self._write_blocking(MSG.pack(OP_SYNC, self._sync_seq), timeout_s):
+        if self._dead or self._closed or self._proc is None or self._writer is None:
             return None
         deadline = time.monotonic() + timeout_s
+        self._sync_seq += 1
+        if not self._writer.send(MSG.pack(OP_SYNC, self._sync_seq), deadline):
+            return None
         while True:
             event = self._read_event(max(0.0, deadline - time.monotonic()))
             if event is None:
@@ -414,9 +401,9 @@ class FrequencyController:
         self._closing = True
         confirmed = False
         try:
-            if not self._dead:
-                self._write_blocking(MSG.pack(OP_CLOSE, 0), timeout_s)
+            if not self._dead and self._writer is not None:
                 deadline = time.monotonic() + timeout_s
+                self._writer.send(MSG.pack(OP_CLOSE, 0), deadline)
                 while True:
                     event = self._read_event(max(0.0, deadline - time.monotonic()))
                     if event is None:

@@ -16,6 +16,8 @@ Faults it reports on its own (JSON lines the trainer drains at step ends, ``noti
   in this process, never on the training thread) and re-applies the lock; after
   ``MAX_OVERRIDES`` overrides it gives up (``failed``) rather than fight the other tool.
 
+Both come from ``clock_keeper.ClockKeeper``, which ``perseus clockd`` runs per GPU as well.
+
 Wire protocol (see ``controller.py``): 8-byte little-endian ``(op: i32, arg: i32)`` requests on
 one pipe, JSON lines back on another.
 """
@@ -33,6 +35,7 @@ import sys
 import time
 from typing import Any
 
+from perseus.gpu.clock_keeper import MAX_OVERRIDES, ClockKeeper  # noqa: F401 - MAX_OVERRIDES re-exported
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError
 from perseus.gpu.factory import open_spec
@@ -41,23 +44,20 @@ from perseus.gpu.spec import GPUSpec
 MSG = struct.Struct("<ii")
 OP_SET, OP_RESET, OP_SYNC, OP_CLOSE = 1, 2, 3, 4
 HISTORY_LEN = 4096
-MAX_OVERRIDES = 3  # re-applications of a lock something else removed, before giving up
 
 
 class _Worker:
+    """The process's ``ClockKeeper`` plus what ``flush()`` reports (counts, applied history)."""
+
     def __init__(self, dev: GPUDevice, status_fd: int) -> None:
-        self.dev = dev
         self.status_fd = status_fd
-        self.current: int | None = None  # None = default (unlocked) clocks
+        self.keeper = ClockKeeper(dev, self.send)
         self.applied = 0
         self.skipped = 0
         self.errors = 0
         self.received = 0
         self.history: collections.deque[int | None] = collections.deque(maxlen=HISTORY_LEN)
         self._reported_errors: set[str] = set()
-        self.failed: str | None = None  # set once the device refused a clock: no more changes
-        self.overrides = 0
-        self.applied_at = time.monotonic()
 
     def send(self, event: dict[str, Any]) -> None:
         try:
@@ -67,67 +67,22 @@ class _Worker:
 
     def apply(self, target: int | None) -> None:
         """Bring the device to ``target`` (None = reset), skipping if it is already there."""
-        if target == self.current or (self.failed is not None and target is not None):
+        outcome = self.keeper.apply(target)
+        if outcome == "skipped":
             self.skipped += 1
-            return
-        try:
-            if target is None:
-                self.dev.reset_locked_sm_clock()
-            else:
-                self.dev.set_locked_sm_clock(target)
-        except GPUError as exc:
+        elif outcome == "error":
             self.errors += 1
-            key = type(exc).__name__
+            key = self.keeper.last_error.split(":", 1)[0]
             if key not in self._reported_errors:  # one line per error type, not one per request
                 self._reported_errors.add(key)
-                print(f"perseus controller: {exc}", file=sys.stderr, flush=True)
-            if target is not None:
-                self.give_up(f"{key}: {exc}")
-            return
-        self.current = target
-        self.applied += 1
-        self.applied_at = time.monotonic()
-        self.history.append(target)
-
-    def give_up(self, why: str) -> None:
-        """No more clock changes this run: reset what we can, tell the trainer once."""
-        if self.failed is not None:
-            return
-        self.failed = why
-        try:
-            self.dev.reset_locked_sm_clock()
-            self.current = None
-        except GPUError:
-            pass  # a lost GPU: nothing left to reset
-        self.send({"event": "failed", "message": why, "reset": self.current is None})
-
-    def check_clock(self) -> None:
-        """Read the applied clock back; re-apply a lock something else removed (or give up).
-
-        A read above the lock means the lock is gone (throttling only ever lowers the clock, so a
-        read below it is no override)."""
-        if self.current is None or self.failed is not None:
-            return
-        try:
-            found = self.dev.locked_sm_clock_mhz()
-        except GPUError:
-            return  # the next clock change reports a broken device
-        if found is None or found <= self.current:
-            return
-        self.overrides += 1
-        expected = self.current
-        if self.overrides > MAX_OVERRIDES:
-            self.give_up(f"the SM clock was changed outside Perseus {self.overrides} times (found {found} MHz, "
-                         f"held {expected} MHz); leaving the clocks to the other tool")
-            return
-        self.current = None  # force the re-apply
-        self.apply(expected)
-        self.send({"event": "override", "expected": expected, "found": found, "reapplied": self.current == expected,
-                   "count": self.overrides, "max": MAX_OVERRIDES})
+                print(f"perseus controller: {self.keeper.last_error.split(': ', 1)[-1]}", file=sys.stderr, flush=True)
+        else:
+            self.applied += 1
+            self.history.append(target)
 
     def stats(self) -> dict[str, Any]:
         return {"applied": self.applied, "skipped": self.skipped, "errors": self.errors,
-                "received": self.received, "current": self.current, "history": list(self.history)}
+                "received": self.received, "current": self.keeper.current, "history": list(self.history)}
 
 
 def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: float, check_s: float = 0.0) -> str:
@@ -145,17 +100,11 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
                  "clocks": dev.supported_sm_clocks_mhz(), "default_mhz": dev.default_sm_clock_mhz()})
     buf = b""
     wait_s = min(poll_s, check_s) if check_s > 0 else poll_s
-    checked_at = time.monotonic()
     while not stop["why"]:
         readable, _, _ = select.select([req_fd], [], [], wait_s)
         if os.getppid() != parent_pid:
             return "parent exited"
-        if check_s > 0:
-            now = time.monotonic()
-            # only a lock held for a whole period: a fresh change may still be on its way
-            if now - checked_at >= check_s and now - worker.applied_at >= check_s:
-                checked_at = now
-                worker.check_clock()
+        worker.keeper.maybe_check(check_s)
         if not readable:
             continue
         data = os.read(req_fd, 65536)

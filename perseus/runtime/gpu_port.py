@@ -64,7 +64,7 @@ class GPUPort:
 
         device = open_gpu(backend, device_index, **sim_gpu)
         if control and clockd_socket_from_env() is not None:
-            return cls(device, _clockd_controller(device, device_index))
+            return cls(device, _clockd_controller(device, device_index, clock_check_s))
         if control and not device.can_set_clocks():
             device.close()
             raise ConfigError(
@@ -185,8 +185,9 @@ class GPUPort:
             self.device.close()
 
 
-def _clockd_controller(device: GPUDevice, device_index: int | None) -> ClockController:
-    """Claim ``device`` at the node's clock daemon, by UUID (container-safe) and CUDA index."""
+def _clockd_controller(device: GPUDevice, device_index: int | None, clock_check_s: float) -> ClockController:
+    """Claim ``device`` at the node's clock daemon, by UUID (container-safe) and CUDA index; the
+    daemon reads a held clock back every ``clock_check_s``, as the local controller would."""
     from perseus.gpu.clockd_client import ClockdController, socket_path_from_env
     from perseus.gpu.cuda_visible import default_cuda_index
 
@@ -195,6 +196,7 @@ def _clockd_controller(device: GPUDevice, device_index: int | None) -> ClockCont
         socket_path_from_env() or "", uuid=device.uuid,
         device_index=device.index if simulated else (default_cuda_index() if device_index is None else device_index),
         cuda_visible_devices=None if simulated else os.environ.get("CUDA_VISIBLE_DEVICES"),
+        clock_check_s=clock_check_s,
     )
     try:
         return controller.start()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,11 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("PERSEUS_GPU", raising=False)
     return fake
+
+
+@pytest.fixture
+def sock_dir():
+    """A short temporary folder for Unix sockets (AF_UNIX paths are limited to 107 bytes)."""
+    d = tempfile.mkdtemp(prefix="clockd-")
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)

@@ -56,6 +56,9 @@ class FakeDevice:
     mem_locked: tuple[int, int] | None = None
     power_limit_mw: int = 400_000
     limit_range_mw: tuple[int, int] = (100_000, 400_000)
+    # Faults of this device alone (the module's ``lock_error``/``lost_marker`` hit every device).
+    lock_error: int | None = None
+    lost_marker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ def make_fake_pynvml(
     ``allow_set=False`` makes every setter fail with NO_PERMISSION. Faults mid-run:
     ``lock_error`` makes locking any clock below the highest fail with that code (the privilege
     probe, which locks the highest, still works); GPU_IS_LOST then also creates the file
-    ``lost_marker``, after which every device call in every process using it fails the same way."""
+    ``lost_marker``, after which every device call in every process using it fails the same way.
+    A ``FakeDevice``'s own ``lock_error``/``lost_marker`` do the same for that device alone."""
     m = types.ModuleType("pynvml")
     m.devices = devices if devices is not None else [FakeDevice("GPU-aaaa0000-0000-0000-0000-000000000000")]
     m.calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -118,7 +122,10 @@ def make_fake_pynvml(
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if not isinstance(h, _Handle) or not 0 <= h.index < len(m.devices):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return m.devices[h.index]
+        d = m.devices[h.index]
+        if d.lost_marker is not None and os.path.exists(d.lost_marker):
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        return d
 
     def setter() -> None:
         if not m.allow_set:
@@ -180,10 +187,11 @@ def make_fake_pynvml(
     def nvmlDeviceSetGpuLockedClocks(h: _Handle, lo: int, hi: int) -> None:
         d = dev(h)
         setter()
-        if m.lock_error is not None and hi < max(d.sm_clocks):
-            if m.lock_error == NVML_ERROR_GPU_IS_LOST and m.lost_marker is not None:
-                open(m.lost_marker, "w").close()
-            raise NVMLError(m.lock_error)
+        error, marker = (d.lock_error, d.lost_marker) if d.lock_error is not None else (m.lock_error, m.lost_marker)
+        if error is not None and hi < max(d.sm_clocks):
+            if error == NVML_ERROR_GPU_IS_LOST and marker is not None:
+                open(marker, "w").close()
+            raise NVMLError(error)
         d.locked = (lo, hi)
         d.sm_clock = hi
 
@@ -252,3 +260,60 @@ def make_fake_pynvml(
 
     m.calls_named = calls_named
     return m
+
+
+# ---------------------------------------------------------------- as ``pynvml`` of other processes
+
+SHIM = '''"""pynvml for a test's processes: the fake, with faults, logging its clock calls."""
+import json, os, sys
+sys.path.insert(0, {gpu_tests!r})
+from fake_pynvml import FakeDevice, make_fake_pynvml
+
+_cfg = json.loads(os.environ["PERSEUS_TEST_FAKE_NVML"])
+_devices = [FakeDevice(**d) for d in _cfg["devices"]] if _cfg.get("devices") else None
+_m = make_fake_pynvml(_devices, lock_error=_cfg.get("lock_error"), lost_marker=_cfg.get("lost_marker"))
+_log = os.path.join(_cfg["log_dir"], f"{{os.getpid()}}.jsonl")
+
+def _logged(name):
+    inner = getattr(_m, name)
+    def call(*args):
+        entry = {{"call": name, "device": args[0].index, "args": list(args[1:])}}
+        try:
+            inner(*args)
+            entry["ok"] = True
+        except _m.NVMLError as exc:
+            entry["ok"], entry["error"] = False, exc.value
+            raise
+        finally:
+            entry["locked"] = _m.devices[args[0].index].locked
+            with open(_log, "a") as f:
+                f.write(json.dumps(entry) + "\\n")
+    setattr(_m, name, call)
+
+for _name in ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"):
+    _logged(_name)
+sys.modules[__name__] = _m
+'''
+
+
+def write_shim(shim_dir: str | os.PathLike[str], config: dict[str, Any]) -> dict[str, str]:
+    """Write ``pynvml.py`` into ``shim_dir``: in any process with that folder first on its
+    ``PYTHONPATH`` and the returned environment, ``import pynvml`` gives this fake, configured by
+    ``config`` (``lock_error``, ``lost_marker``, ``devices``: FakeDevice fields per device) and
+    appending each clock call (device, ok, error, the device's lock after it) to
+    ``<config["log_dir"]>/<pid>.jsonl``. Returns the environment variables to set."""
+    import json
+
+    path = os.path.join(os.fspath(shim_dir), "pynvml.py")
+    with open(path, "w") as f:
+        f.write(SHIM.format(gpu_tests=os.path.dirname(os.path.abspath(__file__))))
+    return {"PERSEUS_TEST_FAKE_NVML": json.dumps(config)}
+
+
+def read_clock_calls(log_dir: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
+    """The clock calls the shim logged, per process id, in order."""
+    import json
+    from pathlib import Path
+
+    return {int(f.stem): [json.loads(x) for x in f.read_text().splitlines()]
+            for f in sorted(Path(log_dir).glob("*.jsonl"))}

@@ -9,19 +9,18 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
 
 import pytest
+from clockd_process import connectable
 
 from perseus.gpu import GPUError, GPUInvalidArgumentError, GPUNotFoundError, GPUPermissionError, SimulatedGPU, read_sim_state
 from perseus.gpu import clockd_wire as wire
@@ -38,13 +37,6 @@ def _wait_until(cond, timeout_s: float) -> None:
         if time.monotonic() - t0 > timeout_s:
             raise AssertionError(f"condition not met within {timeout_s} s")
         time.sleep(0.01)
-
-
-@pytest.fixture
-def sock_dir():
-    d = tempfile.mkdtemp(prefix="clockd-")  # short: AF_UNIX paths are limited to 107 bytes
-    yield Path(d)
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -125,12 +117,19 @@ def test_wire_frames_and_request_validation():
     assert wire.parse_request(b'{"op":"set","gpu":0,"mhz":1005}') == wire.SetClock(0, 1005)
     hello = wire.parse_request(json.dumps({"op": "hello", "v": 1, "pid": 7, "cuda_visible_devices": "2,3",
                                            "devices": [1], "uuids": None}).encode())
-    assert hello == wire.Hello(7, "2,3", (1,), None)
+    assert hello == wire.Hello(7, "2,3", (1,), None) and (hello.version, hello.clock_check_s) == (1, 0.0)
+    v2 = wire.parse_request(b'{"op":"hello","v":2,"pid":7,"devices":[0],"clock_check_s":0.5}')
+    assert (v2.version, v2.clock_check_s) == (2, 0.5)
     for bad in [b"\xff\xfe", b"[1]", b"{}", b'{"op":5}', b'{"op":"nope"}', b'{"op":"set","gpu":0,"mhz":"1005"}',
                 b'{"op":"set","gpu":true,"mhz":1005}', b'{"op":"set","gpu":0,"mhz":1e3}',
                 b'{"op":"set","gpu":-1,"mhz":1005}', b'{"op":"sync","seq":99999999999999}',
-                b'{"op":"hello","v":2,"pid":1}', b'{"op":"hello","v":1,"pid":1,"devices":[0,0]}',
-                b'{"op":"hello","v":1,"pid":1,"devices":[0],"uuids":["a","b"]}', b"[" * 4000]:
+                b'{"op":"hello","v":3,"pid":1}', b'{"op":"hello","v":true,"pid":1}', b'{"op":"hello","v":"2","pid":1}',
+                b'{"op":"hello","v":1,"pid":1,"devices":[0,0]}',
+                b'{"op":"hello","v":1,"pid":1,"devices":[0],"uuids":["a","b"]}', b"[" * 4000,
+                b'{"op":"hello","v":1,"pid":1,"clock_check_s":1}',  # a v2 field in a v1 HELLO
+                b'{"op":"hello","v":2,"pid":1,"clock_check_s":-1}', b'{"op":"hello","v":2,"pid":1,"clock_check_s":NaN}',
+                b'{"op":"hello","v":2,"pid":1,"clock_check_s":1e400}', b'{"op":"hello","v":2,"pid":1,"clock_check_s":true}',
+                b'{"op":"hello","v":2,"pid":1,"clock_check_s":"1"}']:
         with pytest.raises(wire.ProtocolError):
             wire.parse_request(bad)
 
@@ -190,6 +189,20 @@ def test_unsupported_clock_is_refused_by_the_daemon(clockd):
     assert raw.reply()["received"] == 0
     assert not read_sim_state(0).locked
     raw.close()
+
+
+def test_the_daemon_enforces_its_minimum_read_back_period(clockd):
+    daemon = clockd(1, min_clock_check_s=0.2)
+    for asked, granted in [(0.001, 0.2), (0.5, 0.5), (0, 0.0)]:
+        raw = RawClient(daemon.options.socket_path)
+        raw.msg({"op": "hello", "v": 2, "pid": os.getpid(), "devices": [0], "cuda_visible_devices": None,
+                 "clock_check_s": asked})
+        reply = raw.reply()
+        assert reply["op"] == "ok" and reply["v"] == 2 and reply["clock_check_s"] == granted
+        raw.close()
+        _wait_until(lambda: daemon.gpus[0].holder is None, 5.0)
+    with pytest.raises(GPUInvalidArgumentError, match="minimum clock-check period"):
+        DaemonOptions("x.sock", allow_uids=frozenset({0}), min_clock_check_s=0)
 
 
 # ---------------------------------------------------------------- isolation
@@ -265,7 +278,7 @@ def test_set_frequency_does_not_block_when_the_socket_is_full(clockd):
         try:
             for i in range(20000):
                 c.set_frequency(900 if i % 2 else 1005)
-            assert c._pending is not None or c._tail, "the socket filled up and the latest was kept"
+            assert c._writer.pending is not None or c._writer.tail, "the socket filled up and the latest was kept"
         finally:
             daemon._check_liveness = original  # type: ignore[method-assign]
             release.set()
@@ -354,6 +367,10 @@ def _garbage(rng: random.Random) -> list[bytes]:
         wire.frame({"op": "hello", "v": 1, "pid": 1, "devices": [0], "uuids": ["GPU-" + "f" * 100]}),
         wire.frame({"op": "hello", "v": 1, "pid": 1, "devices": [63], "cuda_visible_devices": "MIG-1,x"}),
         wire.frame({"op": "sync", "seq": 1}) + struct.pack(">I", 50) + b"{",  # half a frame left hanging
+        wire.frame({"op": "hello", "v": 2, "pid": 1, "devices": [0], "clock_check_s": rng.choice([-1, 1e9, "x", None])}),
+        wire.frame({"op": "hello", "v": 1, "pid": 1, "devices": [0], "clock_check_s": 0.1}),  # a v2 field in v1
+        wire.frame({"op": "hello", "v": rng.choice([0, 3, 2**40, 1.5]), "pid": 1, "devices": [0]}),
+        wire.frame({"op": "notice", "gpu": 0, "event": "failed"}),  # daemon-to-client only
     ]
 
 
@@ -433,7 +450,7 @@ def test_cli_daemon_resets_on_sigterm_and_clients_continue(sim_dir, sock_dir):
     stale.close()
     daemon = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_until(lambda: daemon.poll() is not None or _connectable(path), 60.0)
+        _wait_until(lambda: daemon.poll() is not None or connectable(path), 60.0)
         assert daemon.poll() is None, daemon.stderr.read()
         c = ClockdController(str(path), uuid=SimulatedGPU(1).uuid, cuda_visible_devices=None).start()
         c.set_frequency(1005)
@@ -446,24 +463,14 @@ def test_cli_daemon_resets_on_sigterm_and_clients_continue(sim_dir, sock_dir):
             for mhz in (900, 1200, 705):
                 c.set_frequency(mhz)  # never raises, never blocks
             assert c.flush() is None and not c.alive
-        assert len([w for w in caught if issubclass(w.category, ControllerDiedWarning)]) == 1
+        died = [w for w in caught if issubclass(w.category, ControllerDiedWarning)]
+        assert len(died) == 1 and died[0].filename == __file__  # points at the training code's call
         c.close()
     finally:
         if daemon.poll() is None:
             daemon.kill()
         daemon.wait()
     assert "GPU(s) [1] reset" in daemon.stderr.read()
-
-
-def _connectable(path: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 # ---------------------------------------------------------------- NVML (fake pynvml)
@@ -563,8 +570,11 @@ def test_shipped_service_and_daemonset_run_valid_clockd_commands():
     assert volume["hostPath"]["path"] == mount["mountPath"] == str(Path(args.socket).parent)
 
 
-def test_device_errors_are_reported_to_the_client_and_serving_goes_on(clockd):
-    daemon = clockd(1)
+def test_a_refused_clock_is_a_failed_notice_and_that_claim_stays_at_default(clockd):
+    """As with the local controller: the device refuses a lock → one ``failed`` notice, the GPU
+    reset, later locks ignored for that claim; other clients' GPUs untouched; a new claim starts over.
+    A version-1 client still gets the refusal as an error reply."""
+    daemon = clockd(2)
     device = daemon.gpus[0].device
     real = device.set_locked_sm_clock
 
@@ -574,13 +584,33 @@ def test_device_errors_are_reported_to_the_client_and_serving_goes_on(clockd):
         real(mhz)
 
     device.set_locked_sm_clock = flaky  # type: ignore[method-assign]
-    with _client(daemon, 0) as c:
+    with _client(daemon, 0) as c, _client(daemon, 1) as other:
+        other.set_frequency(1005)
+        c.set_frequency(900)
+        assert c.flush().current == 900 and other.flush().current == 1005
         c.set_frequency(1005)
         stats = c.flush()
-        assert stats.errors == 1 and stats.current is None
-        assert any("device-error" in e and "the driver said no" in e for e in c.errors)
+        assert stats.errors == 1 and stats.current is None and not read_sim_state(0).locked
+        (notice,) = c.notices()
+        assert notice["event"] == "failed" and "the driver said no" in notice["message"] and notice["reset"] is True
+        assert c.errors == [], "reported once, as the notice"
+        c.set_frequency(705)
+        assert c.flush().current is None and not read_sim_state(0).locked, "ignored from now on"
+        assert c.notices() == []
+        other.set_frequency(900)
+        assert other.flush().current == 900 == read_sim_state(1).locked_mhz and other.notices() == []
+    with _client(daemon, 0) as c:  # a new claim: clock changes work again
         c.set_frequency(900)
-        assert c.flush().current == 900 == read_sim_state(0).locked_mhz
+        assert c.flush().current == 900
+    raw = RawClient(daemon.options.socket_path)
+    raw.msg({"op": "hello", "v": 1, "pid": os.getpid(), "devices": [0], "cuda_visible_devices": None})
+    assert "v" not in raw.reply()  # a version-1 OK: no notices for this client
+    raw.msg({"op": "set", "gpu": 0, "mhz": 1005})
+    raw.msg({"op": "sync", "seq": 1})
+    error = raw.reply()
+    assert error["code"] == wire.E_DEVICE and "the driver said no" in error["message"]
+    assert raw.reply()["op"] == "sync"
+    raw.close()
 
 
 def test_a_second_daemon_on_the_same_socket_touches_nothing(clockd, sock_dir):

@@ -8,11 +8,15 @@ that docs/reliability.md states are what these tests print (``pytest -s tests/ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -20,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from toy_helpers import greedy_frontier, stage_uniform_frontier  # noqa: E402
 from toy_pipeline import ToyConfig, launch  # noqa: E402
 
+from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
 from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.runtime import planning  # noqa: E402
 
@@ -83,49 +88,44 @@ def test_rank_dies_the_other_pipeline_continues_at_default_clocks(tmp_path, monk
 # ---------------------------------------------------------------- NVML fails mid-run (fake pynvml)
 
 GPU_TESTS = Path(__file__).parents[1] / "gpu"
-SHIM = '''"""pynvml for this test's processes: the fake, with faults, logging its clock calls."""
-import json, os, sys
-sys.path.insert(0, {gpu_tests!r})
-from fake_pynvml import make_fake_pynvml
+sys.path.insert(0, str(GPU_TESTS))
+from clockd_process import clockd_process  # noqa: E402
+from fake_pynvml import read_clock_calls, write_shim  # noqa: E402
 
-_cfg = json.loads(os.environ["PERSEUS_TEST_FAKE_NVML"])
-_m = make_fake_pynvml(lock_error=_cfg["lock_error"], lost_marker=_cfg["lost_marker"])
-_log = os.path.join(_cfg["log_dir"], f"{{os.getpid()}}.jsonl")
-
-def _logged(name):
-    inner = getattr(_m, name)
-    def call(*args):
-        entry = {{"call": name, "args": list(args[1:])}}
-        try:
-            inner(*args)
-            entry["ok"] = True
-        except _m.NVMLError as exc:
-            entry["ok"], entry["error"] = False, exc.value
-            raise
-        finally:
-            entry["locked"] = _m.devices[0].locked
-            with open(_log, "a") as f:
-                f.write(json.dumps(entry) + "\\n")
-    setattr(_m, name, call)
-
-for _name in ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"):
-    _logged(_name)
-sys.modules[__name__] = _m
-'''
+VIA = ["controller", "clockd"]  # who changes the clocks: the rank's own controller process, or perseus clockd
+UUIDS = ["GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000"]
 
 
-def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock_error: int) -> tuple[Path, Path]:
-    """The shim on PYTHONPATH (the controller processes import it) and in sys.modules (the forked
-    ranks inherit it); returns (clock-call log dir, lost marker)."""
+@contextlib.contextmanager
+def clock_source(via: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *daemon_args: str) -> Iterator[Path | None]:
+    """``clockd``: a ``perseus clockd`` process (``daemon_args``) the ranks reach through
+    ``PERSEUS_CLOCKD_SOCKET``; yields its log. ``controller``: nothing to start (yields None)."""
+    if via == "controller":
+        yield None
+        return
+    sock_dir = Path(tempfile.mkdtemp(prefix="clockd-"))  # AF_UNIX paths are short
+    monkeypatch.setenv("PERSEUS_CLOCKD_SOCKET", str(sock_dir / "c.sock"))
+    try:
+        with clockd_process(sock_dir / "c.sock", *daemon_args, log_path=tmp_path / "clockd.log"):
+            yield tmp_path / "clockd.log"
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock_error: int | None,
+                      devices: list[dict] | None = None) -> tuple[Path, Path]:
+    """The fake's shim on PYTHONPATH (controller and daemon processes import it) and in
+    sys.modules (the forked ranks inherit it); returns (clock-call log dir, lost marker)."""
     import importlib.util
 
     shim_dir, log_dir = tmp_path / "shim", tmp_path / "nvml-calls"
     shim_dir.mkdir()
     log_dir.mkdir()
-    (shim_dir / "pynvml.py").write_text(SHIM.format(gpu_tests=str(GPU_TESTS)))
     marker = tmp_path / "gpu-lost"
-    monkeypatch.setenv("PERSEUS_TEST_FAKE_NVML", json.dumps(
-        {"lock_error": lock_error, "lost_marker": str(marker), "log_dir": str(log_dir)}))
+    env = write_shim(shim_dir, {"lock_error": lock_error, "lost_marker": str(marker), "log_dir": str(log_dir),
+                                "devices": devices})
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim_dir), os.environ.get("PYTHONPATH", "")]))
     spec = importlib.util.spec_from_file_location("pynvml", shim_dir / "pynvml.py")
     module = importlib.util.module_from_spec(spec)
@@ -134,18 +134,22 @@ def install_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lock_erro
     return log_dir, marker
 
 
+@pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("code, what", [(3, "not supported"), (15, "GPU not found")])
-def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, monkeypatch, code, what):
+def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, monkeypatch, code, what, via):
     """Deployed on fake NVML GPUs, locking a lower clock fails (NOT_SUPPORTED, or GPU_IS_LOST after
     which every NVML call fails): each rank says so in one line and falls back to default clocks;
-    training runs to the end; the controllers reset what they could."""
-    log_dir, marker = install_fake_nvml(tmp_path, monkeypatch, code)
+    training runs to the end; the controllers (or the daemon) reset what they could. Through
+    ``perseus clockd`` the ranks are the daemon's clients, one GPU each."""
+    log_dir, marker = install_fake_nvml(tmp_path, monkeypatch, code,
+                                        [{"uuid": u} for u in UUIDS] if via == "clockd" else None)
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=12, target_slowdown=1.2)
     stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
-                   "gpu": "nvml", "device_index": 0, "straggler_period_steps": 2,
-                   "metrics_file": str(tmp_path / "m.jsonl")}
-    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+                   "gpu": "nvml", "straggler_period_steps": 2, "metrics_file": str(tmp_path / "m.jsonl"),
+                   **({"device_index": 0} if via == "controller" else {})}  # clockd: GPU = rank
+    with clock_source(via, tmp_path, monkeypatch, "--gpu", "nvml") as daemon_log:
+        results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
     failed_somewhere = False
     for r in results:
         assert r["error"] is None, r.get("traceback")
@@ -155,14 +159,20 @@ def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, mon
         if lines:
             failed_somewhere = True
             assert len(lines) == 1 and what in lines[0], r["warnings"]
+        assert not [w for w in r["warnings"] if "clockd reported an error" in w], "one line, not two"
         assert s["phase"] == "fallback", s["phase_history"]  # every rank: default clocks
     assert failed_somewhere
-    calls = [json.loads(x) for f in sorted(log_dir.glob("*.jsonl")) for x in f.read_text().splitlines()]
-    refused = [c for c in calls if c["call"] == "nvmlDeviceSetGpuLockedClocks" and not c["ok"]]
+    per_process = read_clock_calls(log_dir)
+    refused = [c for calls in per_process.values() for c in calls
+               if c["call"] == "nvmlDeviceSetGpuLockedClocks" and not c["ok"]]
     assert refused and all(c["error"] == code for c in refused)
-    for f in log_dir.glob("*.jsonl"):  # every controller: nothing left locked by a successful call
-        entries = [json.loads(x) for x in f.read_text().splitlines()]
-        assert entries[-1]["locked"] is None or not entries[-1]["ok"], entries[-3:]
+    for entries in per_process.values():  # every controller/daemon GPU: nothing left locked by a successful call
+        for device in {e["device"] for e in entries}:
+            last = [e for e in entries if e["device"] == device][-1]
+            assert last["locked"] is None or not last["ok"], entries[-3:]
+    if daemon_log is not None:
+        assert len(per_process) == 1, "only the daemon touched the clocks"
+        assert "clock control failed" in daemon_log.read_text()
     assert marker.exists() == (code == 15)
     if code == 15:
         assert any("reading the GPU's energy failed" in w for r in results for w in r["warnings"])
@@ -170,7 +180,8 @@ def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, mon
     for line in (tmp_path / "m.jsonl").read_text().splitlines():
         json.loads(line)
     gaps = [dict((p, s) for s, p in r["summary"]["phase_history"]) for r in results]
-    print(f"\nNVML error {code}: fallback {max(g['fallback'] - g['deployed'] for g in gaps)} step(s) after deploying")
+    print(f"\nNVML error {code} ({via}): fallback {max(g['fallback'] - g['deployed'] for g in gaps)} step(s) "
+          "after deploying")
 
 
 # ---------------------------------------------------------------- clocks reset under us
@@ -178,15 +189,24 @@ def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, mon
 CLOCK_CHECK_S = 0.2
 
 
-def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path):
+@pytest.mark.parametrize("via", VIA)
+def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path, monkeypatch, via):
     """At a step boundary every rank resets its own simulated GPU's clocks as an admin's
     ``nvidia-smi -rgc`` would. The controller of a rank holding a lower clock reads it back within
-    ``clock_check_s``, re-applies it and the rank says so in one line; clocks end at default."""
-    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, admin_reset_at_step=6)
+    ``clock_check_s``, re-applies it and the rank says so in one line; clocks end at default.
+    Through ``perseus clockd`` the ranks may not change clocks themselves; the daemon does all that."""
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, admin_reset_at_step=6,
+                    sim_dir=str(tmp_path / "sim"))
     stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "clock_check_s": CLOCK_CHECK_S}
-    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    if via == "clockd":
+        cfg.perseus["sim_gpu"] = {"allow_clock_setting": False}
+        for rank in (0, 1):  # the GPUs the daemon manages, as the toy ranks will use them
+            SimulatedGPU(rank, preset=cfg.sim_preset, state_dir=cfg.sim_dir,
+                         energy_update_period_s=cfg.energy_update_period_s, reset_state=True).close()
+    with clock_source(via, tmp_path, monkeypatch, "--gpu", "sim", "--gpus", "0,1", "--sim-dir", cfg.sim_dir) as log:
+        results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
     held = [r for r in results if r["admin_reset"]["held_mhz"] not in (None, max(FREQS))]
     assert held, "the slowed plan should hold a lower clock on some rank"
     for r in results:
@@ -201,8 +221,10 @@ def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path):
         else:
             assert lines == []
     assert_clocks_default(cfg, 2)
+    if log is not None:
+        assert log.read_text().count("changed outside the daemon") == len(held)
     times = ", ".join(f"{r['admin_reset']['relocked_s']:.2f}" for r in held)
-    print(f"\nclock reset from outside: re-applied after {times} s (check every {CLOCK_CHECK_S} s)")
+    print(f"\nclock reset from outside ({via}): re-applied after {times} s (check every {CLOCK_CHECK_S} s)")
 
 
 def test_controller_gives_up_when_the_clock_keeps_being_changed(tmp_path, monkeypatch):
@@ -377,14 +399,16 @@ def test_controller_killed_while_a_plan_holds_a_clock(tmp_path):
     print(f"\ncontroller killed: clock back at default within {max(recover):.2f} s (at a step end)")
 
 
-def test_nvml_refuses_clocks_while_profiling_the_profile_is_discarded(tmp_path, monkeypatch):
+@pytest.mark.parametrize("via", VIA)
+def test_nvml_refuses_clocks_while_profiling_the_profile_is_discarded(tmp_path, monkeypatch, via):
     """A sweep whose clocks were refused measured nothing but default clocks: the ranks agree at
     the sweep's end to discard it (nothing cached) and keep default clocks."""
-    install_fake_nvml(tmp_path, monkeypatch, 3)
+    install_fake_nvml(tmp_path, monkeypatch, 3, [{"uuid": u} for u in UUIDS] if via == "clockd" else None)
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
                     perseus={**SWEEP, "p_blocking_w": 60.0, "cache_dir": str(tmp_path / "cache"), "gpu": "nvml",
-                             "device_index": 0})
-    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+                             **({"device_index": 0} if via == "controller" else {})})
+    with clock_source(via, tmp_path, monkeypatch, "--gpu", "nvml"):
+        results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
     for r in results:
         assert r["error"] is None, r.get("traceback")
         assert len(r["steps"]) == cfg.steps
