@@ -23,10 +23,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# The simulated "kernel" is a numpy matmul; one BLAS thread keeps its time stable on shared CPUs.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-
 from perseus.gpu import GPUDevice, GPUError, SimulatedGPU, open_gpu  # noqa: E402
 from perseus.gpu.measurement import EnergyPoller, power_from_updates  # noqa: E402
 
@@ -72,16 +68,15 @@ def counter_period(dev: GPUDevice, updates: int, poll_s: float = 0.0005, timeout
             "max_ms": max(gaps)}
 
 
-def _matmul_step_sim(dev: SimulatedGPU, n: int) -> Callable[[int], None]:
-    import numpy as np
+def _matmul_step_sim(dev: SimulatedGPU, kernel_ms: float) -> Callable[[int], None]:
+    """A matmul-like kernel of ``kernel_ms`` at the max clock, stretched and powered by the model.
 
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-
+    Not CPU work: a CPU matmul's time depends on what else runs on the machine, and so would the
+    time and power this script reports for the simulated GPU.
+    """
     def run(iters: int) -> None:
         for _ in range(iters):
-            with dev.busy(activity=1.0, compute_fraction=0.9):
-                a @ b
+            dev.run_for(kernel_ms / 1e3, activity=1.0, compute_fraction=0.9)
 
     return run
 
@@ -139,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=int, default=0, help="CUDA device index (as this process sees it)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (seconds instead of a minute)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
-    ap.add_argument("--matrix", type=int, default=0, help="matmul size (default 8192 GPU / 384 sim)")
+    ap.add_argument("--matrix", type=int, default=8192, help="matmul size on a GPU")
+    ap.add_argument("--sim-kernel-ms", type=float, default=5.0,
+                    help="with --sim: the simulated matmul's time at the max clock")
     args = ap.parse_args(argv)
 
     if args.sim:
@@ -167,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                       [c for c in clocks if c <= clocks[0] * 0.7][:1] + [c for c in clocks if c <= clocks[0] * 0.55][:1]
         out["lock_latency"] = lock_latency(dev, test_clocks, reps) if can_lock else None
         out["energy_counter"] = counter_period(dev, updates)
-        run = (_matmul_step_sim(dev, args.matrix or 384) if args.sim  # type: ignore[arg-type]
-               else _matmul_step_cuda(args.index, args.matrix or 8192))
+        run = (_matmul_step_sim(dev, args.sim_kernel_ms) if args.sim  # type: ignore[arg-type]
+               else _matmul_step_cuda(args.index, args.matrix))
         out["matmul"] = matmul_sweep(dev, run, test_clocks if can_lock else [clocks[0]], seconds, can_lock)
     finally:
         try:
