@@ -11,7 +11,7 @@ import pytest
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.runtime.collective import Collective, encode_frontier
-from perseus.runtime.stage_plan import decode_stage, distribute, encode_stage, point_of, stage_plan_of
+from perseus.runtime.stage_plan import decode_stage, distribute, encode_stage, point_of, slices_of, stage_plan_of
 from perseus.schedule import build_schedule
 
 
@@ -80,7 +80,7 @@ def test_a_slice_for_another_job_or_stage_is_one_line_error():
 
 def test_distribute_without_torch_distributed_keeps_the_own_slice():
     front = random_frontier()
-    delivered = distribute(Collective(), front, front.schedule, 0)
+    delivered = distribute(Collective(), slices_of(front), front.schedule, 0)
     assert delivered.received_bytes == 0 and delivered.plan.stage == 0
     assert point_of(front, delivered.plan.default_point()) is front.default_point()
 
