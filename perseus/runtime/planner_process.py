@@ -118,10 +118,6 @@ class PlannedStages:
             raise FrontierError(f"stage {stage} is not in this {len(self.stage_bytes)}-stage frontier")
         return self.stage_bytes[stage]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(len(b) for b in self.stage_bytes)
-
 
 def hand_over(frontier: Frontier, cache: RunCache | None, encode_stage: StageEncoder) -> dict[str, Any]:
     """The planner process's work on a finished frontier, so rank 0 has none: every stage's bytes,
