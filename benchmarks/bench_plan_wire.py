@@ -19,6 +19,12 @@ whole document, whatever tree gloo uses, since every rank receives all of it), t
 rank holds afterwards, and rank 0's encoding time. Sizes are exact (the bytes the runtime sends);
 times are this machine's, noisy.
 
+Then the work on rank 0's training thread at the step the plan is ready, the median of
+``--repeat`` runs: before, the planner process replied with the frontier's version 2 document and
+rank 0 decoded it, encoded every stage's slice and wrote the cache file; now the planner process
+does all that (``planner_process.hand_over``, timed too: it costs planning wall time, not
+training time) and rank 0 unpickles the hand-over and decodes its own stage's slice.
+
     python benchmarks/bench_plan_wire.py
     python benchmarks/bench_plan_wire.py --stages 8 --microbatches 64 --chunks 2 --dp 4
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,8 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_frontier_file import synthetic_points  # noqa: E402
 
-from perseus.frontier import Frontier  # noqa: E402
+from perseus.cache import RunCache  # noqa: E402
+from perseus.frontier import Frontier, frontier_from_json_dict  # noqa: E402
 from perseus.runtime.collective import decode_frontier, encode_frontier  # noqa: E402
+from perseus.runtime.planner_process import hand_over, planned_stages  # noqa: E402
 from perseus.runtime.stage_plan import decode_stage, encode_stage  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 
@@ -79,6 +88,27 @@ def measure(front: Frontier, dp: int) -> dict:
     }
 
 
+def rank0_at_hand_over(front: Frontier, cache_dir: Path) -> dict:
+    """Seconds of rank 0's training-thread work (and the planner process's) when the plan arrives."""
+    sched = front.schedule
+    reply = pickle.dumps(("ok", front.to_json_dict()), pickle.HIGHEST_PROTOCOL)  # the planner process's, before
+    t0 = time.perf_counter()
+    whole = frontier_from_json_dict(pickle.loads(reply)[1], "frontier from the planner process")
+    slices = [encode_stage(whole, s) for s in range(sched.num_stages)]
+    RunCache(cache_dir / "before", {"bench": "plan_wire"}).save_frontier(whole)
+    decode_stage(slices[0], sched, 0)
+    before = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reply = pickle.dumps(("ok", hand_over(front, RunCache(cache_dir / "now", {"bench": "plan_wire"}), encode_stage)),
+                         pickle.HIGHEST_PROTOCOL)
+    child = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    planned = planned_stages(pickle.loads(reply)[1])
+    decode_stage(planned.bytes_of(0), sched, 0)
+    now = time.perf_counter() - t0
+    return {"before": before, "now": now, "child": child, "reply": len(reply)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=16)
@@ -87,14 +117,19 @@ def main() -> None:
     ap.add_argument("--points", type=int, default=300)
     ap.add_argument("--paced", type=int, default=200)
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of every stage")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the hand-over timing (median)")
     args = ap.parse_args()
     n = args.stages * args.chunks * args.microbatches * 2
     print(f"interleaved {args.stages} stages x {args.chunks} chunks x {args.microbatches} microbatches "
           f"({n:,} instructions), {args.points} points + {args.paced} paced points, {args.dp} replica(s) per stage")
     print(f"{'pattern':<8} {'transport':<22} {'rank receives MB':>17} {'rank 0 sends MB':>16} "
           f"{'rank holds MB':>14} {'rank 0 encode s':>16}")
+    handover = {}
     for pattern in ("walk", "random"):
         front = synthetic_frontier(args.stages, args.microbatches, args.chunks, args.points, args.paced, pattern)
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = [rank0_at_hand_over(front, Path(tmp)) for _ in range(args.repeat)]
+        handover[pattern] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
         m = measure(front, args.dp)
         print(f"{pattern:<8} {'whole, broadcast':<22} {mb(m['whole']):>17} {mb(m['sent_whole']):>16} "
               f"{mb(m['held_whole']):>14} {m['t_whole']:>16.2f}")
@@ -104,6 +139,12 @@ def main() -> None:
               f"{m['sent_stage'] / m['sent_whole']:>16.4f} {m['held_stage'] / m['held_whole']:>14.4f}")
     print("rank receives: the largest stage's slice (per stage: its size; whole: every rank). rank holds: the clock "
           "arrays after decoding (whole: int64 per instruction and point; stage: uint8 indices)")
+    print(f"\nrank 0 at the step the plan is ready (median of {args.repeat}; the cache write included where it is done)")
+    print(f"{'pattern':<8} {'training thread before s':>25} {'training thread now s':>22} {'now / before':>13} "
+          f"{'planner process adds s':>23} {'hand-over MB':>13}")
+    for pattern, h in handover.items():
+        print(f"{pattern:<8} {h['before']:>25.3f} {h['now']:>22.4f} {h['now'] / h['before']:>13.4f} "
+              f"{h['child']:>23.3f} {mb(h['reply']):>13}")
 
 
 if __name__ == "__main__":

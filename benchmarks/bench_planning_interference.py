@@ -1,30 +1,46 @@
-"""Does planning slow rank 0's training steps? Planner in a thread vs in a niced child process.
+"""Does planning slow rank 0's training steps? Steps while the planner runs against steps before.
 
 Rank 0 plans while it trains. A GPU-bound trainer's Python thread spends most of a step blocked
 (waiting on the GPU, a collective) and wakes up for short bursts of Python work (hooks, kernel
-launches); every wake-up needs the GIL. A planner thread in the same process holds the GIL for
-its Python-level work, so each wake-up may wait up to a switch interval (5 ms); a planner process
-competes only for a CPU core, at lower priority (``os.nice``).
+launches). Each "training step" here is ``--instructions`` × (``--burst-us`` of Python work, then
+``--wait-ms`` asleep, like a blocking GPU sync): what it measures is how long the trainer waits
+for a CPU (and for the GIL) at its wake-ups while something plans beside it.
 
-Each "training step" here is ``--instructions`` × (``--burst-us`` of Python work, then
-``--wait-ms`` asleep, like a blocking GPU sync). Four modes: no planning; planning in a thread (the
-runtime before: ``plan_frontier`` in a daemon thread); the runtime's planner process at nice 10
-(``perseus.runtime.planner_process``, what it does now); the same process at nice 0, to separate
-the GIL from the priority. They are interleaved in ``--rounds`` rounds so the shared machine's
-load affects them alike, and each round's median is also divided by that round's no-planning
-median (the paired ratio, whose spread shows the noise). While a mode runs, its planner plans the
-``--stages`` × ``--microbatches`` 1F1B pipeline on the public GPT-3 A100 profile
-(/work/shared/data, or ``PERSEUS_ARTIFACT_DATA``) over and over, so every measured step overlaps
-planning. Prints median and p90 step time and their ratios to no planning, measured in the same run.
+Planning modes (``--modes``):
+
+- ``thread``: ``plan_frontier`` in a thread of the trainer's process (the runtime before the
+  planner process: the planner's Python work holds the GIL);
+- ``shared``: the runtime's planner process at nice 10 in the trainer's session (the planner
+  process before it got a session of its own);
+- ``own``: the runtime's planner process as it starts now (``start_child``): nice 10, its own
+  session (so its own autogroup where the kernel has autogroup scheduling), single-threaded;
+- ``own0``: the same at nice 0 (``planner_nice: 0``, what the CPU demos use).
+
+Fair on a shared machine: the windows alternate, ``none, mode, none, mode, ...`` (the modes'
+order rotates every round), and each planning window's median step is divided by the mean of the
+two no-planning windows around it, so slow drifts of the machine's load cancel. The noise floor is
+the same ratio between two consecutive no-planning windows ("before" against "before"). Each
+planning window starts a fresh planner, waits ``--child-start-s`` for it to import and start
+planning (not measured), and plans the ``--stages`` × ``--microbatches`` 1F1B pipeline on the
+public GPT-3 A100 profile (/work/shared/data, or ``PERSEUS_ARTIFACT_DATA``) over and over, so every
+measured step overlaps planning. It also records the CPU time the planner got (a planner that
+does not slow the trainer because it hardly runs would show here), and the load average.
+
+The planner can only take CPU time from the trainer when no core is idle: on a machine with cores
+to spare every mode that keeps the planner out of the trainer's process is within noise.
+``--busy N`` starts N busy-looping processes, each in a session of its own (other jobs, other
+users, data loaders), for the whole run, so the saturated case is measured whatever else the
+machine does.
 
     python benchmarks/bench_planning_interference.py
-    python benchmarks/bench_planning_interference.py --rounds 8 --steps 60   # docs/runtime.md's run
+    python benchmarks/bench_planning_interference.py --rounds 12 --steps 40   # docs/runtime.md's run
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -36,6 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DATA = Path(os.environ.get("PERSEUS_ARTIFACT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data" / "perseus-sosp24"))
+MODES = ("thread", "shared", "own", "own0")
+LABELS = {"none": "none (before vs before)", "thread": "thread", "shared": "process, trainer's session",
+          "own": "process, own session (now)", "own0": "process, own session, nice 0"}
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def _plan_inputs(stages: int, microbatches: int):
@@ -53,11 +73,10 @@ def plan_forever(schedule, profile, options):
         plan_frontier(schedule, profile, options)
 
 
-def _plan_in_thread(schedule, profile, stop: threading.Event) -> None:
-    from perseus.planner import plan_frontier
-
-    while not stop.is_set():
-        plan_frontier(schedule, profile)
+def _cpu_s(stat_path: str) -> float:
+    """User + system CPU seconds of a process or thread (/proc/.../stat)."""
+    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
 def _step(instructions: int, burst_s: float, wait_s: float) -> float:
@@ -71,69 +90,120 @@ def _step(instructions: int, burst_s: float, wait_s: float) -> float:
     return time.perf_counter() - t0
 
 
-def run_mode(mode: str, args: argparse.Namespace) -> list[float]:
-    from perseus.planner import PlannerOptions
-    from perseus.runtime.planner_process import ProcessPlanner
+def _steps(args: argparse.Namespace) -> np.ndarray:
+    return np.array([_step(args.instructions, args.burst_us * 1e-6, args.wait_ms * 1e-3) for _ in range(args.steps)])
 
-    schedule, profile = _plan_inputs(args.stages, args.microbatches)
-    stop = threading.Event()
-    thread = planner = None
+
+class _PlannerThread:
+    """The runtime before the planner process: ``plan_frontier`` in a daemon thread, in a loop."""
+
+    def __init__(self, schedule, profile) -> None:
+        self._stop = threading.Event()
+        self._tid: list[int] = []
+        self._thread = threading.Thread(target=self._run, args=(schedule, profile), daemon=True)
+        self._thread.start()
+        while not self._tid:
+            time.sleep(0.01)
+        self.stat = f"/proc/self/task/{self._tid[0]}/stat"
+
+    def _run(self, schedule, profile) -> None:
+        from perseus.planner import plan_frontier
+
+        self._tid.append(threading.get_native_id())
+        while not self._stop.is_set():
+            plan_frontier(schedule, profile)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()  # finishes its current plan first
+
+
+def planning_window(mode: str, args: argparse.Namespace, schedule, profile) -> tuple[np.ndarray, float]:
+    """Step times while ``mode`` plans, and the planner's CPU share (CPU s per wall s) meanwhile."""
+    from perseus.planner import PlannerOptions
+    from perseus.runtime.planner_process import ProcessPlanner, start_child
+
     if mode == "thread":
-        thread = threading.Thread(target=_plan_in_thread, args=(schedule, profile, stop), daemon=True)
-        thread.start()
-    elif mode.startswith("process"):
+        planner = _PlannerThread(schedule, profile)
+        stat = planner.stat
+    else:
         import bench_planning_interference as me  # by module name: the child imports it (not __main__)
 
-        planner = ProcessPlanner(schedule, profile, PlannerOptions(), me.plan_forever, nice=10 if mode == "process" else 0)
-        time.sleep(args.child_start_s)  # let the child import and start planning before measuring
-    times = [_step(args.instructions, args.burst_us * 1e-6, args.wait_ms * 1e-3) for _ in range(args.steps)]
-    if thread is not None:
-        stop.set()
-        thread.join()  # finishes its current plan first
-    if planner is not None:
-        alive = planner.status == 0
-        planner.close()
-        if not alive:
-            raise SystemExit(f"the planner process stopped early: {planner.error}")
-    return times
+        child = start_child(nice=0 if mode == "own0" else 10, own_session=mode != "shared")
+        planner = ProcessPlanner(schedule, profile, PlannerOptions(), me.plan_forever, started=child)
+        stat = f"/proc/{child.pid}/stat"
+    time.sleep(args.child_start_s)  # let it import and start planning before measuring
+    cpu0, wall0 = _cpu_s(stat), time.perf_counter()
+    times = _steps(args)
+    share = (_cpu_s(stat) - cpu0) / (time.perf_counter() - wall0)
+    if mode != "thread" and planner.status != 0:
+        raise SystemExit(f"the planner process stopped early: {planner.error}")
+    planner.close()
+    return times, share
+
+
+def _spread(values: list[float]) -> str:
+    v = np.array(values)
+    return f"{np.median(v):.3f} ({np.percentile(v, 25):.2f}..{np.percentile(v, 75):.2f}; {v.min():.2f}..{v.max():.2f})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", default="thread,shared,own", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--stages", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=32)
     ap.add_argument("--instructions", type=int, default=32, help="wake-ups per training step")
     ap.add_argument("--burst-us", type=float, default=50.0)
     ap.add_argument("--wait-ms", type=float, default=1.0)
-    ap.add_argument("--steps", type=int, default=120, help="steps per mode per round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--child-start-s", type=float, default=3.0, help="wait for the planner process to start")
+    ap.add_argument("--steps", type=int, default=40, help="steps per window")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--child-start-s", type=float, default=3.0, help="wait for the planner to start")
+    ap.add_argument("--busy", type=int, default=0, help="busy-looping processes (own sessions) for the whole run")
     args = ap.parse_args()
-    modes = ("none", "thread", "process", "process0")
-    steps: dict[str, list[float]] = {m: [] for m in modes}
-    paired: dict[str, list[float]] = {m: [] for m in modes}  # per round: median / that round's no-planning median
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: pick from {', '.join(MODES)} (got {args.modes!r})")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(args.busy)]
+    try:
+        run(args, modes)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
+def run(args: argparse.Namespace, modes: list[str]) -> None:
+    schedule, profile = _plan_inputs(args.stages, args.microbatches)
+    ratio: dict[str, list[float]] = {m: [] for m in ["none", *modes]}
+    p90: dict[str, list[float]] = {m: [] for m in ["none", *modes]}
+    share: dict[str, list[float]] = {m: [] for m in modes}
+    loads: list[float] = []
     for r in range(args.rounds):
-        this = {mode: run_mode(mode, args) for mode in modes}
-        for mode in modes:
-            steps[mode] += this[mode]
-            paired[mode].append(float(np.median(this[mode]) / np.median(this["none"])))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{m} x{paired[m][-1]:.2f}" for m in modes), file=sys.stderr)
-    ref = np.array(steps["none"])
-    ref_med, ref_p90 = np.median(ref), np.percentile(ref, 90)
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        before = _steps(args)
+        loads.append(os.getloadavg()[0])
+        for mode in order:
+            during, cpu = planning_window(mode, args, schedule, profile)
+            after = _steps(args)
+            ratio[mode].append(float(np.median(during) / np.mean([np.median(before), np.median(after)])))
+            p90[mode].append(float(np.percentile(during, 90) / np.mean([np.percentile(before, 90), np.percentile(after, 90)])))
+            ratio["none"].append(float(np.median(after) / np.median(before)))
+            p90["none"].append(float(np.percentile(after, 90) / np.percentile(before, 90)))
+            share[mode].append(cpu)
+            before = after
+        loads.append(os.getloadavg()[0])
+        print(f"round {r + 1}/{args.rounds} (load {loads[-2]:.1f}..{loads[-1]:.1f}): "
+              + ", ".join(f"{m} x{ratio[m][-1]:.2f}" for m in order), file=sys.stderr, flush=True)
     print(f"training step: {args.instructions} x ({args.burst_us:.0f} us Python + {args.wait_ms:.1f} ms blocked); "
-          f"planning 1f1b {args.stages}x{args.microbatches} (GPT-3 A100 profile) in a loop; "
-          f"{args.rounds} rounds x {args.steps} steps per mode; {os.cpu_count()} CPUs")
-    print(f"{'planning':<24} {'median ms':>10} {'p90 ms':>10} {'median/none':>12} {'p90/none':>10} "
-          f"{'per-round median ratios (min..max)':>36}")
-    labels = {"none": "none", "thread": "thread (before)", "process": "process, nice 10 (now)",
-              "process0": "process, nice 0"}
-    for mode in modes:
-        t = np.array(steps[mode])
-        med, p90 = np.median(t), np.percentile(t, 90)
-        rounds = paired[mode]
-        spread = f"{np.median(rounds):.2f} ({min(rounds):.2f}..{max(rounds):.2f})"
-        print(f"{labels[mode]:<24} {med * 1e3:>10.2f} {p90 * 1e3:>10.2f} {med / ref_med:>12.3f} {p90 / ref_p90:>10.3f} "
-              f"{spread:>36}")
+          f"planning 1f1b {args.stages}x{args.microbatches} (GPT-3 A100 profile) in a loop; {args.rounds} rounds x "
+          f"{args.steps} steps per window; {os.cpu_count()} CPUs, {args.busy} busy processes; load average {min(loads):.1f}..{max(loads):.1f} "
+          f"(median {np.median(loads):.1f})")
+    print("ratio = window's step time / mean of the no-planning windows before and after it; "
+          "median (quartiles; min..max) over windows")
+    print(f"{'planning':<30} {'windows':>7} {'median step ratio':>34} {'p90 step ratio':>34} {'planner CPU share':>18}")
+    for mode in ["none", *modes]:
+        cpu = f"{np.median(share[mode]):.2f}" if mode in share else "-"
+        print(f"{LABELS[mode]:<30} {len(ratio[mode]):>7} {_spread(ratio[mode]):>34} {_spread(p90[mode]):>34} {cpu:>18}")
 
 
 if __name__ == "__main__":

@@ -410,10 +410,9 @@ class PerseusRuntime:
     def _save(self, what: str, save: Any, obj: Any) -> None:
         """Cache writes are atomic (the old file or none stays); a full disk costs the cache, not the run."""
         try:
-            log.info("perseus: %s saved to %s", what, save(obj))
+            _log_saved(what, save(obj), None)
         except OSError as exc:
-            log.warning("perseus: could not save the %s to the cache (%s); training continues, the next run "
-                        "%s again", what, exc.strerror or exc, "profiles" if what == "profile" else "plans")
+            _log_saved(what, None, exc.strerror or str(exc))
 
     # ---------------------------------------------------------------- planning
 
@@ -425,7 +424,7 @@ class PerseusRuntime:
             assert self._profile is not None
             child, self._planner_child = self._planner_child, None
             self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options, child,
-                                              nice=self.config.planner_nice)
+                                              nice=self.config.planner_nice, cache=self.cache)
 
     def _poll_plan(self) -> None:
         if self.is_root and self._planner is not None and self.config.plan_wait_s > 0:
@@ -433,7 +432,7 @@ class PerseusRuntime:
         outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)
         if outcome is None:
             return
-        self._planner = None  # it holds the whole frontier: only this stage's slice is kept
+        self._planner = None  # it holds every stage's bytes: only this stage's plan is kept
         if outcome.plan is None:
             log.warning("perseus: planning failed (%s); keeping default clocks", outcome.error)
             self._steady("no plan")
@@ -441,12 +440,11 @@ class PerseusRuntime:
         self.frontier = outcome.plan
         self._plan_received(outcome.plan, outcome.received_bytes)
         if self.is_root:
-            assert outcome.planned is not None
-            log.info(
-                "perseus: frontier with %d points planned in %.1f s", len(self.frontier.points), outcome.planned.solve_time_s
-            )
-            if self.cache is not None:
-                self._save("frontier", self.cache.save_frontier, outcome.planned)
+            planned = outcome.planned
+            assert planned is not None
+            log.info("perseus: frontier with %d points planned in %.1f s", planned.num_points, planned.solve_time_s)
+            if self.cache is not None:  # the planner process wrote it (planner_process.hand_over)
+                _log_saved("frontier", planned.saved_to, planned.save_error)
         if self.config.mode == "run":
             self._deploy()
         else:
@@ -722,3 +720,12 @@ class PerseusRuntime:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def _log_saved(what: str, path: object, error: str | None) -> None:
+    """One line for a cache write, by the trainer (profile) or the planner process (frontier)."""
+    if error is None:
+        log.info("perseus: %s saved to %s", what, path)
+    else:
+        log.warning("perseus: could not save the %s to the cache (%s); training continues, the next run %s again",
+                    what, error, "profiles" if what == "profile" else "plans")

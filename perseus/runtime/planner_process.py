@@ -5,20 +5,32 @@ Python thread, which spends a step mostly blocked on the GPU, waits for the GIL 
 (benchmarks/bench_planning_interference.py measures it; docs/runtime.md has the numbers). A
 child process only competes for a CPU core, and at ``nice`` 10 it yields to the trainer.
 
+Why its own session: Linux's autogroup scheduling (on by default in common distributions' kernels)
+shares the CPU fairly between sessions first, and only within a session by nice. A planner in
+the trainer's session spends the trainer's session's share, so the trainer waits longer for a CPU
+at every wake-up however niced the planner is; in a session of its own it spends its own share.
+It runs single-threaded (OpenBLAS/MKL/OpenMP threads = 1): it is meant to take at most one core.
+
 How: ``subprocess`` runs ``python -c`` that lowers its priority before importing anything and
 then calls ``child_main`` of this file (no ``multiprocessing`` spawn: that would re-import the trainer's
 ``__main__`` script). The parent writes one pickled request to the child's stdin (the planner
-function by reference, schedule, profile, options, the parent's ``sys.path``); the child writes
-one pickled reply on a private copy of its stdout (stdout itself goes to stderr, so a solver's
-banner never corrupts the reply): ``("ok", version 2 frontier document)`` or ``("error", line)``.
-A reader thread in the parent blocks on that pipe (no GIL held while waiting), so the engine's
-per-step ``status`` check costs nothing. A child that dies without a reply is a planning error
-naming its exit status. The child exits on its own when its parent disappears (it checks its
-parent id every ``_WATCH_S``), so killing the trainer leaves no orphan planner.
+function by reference, schedule, profile, options, the cache entry to write, the parent's
+``sys.path``). The child plans, then does all the work on the whole frontier itself: it encodes
+every stage's slice (``stage_plan.encode_stage``) and writes the frontier to the cache (atomically,
+``perseus.cache``). It writes one pickled reply on a private copy of its stdout (stdout itself goes
+to stderr, so a solver's banner never corrupts the reply): ``("ok", hand-over)`` or ``("error", line)``,
+the hand-over being each stage's bytes ready to send, a few numbers and the cache file's fate
+(``PlannedStages``). So rank 0's training thread never holds or decodes the whole frontier: it
+unpickles bytes and sends them. A reader thread in the parent blocks on that pipe (no GIL held
+while waiting), so the engine's per-step ``status`` check costs nothing. A child that dies
+without a reply is a planning error naming its exit status. The child exits on its own when its
+parent disappears (it checks its parent id every ``_WATCH_S``), so killing the trainer leaves no
+orphan planner.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import signal
@@ -26,10 +38,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
-from perseus.frontier import Frontier, frontier_from_json_dict
+from perseus.cache import RunCache
+from perseus.errors import FrontierError
+from perseus.frontier import Frontier
 from perseus.planner import PlannerOptions
 from perseus.profile import Profile
 from perseus.schedule import Schedule
@@ -38,29 +54,34 @@ from perseus.schedule import Schedule
 PENDING, READY, FAILED = 0, 1, 2
 NICE = 10
 _WATCH_S = 0.2
+# Math libraries' thread pools in the planner process: one thread each (it takes at most one core
+# beside the trainer; a trainer's own setting, e.g. OMP_NUM_THREADS, is for the trainer).
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # The child lowers its priority first, then loads this file by path: importing it as
 # perseus.runtime.planner_process would first import perseus.runtime (pydantic, the config), about
-# as long as the planner's own imports, for nothing.
+# as long as the planner's own imports, for nothing. Registered in sys.modules (dataclasses need it).
 _CHILD = (
-    "import os; os.nice({nice}); import importlib.util as u; "
+    "import os; os.nice({nice}); import sys, importlib.util as u; "
     "s = u.spec_from_file_location('perseus_planner_child', {path!r}); m = u.module_from_spec(s); "
-    "s.loader.exec_module(m); m.child_main({parent})"
+    "sys.modules[s.name] = m; s.loader.exec_module(m); m.child_main({parent})"
 )
 
 PlanFunction = Callable[[Schedule, Profile, PlannerOptions], Frontier]
+StageEncoder = Callable[[Frontier, int], bytes]
 
 
-def start_child(nice: int = NICE) -> subprocess.Popen[bytes]:
+def start_child(nice: int = NICE, own_session: bool = True) -> subprocess.Popen[bytes]:
     """Start a planner process that imports the planner and waits for its job on stdin.
 
     Started ahead (while profiling), its start-up (Python, numpy, scipy: seconds on a busy machine)
-    is over by the time the profile is ready."""
-    env = dict(os.environ)
+    is over by the time the profile is ready. ``own_session``: in a new session, so its own
+    autogroup (module docstring); False only to measure what that buys (benchmarks)."""
+    env = {**os.environ, **SINGLE_THREADED}
     root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.Popen(
         [sys.executable, "-c", _CHILD.format(nice=int(nice), path=__file__, parent=os.getpid())],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=own_session,
     )
 
 
@@ -75,20 +96,69 @@ def stop_child(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-class ProcessPlanner:
-    """One planning run in a niced child process; its frontier or its error, once done.
+@dataclass(frozen=True)
+class PlannedStages:
+    """What the planner process hands rank 0 instead of the frontier: every stage's plan, encoded
+    and ready to send (``stage_plan.encode_stage``), and a few numbers about the whole frontier.
 
-    ``started``: a child from ``start_child`` to run it in (started fresh if absent or dead)."""
+    ``saved_to``: the cache file the planner process wrote; ``save_error``: why it could not
+    (e.g. "No space left on device"); both None without a cache."""
+
+    stage_bytes: tuple[bytes, ...]
+    num_points: int
+    num_paced_points: int
+    solve_time_s: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    saved_to: str | None = None
+    save_error: str | None = None
+
+    def bytes_of(self, stage: int) -> bytes:
+        """The encoded plan of ``stage`` (what ``stage_plan.distribute`` sends its ranks)."""
+        if not 0 <= stage < len(self.stage_bytes):
+            raise FrontierError(f"stage {stage} is not in this {len(self.stage_bytes)}-stage frontier")
+        return self.stage_bytes[stage]
+
+
+def hand_over(frontier: Frontier, cache: RunCache | None, encode_stage: StageEncoder) -> dict[str, Any]:
+    """The planner process's work on a finished frontier, so rank 0 has none: every stage's bytes,
+    and the frontier written to the cache. Plain values, so the reply unpickles anywhere."""
+    if not isinstance(frontier, Frontier):
+        raise TypeError(f"the planner returned {type(frontier).__name__}, not a Frontier")
+    stages = [encode_stage(frontier, s) for s in range(frontier.schedule.num_stages)]
+    saved_to = save_error = None
+    if cache is not None:
+        try:
+            saved_to = str(cache.save_frontier(frontier))  # atomic: the old file or none stays
+        except OSError as exc:
+            save_error = exc.strerror or str(exc)
+    return {"stages": stages, "points": len(frontier.points), "paced_points": len(frontier.paced_points),
+            "solve_time_s": float(frontier.solve_time_s), "metadata": dict(frontier.metadata),
+            "saved_to": saved_to, "save_error": save_error}
+
+
+def planned_stages(body: dict[str, Any]) -> PlannedStages:
+    """Rank 0's side of ``hand_over``: O(bytes), no decoding of any plan."""
+    return PlannedStages(tuple(body["stages"]), int(body["points"]), int(body["paced_points"]),
+                         float(body["solve_time_s"]), dict(body["metadata"]), body["saved_to"], body["save_error"])
+
+
+class ProcessPlanner:
+    """One planning run in a niced child process; its hand-over (``PlannedStages``) or its error.
+
+    ``started``: a child from ``start_child`` to run it in (started fresh if absent or dead).
+    ``cache``: where the child writes the frontier (rank 0's cache entry), None for nowhere."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions, plan: PlanFunction,
-                 nice: int = NICE, started: subprocess.Popen[bytes] | None = None) -> None:
-        self.result: Frontier | None = None
+                 nice: int = NICE, started: subprocess.Popen[bytes] | None = None,
+                 cache: RunCache | None = None) -> None:
+        self.result: PlannedStages | None = None
         self.error: str | None = None
         self._done = threading.Event()
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         try:  # two pickles: the path first, so the child can import the planner function's module
-            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options), pickle.HIGHEST_PROTOCOL)
+            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache),
+                                                                  pickle.HIGHEST_PROTOCOL)
             self._proc = started if started is not None and started.poll() is None else start_child(nice)
         except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
             if started is not None:
@@ -117,7 +187,7 @@ class ProcessPlanner:
                 return
             kind, body = pickle.loads(reply)
             if kind == "ok":
-                self.result = frontier_from_json_dict(body, "frontier from the planner process")
+                self.result = planned_stages(body)
             else:
                 self.error = str(body)
         except Exception as exc:  # noqa: BLE001 - reported to every rank as a warning
@@ -166,16 +236,29 @@ def child_main(parent: int) -> None:
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed (a solver's banner) goes to stderr, never into the reply
     try:
-        plan, schedule, profile, options = _read_request()
+        plan, schedule, profile, options, cache = _read_request()
         frontier = plan(schedule, profile, options)
-        message: tuple[str, Any] = ("ok", frontier.to_json_dict())
+        message: tuple[str, Any] = ("ok", hand_over(frontier, cache, _sibling("stage_plan").encode_stage))
     except BaseException as exc:  # noqa: BLE001 - every failure is one line for the trainer's log
         message = ("error", f"{type(exc).__name__}: {exc}")
     reply.write(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
     reply.close()
 
 
-def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions]:
+def _sibling(name: str) -> ModuleType:
+    """A module of perseus/runtime that imports nothing of perseus.runtime, loaded by its path
+    (as this file is in the child: without perseus/runtime/__init__'s imports)."""
+    key = f"perseus_planner_child_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None]:
     stream = sys.stdin.buffer
     path = pickle.load(stream)
     sys.path[:] = path + [p for p in sys.path if p not in path]  # the planner function's module imports

@@ -2,7 +2,8 @@
 
 Every rank asks at every step end (``share_outcome``), so all ranks learn at the same step that
 the plan is ready (or failed) and switch together; only rank 0 has a planner. Once it is ready,
-rank 0 sends each rank its own stage's slice of the frontier (``stage_plan.distribute``).
+rank 0 sends each rank its own stage's slice of the frontier (``stage_plan.distribute``): bytes
+the planner process encoded, so rank 0's training thread only passes them on.
 """
 
 from __future__ import annotations
@@ -10,27 +11,30 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from perseus.frontier import Frontier
+from perseus.cache import RunCache
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import Profile
 from perseus.runtime.collective import Collective
-from perseus.runtime.planner_process import NICE, FAILED, PENDING, READY, ProcessPlanner, start_child, stop_child
+from perseus.runtime.planner_process import (NICE, FAILED, PENDING, READY, PlannedStages, ProcessPlanner, start_child,
+                                             stop_child)
 from perseus.runtime.stage_plan import StagePlan, distribute
 from perseus.schedule import Schedule
 
-__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "share_outcome", "start_child",
-           "stop_child"]
+__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "PlannedStages", "share_outcome",
+           "start_child", "stop_child"]
 
 
 class BackgroundPlanner(ProcessPlanner):
     """``plan_frontier`` in a child process at nice 10 (``planner_process``); its result or error.
 
     The planning function is looked up here when planning starts, so a test (or a caller) that
-    replaces ``planning.plan_frontier`` plans with its own function in the child."""
+    replaces ``planning.plan_frontier`` plans with its own function in the child. ``cache``: the
+    entry the child writes the frontier to (rank 0's)."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions,
-                 started: subprocess.Popen[bytes] | None = None, nice: int = NICE) -> None:
-        super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started)
+                 started: subprocess.Popen[bytes] | None = None, nice: int = NICE,
+                 cache: RunCache | None = None) -> None:
+        super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started, cache=cache)
 
 
 @dataclass(frozen=True)
@@ -38,13 +42,14 @@ class PlanOutcome:
     """What every rank learns once rank 0's planning is over: its stage's plan, or why there is none.
 
     ``plan`` is this rank's own stage slice (``StagePlan``); no rank receives the whole frontier.
-    ``planned`` is rank 0's whole frontier (with its solve time), for logging and the cache, that
-    the engine drops once saved. ``received_bytes``: what this rank received for its plan.
+    ``planned`` is rank 0's hand-over from the planner process (every stage's bytes, the
+    frontier's size, solve time and cache file), for logging, that the engine drops.
+    ``received_bytes``: what this rank received for its plan.
     """
 
     plan: StagePlan | None
     error: str | None = None
-    planned: Frontier | None = None
+    planned: PlannedStages | None = None
     received_bytes: int = 0
 
 
@@ -60,5 +65,5 @@ def share_outcome(
         message = collective.broadcast_object(planner.error if planner is not None else None)
         return PlanOutcome(None, message)
     planned = planner.result if collective.is_root and planner is not None else None
-    delivered = distribute(collective, planned, schedule, stage)
+    delivered = distribute(collective, planned.bytes_of if planned is not None else None, schedule, stage)
     return PlanOutcome(delivered.plan, planned=planned, received_bytes=delivered.received_bytes)

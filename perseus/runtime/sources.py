@@ -18,7 +18,7 @@ from perseus.runtime.cache import RunCache
 from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
-from perseus.runtime.stage_plan import StagePlan, distribute
+from perseus.runtime.stage_plan import StagePlan, distribute, slices_of
 from perseus.schedule import Schedule
 
 
@@ -77,7 +77,7 @@ def share_sources(
         raise ConfigError(status["error"])
     if not status["frontier"]:
         return Sources(None, profile, status["profile"], status["origin"])
-    delivered = distribute(collective, frontier, schedule, stage)
+    delivered = distribute(collective, slices_of(frontier) if frontier is not None else None, schedule, stage)
     del frontier  # rank 0 keeps its own stage's slice only
     return Sources(delivered.plan, profile, status["profile"], status["origin"], delivered.received_bytes)
 

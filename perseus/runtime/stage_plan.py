@@ -6,9 +6,10 @@ pipeline's (iteration time, energy, P_blocking × stages for ``paced_lookup``). 
 only, as indices into a small table of the clocks they use (uint8, uint16 past 256 clocks).
 At 16 stages that is 1/16 of the clocks, which is what dominates a frontier's size.
 
-Rank 0 cuts one slice per stage out of the whole ``Frontier`` (``encode_stage``) and sends each
-rank its own stage's bytes; data-parallel replicas of a stage receive the same bytes, and a rank
-owns all virtual chunks of its stage. ``decode_stage`` checks the slice against the rank's own
+One slice per stage is cut out of the whole ``Frontier`` (``encode_stage``): by the planner
+process for a frontier it planned (rank 0 receives the bytes ready to send), by rank 0 for a
+cached or provided one (at start-up). Rank 0 sends each rank its own stage's bytes; data-parallel
+replicas of a stage receive the same bytes, and a rank owns all virtual chunks of its stage. ``decode_stage`` checks the slice against the rank's own
 schedule, so a plan is never applied to another instruction order.
 
 ``lookup``, ``paced_lookup`` and ``default_point`` choose the same point as the ``Frontier``
@@ -21,7 +22,8 @@ import bisect
 import pickle
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,6 +32,8 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.schedule import Instruction, Schedule
 
 WIRE_VERSION = 1
+
+StageBytes = Callable[[int], bytes]  # stage -> its encoded plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -236,21 +240,27 @@ class Delivery:
     received_bytes: int
 
 
-def distribute(collective: Any, frontier: Frontier | None, schedule: Schedule, stage: int) -> Delivery:
-    """Collective: rank 0 (which holds ``frontier``) sends every rank of its group only the slice
-    of that rank's stage, point to point; every rank returns its own ``StagePlan``.
+def slices_of(frontier: Frontier) -> StageBytes:
+    """Each stage's bytes, encoded from a frontier rank 0 holds (cached or provided) when asked."""
+    return partial(encode_stage, frontier)
 
-    Ranks first tell rank 0 their stage (a few bytes each); each stage's slice is encoded once,
-    however many data-parallel replicas receive it."""
+
+def distribute(collective: Any, stage_bytes: StageBytes | None, schedule: Schedule, stage: int) -> Delivery:
+    """Collective: rank 0 (which has ``stage_bytes``: the planner process's ``PlannedStages.bytes_of``,
+    or ``slices_of`` a frontier) sends every rank of its group only the bytes of that rank's
+    stage, point to point; every rank returns its own ``StagePlan``.
+
+    Ranks first tell rank 0 their stage (a few bytes each); each stage's bytes are asked for once,
+    however many data-parallel replicas receive them."""
     stages = collective.gather_to_root(stage)
     payloads: list[bytes] | None = None
     if collective.is_root:
-        if frontier is None:
+        if stage_bytes is None:
             raise FrontierError("perseus runtime bug: rank 0 distributes a plan it does not have")
         encoded: dict[int, bytes] = {}
         for s in stages:
             if s not in encoded:
-                encoded[s] = encode_stage(frontier, s)
+                encoded[s] = stage_bytes(s)
         payloads = [encoded[s] for s in stages]
     mine = collective.scatter_bytes(payloads)
     return Delivery(decode_stage(mine, schedule, stage), len(mine) if collective.rank != 0 else 0)

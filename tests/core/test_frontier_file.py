@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,9 @@ from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.frontier_file import encode_frontier_json, frontier_from_json_dict
 from perseus.frontier_v1 import encode_v1
 from perseus.schedule import build_schedule
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+import random_frontiers  # noqa: E402
 
 # A version 1 file as perseus 0.1 wrote it (1F1B, 2 stages x 2 microbatches), trimmed of nothing.
 V1_LITERAL = """{"format":"perseus-frontier","version":1,"order":"fastest_first","schedule":"1f1b","stages":2,
@@ -38,20 +43,9 @@ V1_LITERAL = """{"format":"perseus-frontier","version":1,"order":"fastest_first"
 
 
 def random_frontier(schedule_args=("interleaved", 4, 8, 2), num_points=40, num_paced=7, clocks=None, seed=0) -> Frontier:
-    """Frontier with random clocks per instruction and awkward float times and energies."""
-    rng = np.random.default_rng(seed)
-    schedule = build_schedule(*schedule_args)
-    clocks = np.arange(600, 1411, 15) if clocks is None else np.asarray(clocks)
-    n = schedule.num_instructions
-
-    def point(t: float, e: float) -> FrontierPoint:
-        return FrontierPoint(t, e, rng.choice(clocks, n).astype(np.int64))
-
-    times = np.sort(rng.uniform(1.0, 2.0, num_points + num_paced))
-    points = [point(float(t), 1000.0 / float(t) + rng.random() / 3) for t in times[:num_points]]
-    paced = [point(float(t), 900.0 + rng.random() / 7) for t in times[num_points:]]
-    return Frontier(schedule, 83.64, 1.0 + 1e-9, 1000.0 / 3, points, gpu_name="H100 SXM", solve_time_s=12.5,
-                    metadata={"created_by": "test", "profile": "p.csv", "cache_key": "abc"}, paced_points=paced)
+    """With a solve time and metadata, which the file keeps."""
+    return random_frontiers.random_frontier(schedule_args, num_points, num_paced, clocks=clocks, seed=seed, solve_time_s=12.5,
+                                            metadata={"created_by": "test", "profile": "p.csv", "cache_key": "abc"})
 
 
 def assert_same(a: Frontier, b: Frontier) -> None:

@@ -9,10 +9,15 @@ import time
 from perseus.planner import plan_frontier
 
 
+THREAD_SETTINGS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def plan_and_tell_where(schedule, profile, options):
-    """The real planner, plus the process and priority it ran with (in the frontier's metadata)."""
+    """The real planner, plus the process, session, priority and thread settings it ran with (in
+    the frontier's metadata)."""
     frontier = plan_frontier(schedule, profile, options)
-    frontier.metadata.update(pid=os.getpid(), nice=os.getpriority(os.PRIO_PROCESS, 0))
+    frontier.metadata.update(pid=os.getpid(), sid=os.getsid(0), nice=os.getpriority(os.PRIO_PROCESS, 0),
+                             threads={name: os.environ.get(name) for name in THREAD_SETTINGS})
     print("a planner banner on stdout must not corrupt the reply")
     return frontier
 
@@ -34,3 +39,7 @@ def slow(schedule, profile, options):
     """The real planner, seconds late: longer than a few training steps of a test."""
     time.sleep(3.0)
     return plan_frontier(schedule, profile, options)
+
+
+def not_a_frontier(schedule, profile, options):
+    return {"points": []}

@@ -39,7 +39,7 @@ def test_background_planner_shares_the_frontier_or_the_failure(monkeypatch):
     assert planning.share_outcome(Collective(), None, SCHEDULE, 0) is None  # no planner yet: pending
     outcome = _outcome(planning.BackgroundPlanner(SCHEDULE, PROFILE, PlannerOptions(num_anchors=4, num_deadlines=8)))
     assert outcome.error is None and outcome.plan is not None and outcome.planned is not None
-    assert len(outcome.plan.points) == len(outcome.planned.points)
+    assert len(outcome.plan.points) == outcome.planned.num_points
     assert outcome.plan.stage == 0 and len(outcome.plan.instructions) == len(SCHEDULE.stages[0])
 
     # the planner runs in a child process: its function must be importable there

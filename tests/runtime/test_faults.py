@@ -292,13 +292,24 @@ def fill_disk(monkeypatch: pytest.MonkeyPatch, full_dir: Path, budget_bytes: int
     monkeypatch.setattr(os, "fsync", fsync)
 
 
+FULL_DIR_ENV = "PERSEUS_TEST_FULL_DIR"
+
+
+def greedy_frontier_on_a_full_disk(schedule, profile, options=None, *, progress=None):
+    """``greedy_frontier`` in a planner process whose disk is full under ``$PERSEUS_TEST_FULL_DIR``:
+    the planner process writes the frontier to the cache, so the fault must be there."""
+    fill_disk(pytest.MonkeyPatch(), Path(os.environ[FULL_DIR_ENV]), budget_bytes=0)
+    return greedy_frontier(schedule, profile, options)
+
+
 def test_disk_full_while_writing_cache_and_metrics_leaves_nothing_partial(tmp_path, monkeypatch):
-    """Profile, frontier and metrics file all on a full disk: the run profiles, plans and deploys
-    from memory; one line per file that could not be written; the cache holds no file, half or
-    temporary; the metrics file ends at a whole line."""
-    monkeypatch.setattr(planning, "plan_frontier", greedy_frontier)
+    """Profile, frontier and metrics file all on a full disk (the trainers' and the planner
+    process's): the run profiles, plans and deploys from memory; one line per file that could not
+    be written; the cache holds no file, half or temporary; the metrics file ends at a whole line."""
+    monkeypatch.setattr(planning, "plan_frontier", greedy_frontier_on_a_full_disk)
     full = tmp_path / "full"
     full.mkdir()
+    monkeypatch.setenv(FULL_DIR_ENV, str(full))  # inherited by the ranks and the planner process
     fill_disk(monkeypatch, full, budget_bytes=2000)
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
                     perseus={**SWEEP, "cache_dir": str(full / "cache"), "metrics_file": str(full / "m.jsonl")})

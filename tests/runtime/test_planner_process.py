@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -14,11 +15,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import planner_stand_ins as stand_ins  # noqa: E402
 
+from perseus.cache import RunCache  # noqa: E402
+from perseus.errors import FrontierError  # noqa: E402
 from perseus.planner import PlannerOptions, plan_frontier  # noqa: E402
 from perseus.profile import InstructionProfile, uniform_profile  # noqa: E402
-from perseus.runtime import planning  # noqa: E402
+from perseus.runtime import planning, stage_plan  # noqa: E402
 from perseus.runtime.collective import Collective  # noqa: E402
-from perseus.runtime.planner_process import FAILED, PENDING, READY, ProcessPlanner, start_child, stop_child  # noqa: E402
+from perseus.runtime.planner_process import (FAILED, PENDING, READY, ProcessPlanner, hand_over,  # noqa: E402
+                                             planned_stages, start_child, stop_child)
+from perseus.runtime.stage_plan import encode_stage  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 
 SCHEDULE = build_schedule("1f1b", 2, 4)
@@ -37,15 +42,78 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def test_plans_in_a_lower_priority_child_with_the_same_result():
+def test_plans_in_a_lower_priority_child_of_its_own_session_with_the_same_result(monkeypatch):
+    """The child hands over every stage's bytes as rank 0 would have encoded them from the same
+    frontier; it runs at lower priority, in a session of its own, single-threaded math libraries."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the trainer's setting is not the planner's
     planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where)
     assert planner.wait(WAIT_S) and planner.status == READY, planner.error
     got = planner.result
     assert got.metadata["pid"] == planner.pid != os.getpid()
     assert got.metadata["nice"] == min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)
+    assert got.metadata["sid"] == planner.pid != os.getsid(0)  # its own session, so its own autogroup
+    assert got.metadata["threads"] == dict.fromkeys(stand_ins.THREAD_SETTINGS, "1")
     here = plan_frontier(SCHEDULE, PROFILE, OPTIONS)
-    assert [(p.time_s, p.energy_j) for p in got.points] == [(p.time_s, p.energy_j) for p in here.points]
-    assert all((a.freqs_mhz == b.freqs_mhz).all() for a, b in zip(got.points, here.points))
+    assert (got.num_points, got.num_paced_points) == (len(here.points), len(here.paced_points))
+    assert got.solve_time_s > 0 and got.saved_to is None and got.save_error is None  # no cache given
+    assert [_but_solve_time(b) for b in got.stage_bytes] == [_but_solve_time(encode_stage(here, s))
+                                                             for s in range(SCHEDULE.num_stages)]
+
+
+def _but_solve_time(stage_bytes: bytes) -> dict:
+    """A stage plan's wire document without the solve's wall time (the only field that varies)."""
+    return {k: v for k, v in pickle.loads(stage_bytes).items() if k != "solve_time_s"}
+
+
+def test_an_old_style_child_shares_the_trainers_session():
+    """What the benchmark compares against: ``own_session=False`` is the child as it was."""
+    child = start_child(own_session=False)
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, started=child)
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    assert planner.result.metadata["sid"] == os.getsid(0)
+
+
+def test_the_child_writes_the_cache_rank_0_only_passes_bytes_on(tmp_path, monkeypatch):
+    """Rank 0 neither encodes a stage nor writes the frontier file: the planner process did both."""
+    cache = RunCache(tmp_path / "cache", {"job": "test"})
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, cache=cache)
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    got = planner.result
+    assert got.saved_to == str(cache.frontier_path) and got.save_error is None
+    saved = cache.load_frontier(SCHEDULE)  # stamped with this key and the dependency model: usable
+    assert saved is not None and saved.metadata["pid"] == planner.pid
+    assert got.stage_bytes == tuple(encode_stage(saved, s) for s in range(SCHEDULE.num_stages))
+
+    def no_encoding_here(frontier, stage):
+        raise AssertionError("rank 0 encoded a stage plan")
+
+    monkeypatch.setattr(stage_plan, "encode_stage", no_encoding_here)
+    outcome = planning.share_outcome(Collective(), planner, SCHEDULE, 1)
+    assert outcome.planned is got and outcome.plan.stage == 1
+    assert outcome.plan.stage_plan(outcome.plan.default_point(), 1) == saved.stage_plan(saved.default_point(), 1)
+
+
+def test_a_cache_the_child_cannot_write_is_reported_and_planning_goes_on(tmp_path):
+    (tmp_path / "not_a_dir").write_text("")
+    cache = RunCache(tmp_path / "not_a_dir", {"job": "test"})
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, cache=cache)
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    assert planner.result.saved_to is None and planner.result.save_error == "Not a directory"
+    assert len(planner.result.stage_bytes) == SCHEDULE.num_stages
+
+
+def test_the_hand_over_in_one_process():
+    """``hand_over`` (the child's side) and ``planned_stages`` (rank 0's side) without a child."""
+    here = plan_frontier(SCHEDULE, PROFILE, OPTIONS)
+    body = pickle.loads(pickle.dumps(hand_over(here, None, encode_stage)))
+    got = planned_stages(body)
+    assert got.bytes_of(1) == encode_stage(here, 1) and got.num_points == len(here.points)
+    with pytest.raises(FrontierError, match="stage 2 is not in this 2-stage frontier"):
+        got.bytes_of(2)
+    with pytest.raises(TypeError, match="the planner returned dict, not a Frontier"):
+        hand_over({"points": []}, None, encode_stage)
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.not_a_frontier)
+    assert planner.wait(WAIT_S) and planner.error == "TypeError: the planner returned dict, not a Frontier"
 
 
 def test_a_planner_error_is_one_line():

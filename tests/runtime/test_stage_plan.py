@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,23 +13,17 @@ import pytest
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.runtime.collective import Collective, encode_frontier
-from perseus.runtime.stage_plan import decode_stage, distribute, encode_stage, point_of, stage_plan_of
+from perseus.runtime.stage_plan import decode_stage, distribute, encode_stage, point_of, slices_of, stage_plan_of
 from perseus.schedule import build_schedule
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+import random_frontiers  # noqa: E402
 
-def random_frontier(stages=4, microbatches=8, chunks=2, num_points=40, num_paced=9, seed=0) -> Frontier:
-    rng = np.random.default_rng(seed)
-    schedule = build_schedule("interleaved", stages, microbatches, chunks)
-    clocks = np.arange(600, 1411, 15)
-    n = schedule.num_instructions
 
-    def point(t: float, e: float) -> FrontierPoint:
-        return FrontierPoint(t, e, rng.choice(clocks, n).astype(np.int64))
-
-    times = np.sort(rng.uniform(1.0, 2.0, num_points + num_paced))
-    points = [point(float(t), 1000.0 / float(t) + rng.random() / 3) for t in times[:num_points]]
-    paced = [point(float(t), 560.0 + rng.random() / 7) for t in times[num_points:]]
-    return Frontier(schedule, 83.64, 1.5, 700.0, points, gpu_name="H100 SXM", solve_time_s=3.0, paced_points=paced)
+def random_frontier(stages=4, microbatches=8, chunks=2, num_points=40, num_paced=9) -> Frontier:
+    """Interleaved, with paced points cheap enough that ``paced_lookup`` picks them."""
+    return random_frontiers.random_frontier(("interleaved", stages, microbatches, chunks), num_points, num_paced,
+                                            paced_energy_j=560.0, baseline=(1.5, 700.0), solve_time_s=3.0)
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])
@@ -80,7 +76,7 @@ def test_a_slice_for_another_job_or_stage_is_one_line_error():
 
 def test_distribute_without_torch_distributed_keeps_the_own_slice():
     front = random_frontier()
-    delivered = distribute(Collective(), front, front.schedule, 0)
+    delivered = distribute(Collective(), slices_of(front), front.schedule, 0)
     assert delivered.received_bytes == 0 and delivered.plan.stage == 0
     assert point_of(front, delivered.plan.default_point()) is front.default_point()
 
