@@ -79,7 +79,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--perseus-planner-options", "planner_options", _json_object,
          "planner settings (PlannerOptions) as JSON, e.g. '{\"num_anchors\": 16}'; checked at startup", metavar="JSON"),
     Flag("--perseus-planner-nice", "planner_nice", int,
-         "priority (nice 0-19) of rank 0's planner process; 0 for CPU-bound trainers on a busy machine", metavar="N"),
+         "priority (nice 0-19) of rank 0's planner process (its own session; nice counts where it shares a CPU "
+         "cgroup with the trainer); 0 for CPU-bound trainers on a busy machine", metavar="N"),
     Flag("--perseus-plan-wait", "plan_wait_s", float,
          "rank 0 waits up to this long at a step end for its planner (0: never); for short fixed-length runs",
          metavar="SECONDS"),
