@@ -12,7 +12,7 @@ from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner.choices import build_node_choices
 from perseus.planner.deadlines import Candidates, evaluate, own_pace, pareto, search_deadlines
-from perseus.planner.latency import hold_through_short_switches
+from perseus.planner.latency import land_switches
 from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
 from perseus.schedule import Schedule
@@ -53,8 +53,7 @@ def plan_frontier(
 
     found = search_deadlines(dag, node_choices, p_blocking, [base.time_s], options, report)
     if options.switch_latency_s > 0:
-        held = hold_through_short_switches(dag, node_choices, found.choices, options.switch_latency_s,
-                                           options.switch_cost_w)
+        held = land_switches(dag, node_choices, found.choices, options.switch_latency_s, options.switch_cost_w)
         found = pareto(evaluate(dag, node_choices, held, p_blocking))
 
     # Candidates were simulated (perseus.simulator.simulate_many) and cost-filtered in search_deadlines.
