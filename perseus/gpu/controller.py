@@ -70,11 +70,14 @@ class ClockController(Protocol):
 
     Two implementations: ``FrequencyController`` (a process that changes clocks) and
     ``NullController`` (measure-only mode: records requests, never touches clocks).
+    ``timed_requests``: whether ``set_frequency`` takes an ``at`` (CLOCK_MONOTONIC seconds) to
+    make the request then rather than at once (a switch latency's hiding needs it).
     """
 
     enabled: bool
+    timed_requests: bool
 
-    def set_frequency(self, mhz: int) -> None: ...
+    def set_frequency(self, mhz: int, at: float | None = None) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -95,6 +98,7 @@ class NullController:
     """Measure-only mode: same interface, never touches clocks (no privileges needed)."""
 
     enabled = False
+    timed_requests = True
 
     def __init__(self) -> None:
         self.requests = 0
@@ -103,7 +107,7 @@ class NullController:
     def start(self) -> NullController:
         return self
 
-    def set_frequency(self, mhz: int) -> None:
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
         self.requests += 1
         self.last_requested = mhz
 
@@ -141,6 +145,7 @@ class FrequencyController:
     """
 
     enabled = True
+    timed_requests = True
 
     def __init__(
         self,
@@ -162,6 +167,7 @@ class FrequencyController:
         self._status_r = -1
         self._status_buf = b""
         self._last = _DEFAULT
+        self._timed_sent = False  # a timed request went out since the last one without a time
         self._pending: bytes | None = None
         self._dead = False
         self._closed = False
@@ -255,9 +261,11 @@ class FrequencyController:
         return self._proc is not None and not self._dead and not self._closed and self._proc.poll() is None
 
     # -- hot path ---------------------------------------------------------------------------
-    def set_frequency(self, mhz: int) -> None:
-        """Request SM clock ``mhz`` (fire-and-forget; a few microseconds; never blocks)."""
-        if mhz == self._last:
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
+        """Request SM clock ``mhz`` (fire-and-forget; a few microseconds; never blocks), at once or,
+        with ``at``, at that CLOCK_MONOTONIC time (the controller holds it until then). A request
+        without a time drops the timed ones the controller still holds."""
+        if mhz == self._last and at is None and not self._timed_sent:
             return
         if mhz not in self.clocks:
             if self._proc is None:
@@ -267,14 +275,16 @@ class FrequencyController:
                 f"({min(self.clocks)}–{max(self.clocks)} MHz)"
             )
         self._last = mhz
-        self._send(MSG.pack(OP_SET, mhz))
+        self._timed_sent = at is not None
+        self._send(MSG.pack(OP_SET, mhz, float(at) if at is not None and at > 0 else 0.0))
 
     def reset(self) -> None:
         """Request default (unlocked) clocks."""
-        if self._last == _DEFAULT:
+        if self._last == _DEFAULT and not self._timed_sent:
             return
         self._last = _DEFAULT
-        self._send(MSG.pack(OP_RESET, 0))
+        self._timed_sent = False
+        self._send(MSG.pack(OP_RESET, 0, 0.0))
 
     def _send(self, msg: bytes) -> None:
         if self._dead or self._closed:
@@ -390,7 +400,7 @@ class FrequencyController:
                 return None
             self._pending = None
         self._sync_seq += 1
-        if not self._write_blocking(MSG.pack(OP_SYNC, self._sync_seq), timeout_s):
+        if not self._write_blocking(MSG.pack(OP_SYNC, self._sync_seq, 0.0), timeout_s):
             return None
         deadline = time.monotonic() + timeout_s
         while True:
@@ -415,7 +425,7 @@ class FrequencyController:
         confirmed = False
         try:
             if not self._dead:
-                self._write_blocking(MSG.pack(OP_CLOSE, 0), timeout_s)
+                self._write_blocking(MSG.pack(OP_CLOSE, 0, 0.0), timeout_s)
                 deadline = time.monotonic() + timeout_s
                 while True:
                     event = self._read_event(max(0.0, deadline - time.monotonic()))
