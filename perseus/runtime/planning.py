@@ -49,9 +49,12 @@ class PlanOutcome:
 
 
 def share_outcome(
-    collective: Collective, planner: BackgroundPlanner | None, schedule: Schedule, stage: int
+    collective: Collective, planner: BackgroundPlanner | None, schedule: Schedule, stage: int,
+    timing_profile: Profile | None = None,
 ) -> PlanOutcome | None:
-    """Collective, every rank at the same step: ``None`` while rank 0 is still planning."""
+    """Collective, every rank at the same step: ``None`` while rank 0 is still planning.
+    ``timing_profile`` (rank 0, when the switch latency is hidden): the profile planned on, so
+    each stage's plan carries its planned timeline (``stage_plan.distribute``)."""
     status = planner.status if collective.is_root and planner is not None else PENDING
     status = collective.broadcast_int(status)
     if status == PENDING:
@@ -60,5 +63,5 @@ def share_outcome(
         message = collective.broadcast_object(planner.error if planner is not None else None)
         return PlanOutcome(None, message)
     planned = planner.result if collective.is_root and planner is not None else None
-    delivered = distribute(collective, planned, schedule, stage)
+    delivered = distribute(collective, planned, schedule, stage, timing_profile)
     return PlanOutcome(delivered.plan, planned=planned, received_bytes=delivered.received_bytes)
