@@ -91,11 +91,13 @@ class _Stage:
 
 def simulate_with_latency(dag: InstructionDAG, profile: Profile, freqs_mhz: np.ndarray, latency_s: float,
                           policy: str = "timed", *, planned: Profile | None = None,
-                          iterations: int = 4, between_steps_s: float = 0.0) -> LaggedIteration:
+                          iterations: int | None = None, between_steps_s: float = 0.0) -> LaggedIteration:
     """The last of ``iterations`` back-to-back iterations of ``freqs_mhz`` on ``profile``'s
     instructions, with each clock switch landing ``latency_s`` after the runtime asks for it
     under ``policy``. ``planned``: the profile the plan's timeline (hence the ``"timed"`` requests)
-    comes from, when it is not the one the GPU runs (a measured profile against the true one)."""
+    comes from, when it is not the one the GPU runs (a measured profile against the true one).
+    ``iterations``: 3 by default (the first has no requests from a step before), 4 with time
+    between steps (the runtime measures it in the iteration before)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown request policy {policy!r}; choose one of {', '.join(POLICIES)}")
     freqs = np.asarray(freqs_mhz, dtype=np.int64)
@@ -116,6 +118,8 @@ def simulate_with_latency(dag: InstructionDAG, profile: Profile, freqs_mhz: np.n
     t0 = 0.0
     shift = 0.0  # the runtime's: measured in the iteration before (none before the first)
     result = None
+    if iterations is None:
+        iterations = 4 if between_steps_s > 0 else 3
     for k in range(max(int(iterations), 1)):
         start, finish = np.zeros(n), np.zeros(n)
         start_mhz, off_plan = np.zeros(n, dtype=np.int64), np.zeros(n)

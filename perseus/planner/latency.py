@@ -27,6 +27,9 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
+from perseus.planner.deadlines import Candidates
+from perseus.profile import Profile
+from perseus.switch_lag import simulate_with_latency
 from perseus.switch_timing import Switch, late_switches
 
 MAX_PASSES = 64  # timeline re-simulations; each pass removes at least one late switch per stage that has one
@@ -40,9 +43,11 @@ def switch_pays_off(saving_j: np.ndarray | float, latency_s: float, switch_cost_
 
 def land_switches(dag: InstructionDAG, node_choices: NodeChoices, choices: np.ndarray, latency_s: float,
                   switch_cost_w: float = 0.0) -> np.ndarray:
-    """Choice indices ``(plans, nodes)`` whose every switch lands in time (``late_switches`` is
-    empty on each stage of each plan's timeline), and with no switch down that does not pay off
-    at ``switch_cost_w`` (``switch_pays_off``)."""
+    """Choice indices ``(plans, nodes)`` whose switches land in time (``late_switches`` is empty
+    on each stage of each plan's timeline) wherever merging runs can make them, and with no switch
+    down that does not pay off at ``switch_cost_w`` (``switch_pays_off``). A merge cannot remove a
+    switch between instructions whose useful clocks (``planner.choices``) have none in common at
+    or above both runs' clocks; such a plan keeps that switch (``late_plans`` finds them)."""
     if latency_s <= 0 or choices.size == 0:
         return choices
     out = choices.copy()
@@ -51,54 +56,134 @@ def land_switches(dag: InstructionDAG, node_choices: NodeChoices, choices: np.nd
             nodes = np.flatnonzero(dag.node_stage == stage)
             while _hold_unpaid(node_choices, nodes, out, latency_s, switch_cost_w):
                 pass
+    tables = _Tables(node_choices)
     rows = np.arange(len(out))
     for _ in range(MAX_PASSES):
         times = node_choices.node_times(out[rows])
         finish = dag.levels.finish_times(times)[:, : dag.num_nodes]
         begin = finish - times
         changed = [r for i, r in enumerate(rows.tolist())
-                   if _merge_late_runs(dag, node_choices, out[r], begin[i], finish[i], latency_s, float(finish[i].max()))]
+                   if _merge_late_runs(dag, node_choices, tables, out[r], begin[i], finish[i], latency_s,
+                                       float(finish[i].max()))]
         if not changed:
             break
         rows = np.array(changed)
     return out
 
 
-def _merge_late_runs(dag: InstructionDAG, node_choices: NodeChoices, plan: np.ndarray, begin: np.ndarray,
-                     finish: np.ndarray, latency_s: float, period_s: float) -> bool:
-    """Remove the first late switch of every stage of one plan (in place); True if a clock changed."""
+def late_plans(dag: InstructionDAG, node_choices: NodeChoices, choices: np.ndarray, latency_s: float) -> np.ndarray:
+    """Mask of the plans (choice rows) with a switch that cannot land in time on their timeline."""
+    if latency_s <= 0 or choices.size == 0:
+        return np.zeros(len(choices), dtype=bool)
+    times = node_choices.node_times(choices)
+    finish = dag.levels.finish_times(times)[:, : dag.num_nodes]
+    begin = finish - times
+    freqs = node_choices.node_freqs(choices)
+    late = np.zeros(len(choices), dtype=bool)
+    for r in range(len(choices)):
+        period = float(finish[r].max())
+        for stage in range(dag.schedule.num_stages):
+            lo, hi = int(dag.stage_offsets[stage]), int(dag.stage_offsets[stage + 1])
+            if late_switches(begin[r, lo:hi], finish[r, lo:hi], freqs[r, lo:hi], latency_s, period):
+                late[r] = True
+                break
+    return late
+
+
+def with_lag(found: Candidates, late: np.ndarray, dag: InstructionDAG, node_choices: NodeChoices, profile: Profile,
+             latency_s: float) -> Candidates:
+    """``found`` with the plans of ``late`` (a mask) accounted as a GPU with that latency runs them
+    under the runtime's timed requests (``perseus.switch_lag``): their late switches land inside
+    instructions, which the planner's model does not see."""
+    if not late.any():
+        return found
+    times, energies = found.times_s.copy(), found.energies_j.copy()
+    freqs = node_choices.node_freqs(found.choices)
+    for r in np.flatnonzero(late):
+        lagged = simulate_with_latency(dag, profile, freqs[r], latency_s, "timed")
+        times[r], energies[r] = lagged.time_s, lagged.energy_j
+    idle_w = profile.require_p_blocking() * dag.schedule.num_stages
+    return Candidates(found.choices, times, energies, energies - idle_w * times)
+
+
+class _Tables:
+    """Python-side lookups of the choice tables for the merges' inner loops."""
+
+    def __init__(self, node_choices: NodeChoices) -> None:
+        self.node_table: list[int] = node_choices.node_table.tolist()
+        counts = node_choices.num_choices.tolist()
+        self.freqs: list[list[int]] = [node_choices.freqs[k, : counts[k]].tolist() for k in range(len(counts))]
+        self.costs: list[list[float]] = [node_choices.costs[k, : counts[k]].tolist() for k in range(len(counts))]
+        self.index: list[dict[int, int]] = [{f: j for j, f in enumerate(fs)} for fs in self.freqs]
+
+    def at_least(self, node: int, mhz: int, current: int) -> int:
+        """The slowest choice at least as fast as ``mhz`` (never slower than ``current``; the
+        fastest if none is that fast): choices are fastest first."""
+        freqs = self.freqs[self.node_table[node]]
+        j = len(freqs) - 1
+        while j > 0 and freqs[j] < mhz:
+            j -= 1
+        return min(current, j)
+
+
+def _merge_late_runs(dag: InstructionDAG, node_choices: NodeChoices, tables: _Tables, plan: np.ndarray,
+                     begin: np.ndarray, finish: np.ndarray, latency_s: float, period_s: float) -> bool:
+    """Remove the late switches of every stage of one plan (in place) where a merge can, each
+    merge touching runs no earlier merge of this pass touched (the timeline moves after each
+    pass); True if a clock changed."""
     changed = False
     freqs = node_choices.node_freqs(plan)
     for stage in range(dag.schedule.num_stages):
         lo, hi = int(dag.stage_offsets[stage]), int(dag.stage_offsets[stage + 1])
-        late = late_switches(begin[lo:hi], finish[lo:hi], freqs[lo:hi], latency_s, period_s)
-        if late:
-            changed |= _merge(node_choices, plan, freqs[lo:hi], lo, late[0])
+        touched: set[int] = set()
+        stage_plan = plan[lo:hi].tolist()
+        stage_freqs = freqs[lo:hi].tolist()
+        for late in late_switches(begin[lo:hi], finish[lo:hi], freqs[lo:hi], latency_s, period_s):
+            n = hi - lo
+            if late.index in touched or (late.index - 1) % n in touched:
+                continue
+            merged = _merge(tables, stage_plan, stage_freqs, lo, late)
+            touched |= merged
+        if touched:
+            plan[lo:hi] = stage_plan
+            changed = True
     return changed
 
 
-def _merge(node_choices: NodeChoices, plan: np.ndarray, clocks: np.ndarray, offset: int, late: Switch) -> bool:
+def _merge(tables: _Tables, plan: list[int], freqs: list[int], offset: int, late: Switch) -> set[int]:
     """Of the two merges that remove ``late`` (its run into the one before, or that one into its
-    own predecessor, which makes room), apply the one that costs less; True if a clock changed."""
-    n = len(clocks)
-    before = _run(clocks, (late.index - 1) % n)
-    options = [(before, _run(clocks, late.index)), (_run(clocks, (before[0] - 1) % n), before)]
-    best: tuple[float, np.ndarray] | None = None
-    for a, b in options:
-        slower, faster = (a, b) if clocks[a[0]] < clocks[b[0]] else (b, a)
-        trial = plan.copy()
-        for i in _members(slower, n):
-            trial[offset + i] = _at_least(node_choices, offset + i, int(clocks[faster[0]]), int(plan[offset + i]))
-        extra = float(node_choices.node_costs(trial).sum() - node_choices.node_costs(plan).sum())
-        if not np.array_equal(trial, plan) and (best is None or extra < best[0]):
-            best = (extra, trial)
+    own predecessor, which makes room), apply the one that costs less to one stage's choices and
+    clocks (in place); the positions it changed (empty: neither merge changes a clock)."""
+    n = len(freqs)
+    before = _run(freqs, (late.index - 1) % n)
+    best: tuple[float, dict[int, int]] | None = None
+    for a, b in ((before, _run(freqs, late.index)), (_run(freqs, (before[0] - 1) % n), before)):
+        members = sorted(set(_members(a, n)) | set(_members(b, n)))
+        floor = max(freqs[a[0]], freqs[b[0]])
+        index = [tables.index[tables.node_table[offset + i]] for i in members]
+        common = [f for f in index[0] if f >= floor and all(f in ix for ix in index[1:])]
+        new: dict[int, int] = {}
+        if common:
+            target = min(common)
+            new = {i: ix[target] for i, ix in zip(members, index)}
+        if not new or any(c > plan[i] for i, c in new.items()):  # no common clock, or one that is slower there
+            new = {i: tables.at_least(offset + i, floor, plan[i]) for i in members}
+        new = {i: c for i, c in new.items() if c != plan[i]}
+        if not new:
+            continue
+        costs = [tables.costs[tables.node_table[offset + i]] for i in new]
+        extra = sum(cost[c] - cost[plan[i]] for (i, c), cost in zip(new.items(), costs))
+        if best is None or extra < best[0]:
+            best = (extra, new)
     if best is None:
-        return False
-    plan[:] = best[1]
-    return True
+        return set()
+    for i, c in best[1].items():
+        plan[i] = c
+        freqs[i] = tables.freqs[tables.node_table[offset + i]][c]
+    return set(best[1])
 
 
-def _run(clocks: np.ndarray, i: int) -> tuple[int, int]:
+def _run(clocks: list[int], i: int) -> tuple[int, int]:
     """(first, length) of the cyclic run of equal clocks holding position ``i``."""
     n = len(clocks)
     first, length = i, 1
