@@ -95,3 +95,29 @@ def test_switches_down_that_do_not_pay_off_keep_the_faster_clock():
             down = freqs[:, node] < freqs[:, prev]
             fastest = table.node_freqs(np.zeros_like(costly))[:, node]
             assert np.all(~down | (freqs[:, node] == fastest))  # only where no faster choice exists
+
+
+def test_a_switch_no_merge_can_remove_is_accounted_as_the_gpu_runs_it():
+    from perseus.planner.latency import late_plans
+    from perseus.profile import InstructionProfile, Profile
+
+    # measured at the same clocks, but forwards' useful ones (1410, 1200) and backwards' (1300, 1100)
+    # share none (the others are slower and costlier than a faster one): every plan switches at
+    # every instruction
+    clocks = (1410, 1300, 1200, 1100)
+    fwd = InstructionProfile(clocks, (0.010, 0.0105, 0.012, 0.0125), (4.0, 4.2, 3.0, 3.1))
+    bwd = InstructionProfile(clocks, (0.021, 0.020, 0.0235, 0.024), (8.0, 7.0, 7.3, 5.5))
+    profile = Profile({(s, 0, "forward"): fwd for s in range(2)} | {(s, 0, "backward"): bwd for s in range(2)}, 80.0)
+    schedule = build_schedule("1f1b", 2, 2)
+    dag = InstructionDAG.from_schedule(schedule)
+    latency = 0.015  # longer than a forward: the switches around one cannot both land in time
+    frontier = plan_frontier(schedule, profile, PlannerOptions(**{**FAST.as_dict(), "switch_latency_s": latency}))
+    table = build_node_choices(dag, profile, profile.require_p_blocking())
+    off_model = 0
+    for point in frontier.points:
+        choices = np.array([[list(table.tables[table.node_table[v]].freqs_mhz).index(f) for v, f in enumerate(point.freqs_mhz)]])
+        assert late_plans(dag, table, choices, latency).all()
+        lagged = simulate_with_latency(dag, profile, point.freqs_mhz, latency, "timed")
+        assert np.isclose(lagged.time_s, point.time_s) and np.isclose(lagged.energy_j, point.energy_j)
+        off_model += not np.isclose(simulate_plan(dag, profile, point.freqs_mhz).energy_j, point.energy_j)
+    assert off_model  # the planner's own model would have reported other numbers
