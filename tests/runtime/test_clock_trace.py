@@ -202,3 +202,20 @@ def test_apply_returns_once_a_latent_switch_has_landed(tmp_path):
     port.apply(900)
     assert device.locked_sm_clock_mhz() == 900
     device.close()
+
+
+def test_a_traced_kernel_on_the_model_runs_its_head_at_the_clock_before_a_switch_landing_inside_it():
+    from perseus.runtime.clock_trace import kernel_on_model
+
+    cost = {1410: (0.010, 4.0), 900: (0.015, 3.0)}.__getitem__  # (time, energy) of the work held at a clock
+    held = _inst(900, 900, 900, 1.0, 0.015, 0.5, 0.015, 1.016)
+    assert kernel_on_model(held, cost) == (0.015, 3.0)
+    # the switch to 900 landed 4 ms into a kernel that began at 1410: 4/10 of the work at 1410
+    landed = _inst(900, 1410, 900, 2.0, 0.013, 2.004, 0.015, 2.014)
+    time_s, energy_j = kernel_on_model(landed, cost)
+    assert time_s == pytest.approx(0.004 + 0.6 * 0.015) and energy_j == pytest.approx(0.4 * 4.0 + 0.6 * 3.0)
+    # landed after the work at the first clock would have ended: all of it at that clock
+    late = _inst(900, 1410, 900, 3.0, 0.010, 3.050, 0.015, 3.011)
+    assert kernel_on_model(late, cost) == pytest.approx((0.010, 4.0))
+    with pytest.raises(ValueError, match="simulated GPU's kernel record"):
+        kernel_on_model(InstructionTrace(0, 0, "forward", 0, 0, 900, 900, 0.0, 1.0, 1.1, 0.001), cost)
