@@ -38,17 +38,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 from demo_ab import DemoRun, run_demo  # noqa: E402
-from demo_checks import cached_profile, true_profile  # noqa: E402
+from demo_checks import cached_profile, traced_on_model, traced_steps, true_profile  # noqa: E402
 
 from perseus.dag import InstructionDAG  # noqa: E402
-from perseus.runtime.clock_trace import Breakdown, InstructionTrace, breakdown, from_dict, kernel_on_model  # noqa: E402
+from perseus.runtime.clock_trace import Breakdown, breakdown, from_dict  # noqa: E402
 from perseus.simulator import longest_path_finish, max_frequency_plan, simulate_plan  # noqa: E402
 from perseus.switch_lag import simulate_with_latency  # noqa: E402
 
@@ -56,46 +56,20 @@ DEPLOYED, BASELINE = "deployed", "stopped"  # the clock trace's phase labels (st
 SLOWDOWN_TARGET, SAVING_POINTS = 0.01, 0.02
 
 
-def per_step_nodes(run: DemoRun, phase: str) -> dict[int, list[InstructionTrace]]:
-    """The traced instructions of every step of ``phase`` that every stage traced, in the DAG's
-    stage-major node order (one pipeline)."""
-    stages: dict[int, dict[int, list[InstructionTrace]]] = {}
-    for r in sorted(run.results, key=lambda r: r["dp_rank"], reverse=True):
-        insts, steps = from_dict(r["summary"]["clock_trace"])
-        chosen = {st.step for st in steps if st.phase == phase}
-        rows: dict[int, list[InstructionTrace]] = {}
-        for i in insts:
-            if i.step in chosen:
-                rows.setdefault(i.step, []).append(i)
-        stages[r["stage"]] = rows
-    common = set.intersection(*(set(rows) for rows in stages.values()))
-    return {step: [i for s in sorted(stages) for i in stages[s][step]] for step in sorted(common)}
-
-
 def traced(run: DemoRun, phase: str) -> dict[str, float]:
     """Medians over the phase's steps: the model's iteration time and energy from the traced clocks,
     and the kernels' longest path with their nominal work at those clocks ("clocks") and with
     their actual durations ("kernels", CPU work beyond the nominal time included)."""
     dag = InstructionDAG.from_schedule(run.frontier.schedule)
-    truth = true_profile(run.cfg, cached_profile(run.cache_dir).entries)
-    out: dict[str, list[float]] = {"time_s": [], "energy_j": [], "clocks_s": [], "kernels_s": []}
-    for nodes in per_step_nodes(run, phase).values():
-        model = [kernel_on_model(i, _cost(truth, stage, i)) for stage, i in zip(dag.node_stage.tolist(), nodes)]
-        durations = np.array([t for t, _ in model])
-        finish = longest_path_finish(dag, durations).max()
-        busy = sum(durations)
-        out["time_s"].append(float(finish))
-        out["energy_j"].append(float(sum(e for _, e in model) + truth.p_blocking_w * (dag.schedule.num_stages * finish - busy)))
+    time_s, energy_j = traced_on_model(run.results, run.cfg, run.cache_dir, phase)
+    clocks, kernels = [], []
+    for nodes in traced_steps(run.results, phase).values():
         nominal = np.array([run.cfg.nominal_s(s)[i.kind] * (i.kernel_s or 0.0) / (i.work_s or 1.0)
                             for s, i in zip(dag.node_stage.tolist(), nodes)])
-        out["clocks_s"].append(float(longest_path_finish(dag, nominal).max()))
-        out["kernels_s"].append(float(longest_path_finish(dag, np.array([i.kernel_s or 0.0 for i in nodes])).max()))
-    return {k: statistics.median(v) for k, v in out.items()}
-
-
-def _cost(truth: Any, stage: int, inst: InstructionTrace) -> Callable[[int], tuple[float, float]]:
-    entry = truth.get(stage, inst.kind, inst.chunk)
-    return entry.at
+        clocks.append(float(longest_path_finish(dag, nominal).max()))
+        kernels.append(float(longest_path_finish(dag, np.array([i.kernel_s or 0.0 for i in nodes])).max()))
+    return {"time_s": time_s, "energy_j": energy_j, "clocks_s": statistics.median(clocks),
+            "kernels_s": statistics.median(kernels)}
 
 
 def predicted(run: DemoRun, latency_s: float, hiding: bool) -> dict[str, float]:
