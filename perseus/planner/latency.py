@@ -4,12 +4,14 @@ The planner's model switches the clock the instant an instruction starts. A real
 ``latency`` after it is requested, and the runtime requests each one so that it lands between
 its two instructions: at their boundary or in the wait between them (``perseus.switch_timing``;
 there it costs neither time nor energy). That works for every switch of a stage only if
-consecutive landings can be ``latency`` apart: a run of equal clocks shorter than the latency
-(with the waits around it) leaves its switches no room. ``land_switches`` finds such *late*
+consecutive landings can be ``latency`` (plus a margin) apart: a run of equal clocks shorter than
+that (with the waits around it) leaves its switches no room. ``land_switches`` finds such *late*
 switches on each plan's simulated timeline and removes them by merging runs, always raising the
 slower run to the faster one's clock (of the two merges that remove a late switch, the one that
 costs less energy), and repeats on the new timeline until every switch lands in time. Clocks only
 rise, so a plan never gets slower than before; the frontier is re-filtered on the changed plans.
+Where instructions share no useful clock to merge at, a plan keeps a late switch; ``with_lag``
+then accounts it as the GPU runs it (``perseus.switch_lag``), so the frontier's numbers stay true.
 
 A second rule is about energy, not time: a switch down only pays off when what it saves on its
 instruction covers what the switch costs. ``switch_pays_off`` takes that cost as the latency spent
