@@ -28,35 +28,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from demo_checks import account, cached_frontier, steps_in  # noqa: E402
+from demo_ab import run_demo  # noqa: E402
 from loaded_suite import _spin  # noqa: E402
-
-from perseus_demo.common import phase_table  # noqa: E402
 
 
 def one_run(framework: str, stages: int, microbatches: int, out: Path, latency_s: float = 0.0,
             switch_ahead: bool = True, planner_knows: bool = False) -> dict[str, float]:
-    if framework == "megatron":
-        from perseus_demo.megatron_demo import DemoConfig, launch
-    else:
-        from perseus_demo.deepspeed_demo import DemoConfig, launch
-    cfg = DemoConfig(stages=stages, microbatches=microbatches)
-    cfg.sim_gpu = {**cfg.sim_gpu, "switch_latency_s": latency_s}
-    cfg.perseus = {**cfg.perseus, "cache_dir": str(out / "cache"), "switch_ahead": switch_ahead}
-    if planner_knows:  # plans change no clock on an instruction shorter than the latency
-        cfg.perseus["planner_options"] = {"switch_latency_s": latency_s}
-    results = launch(cfg, out / "run")
-    table = phase_table(results)
-    plan, base = table["deployed"], table["baseline again"]
-    acc = account(results, cfg, out / "cache", cached_frontier(out / "cache").default_point(),
-                  steps_in(results[0], "deployed"))
-    return {"time": plan["time_s"] / base["time_s"] - 1.0, "saving": 1.0 - plan["energy_j"] / base["energy_j"],
-            "true_time": acc.slowdown, "true_saving": acc.saving, "applied": acc.applied_share,
-            "applied_time": acc.applied_slowdown}
+    return run_demo(out, framework=framework, stages=stages, microbatches=microbatches, latency_s=latency_s,
+                    switch_ahead=switch_ahead, planner_knows=planner_knows).numbers
 
 
 def _stat(rows: list[dict[str, float]], key: str, digits: int = 1) -> str:
@@ -74,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latencies-ms", default="0", help="clock-switch latencies of the simulated GPUs, e.g. 0,5,20")
     parser.add_argument("--switch-ahead", choices=["on", "off", "both"], default="on")
     parser.add_argument("--planner-knows-latency", choices=["on", "off", "both"], default="off",
-                        help="give the planner the latency (planner_options.switch_latency_s)")
+                        help="give the planner and the runtime the latency (planner_options.switch_latency_s): "
+                             "latency hiding")
     args = parser.parse_args(argv)
     latencies = [float(x) / 1e3 for x in args.latencies_ms.split(",")]
     aheads = {"on": [True], "off": [False], "both": [False, True]}[args.switch_ahead]

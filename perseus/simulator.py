@@ -108,6 +108,30 @@ def plan_costs(dag: InstructionDAG, profile: Profile, freqs_mhz: np.ndarray) -> 
     return durations, energies
 
 
+def plan_timelines(dag: InstructionDAG, profile: Profile, plans_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and finish (s) of every node of many per-node frequency plans ``(plans, n)`` on the
+    profile's measured values: what each instruction's clock switch is timed by (``perseus.switch_timing``)."""
+    plans = np.atleast_2d(np.asarray(plans_mhz, dtype=np.int64))
+    if plans.shape[1] != dag.num_nodes:
+        raise ProfileError(f"plans have {plans.shape[1]} frequencies but the pipeline has {dag.num_nodes} instructions")
+    durations = np.empty(plans.shape)
+    groups: dict[tuple[int, str, int], list[int]] = {}
+    for v, (stage, inst) in enumerate(zip(dag.node_stage.tolist(), dag.instructions)):
+        groups.setdefault((stage, inst.kind, inst.chunk), []).append(v)
+    for (stage, kind, chunk), nodes in groups.items():
+        entry = profile.get(stage, kind, chunk)
+        freqs, times = np.asarray(entry.freqs_mhz), np.asarray(entry.times_s)
+        order = np.argsort(freqs)
+        asked = plans[:, nodes]
+        at = np.clip(np.searchsorted(freqs[order], asked), 0, len(freqs) - 1)
+        if not np.array_equal(freqs[order][at], asked):
+            missing = sorted(set(asked[freqs[order][at] != asked].tolist()))
+            raise ProfileError(f"stage {stage} {kind} (chunk {chunk}) has no measurement at {missing} MHz")
+        durations[:, nodes] = times[order][at]
+    finish = dag.levels.finish_times(durations)[:, : dag.num_nodes]
+    return finish - durations, finish
+
+
 def simulate_plan(dag: InstructionDAG, profile: Profile, freqs_mhz: np.ndarray) -> IterationTimeline:
     """Simulate a per-node frequency plan on the profile's measured values."""
     durations, energies = plan_costs(dag, profile, freqs_mhz)

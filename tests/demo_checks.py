@@ -39,8 +39,9 @@ from perseus.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile, load_json
+from perseus.runtime.clock_trace import InstructionTrace, from_dict, kernel_on_model
 from perseus.runtime.straggler import StragglerPolicy
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.simulator import longest_path_finish, max_frequency_plan, simulate_plan
 from perseus_demo.common import DEFAULT_PERSEUS, DemoSettings
 
 # Share of deployed instructions that must end at their planned clock: the switch is asynchronous,
@@ -185,6 +186,43 @@ def applied_clocks(results: list[dict[str, Any]], frontier: Frontier, steps: lis
             clocks.extend(i[3] for i in rec["instructions"])
         out.append(np.array(clocks))
     return out
+
+
+def traced_steps(results: list[dict[str, Any]], phase: str) -> dict[int, list[InstructionTrace]]:
+    """The clock-traced instructions (``trace_clocks``) of every step of ``phase`` (the trace's
+    label: ``deployed``, ``stopped`` for default clocks again) that every stage traced, in the
+    DAG's stage-major node order (one pipeline)."""
+    stages: dict[int, dict[int, list[InstructionTrace]]] = {}
+    for r in sorted(results, key=lambda r: r["dp_rank"], reverse=True):
+        insts, steps = from_dict(r["summary"]["clock_trace"])
+        chosen = {st.step for st in steps if st.phase == phase}
+        rows: dict[int, list[InstructionTrace]] = {}
+        for i in insts:
+            if i.step in chosen:
+                rows.setdefault(i.step, []).append(i)
+        stages[r["stage"]] = rows
+    common = set.intersection(*(set(rows) for rows in stages.values()))
+    return {step: [i for s in sorted(stages) for i in stages[s][step]] for step in sorted(common)}
+
+
+def traced_on_model(results: list[dict[str, Any]], cfg: DemoSettings, cache_dir: Path, phase: str) -> tuple[float, float]:
+    """Median iteration (time, energy) of ``phase`` on the simulated GPU's own model, from the clock
+    traces: each kernel's nominal work at the clocks it really had, a switch landing inside it
+    included (``clock_trace.kernel_on_model``), the iteration as the kernels' longest path through
+    the schedule's DAG, blocking power while a stage waits. Independent of how busy the machine was,
+    except for where the switches landed in the kernels."""
+    frontier = cached_frontier(cache_dir)
+    dag = InstructionDAG.from_schedule(frontier.schedule)
+    truth = true_profile(cfg, cached_profile(cache_dir).entries)
+    times, energies = [], []
+    for nodes in traced_steps(results, phase).values():
+        model = [kernel_on_model(i, truth.get(stage, i.kind, i.chunk).at) for stage, i in zip(dag.node_stage.tolist(), nodes)]
+        durations = np.array([t for t, _ in model])
+        finish = float(longest_path_finish(dag, durations).max())
+        times.append(finish)
+        energies.append(sum(e for _, e in model) + truth.p_blocking_w * (dag.schedule.num_stages * finish - durations.sum()))
+    assert times, f"no traced steps of phase {phase!r}"
+    return median(times), median(energies)
 
 
 def steps_in(result: dict[str, Any], phase: str) -> list[int]:

@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_CORE = ["perseus/schedule.py", "perseus/exchanges.py", "perseus/dag.py", "perseus/profile.py", "perseus/simulator.py",
+             "perseus/switch_timing.py", "perseus/switch_lag.py",
              "perseus/frontier.py", "perseus/frontier_file.py", "perseus/frontier_v1.py", "perseus/errors.py",
              "perseus/atomic.py", "perseus/cache.py", "perseus/planner", "perseus/emulator.py", "perseus/tables.py",
              "perseus/export.py", "perseus/plot.py", "perseus/examples"]

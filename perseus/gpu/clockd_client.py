@@ -80,10 +80,13 @@ class ClockdController:
     ``cuda_visible_devices`` (default: this process's environment) are sent too, and the daemon
     resolves them when no UUID is given. ``clock_check_s`` > 0: the daemon reads a held clock
     back that often (at least its ``--min-clock-check-s``) and re-applies it if something else
-    changed it.
+    changed it. The daemon makes every request at once (``timed_requests`` False): the runtime
+    then asks for each clock when the instruction before it ends instead of timing its switches
+    (docs/runtime.md, "Clock-switch latency").
     """
 
     enabled = True
+    timed_requests = False
 
     def __init__(
         self,
@@ -180,8 +183,10 @@ class ClockdController:
         return self._sock is not None and not self._dead and not self._closed
 
     # -- hot path ---------------------------------------------------------------------------
-    def set_frequency(self, mhz: int) -> None:
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
         """Request SM clock ``mhz`` (fire-and-forget; one non-blocking send; never blocks)."""
+        if at is not None:
+            raise GPUInvalidArgumentError("perseus clockd makes clock requests at once; it takes no request time")
         if mhz == self._last:
             return
         frame = self._frames.get(mhz)

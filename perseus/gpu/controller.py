@@ -82,11 +82,14 @@ class ClockController(Protocol):
 
     Two implementations: ``FrequencyController`` (a process that changes clocks) and
     ``NullController`` (measure-only mode: records requests, never touches clocks).
+    ``timed_requests``: whether ``set_frequency`` takes an ``at`` (CLOCK_MONOTONIC seconds) to
+    make the request then rather than at once (a switch latency's hiding needs it).
     """
 
     enabled: bool
+    timed_requests: bool
 
-    def set_frequency(self, mhz: int) -> None: ...
+    def set_frequency(self, mhz: int, at: float | None = None) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -107,6 +110,7 @@ class NullController:
     """Measure-only mode: same interface, never touches clocks (no privileges needed)."""
 
     enabled = False
+    timed_requests = True
 
     def __init__(self) -> None:
         self.requests = 0
@@ -115,7 +119,7 @@ class NullController:
     def start(self) -> NullController:
         return self
 
-    def set_frequency(self, mhz: int) -> None:
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
         self.requests += 1
         self.last_requested = mhz
 
@@ -153,6 +157,7 @@ class FrequencyController:
     """
 
     enabled = True
+    timed_requests = True
 
     def __init__(
         self,
@@ -175,6 +180,7 @@ class FrequencyController:
         self._status_buf = b""
         self._last = _DEFAULT
         self._writer: LatestWriter | None = None
+        self._timed_sent = False  # a timed request went out since the last one without a time
         self._dead = False
         self._closed = False
         self._closing = False
@@ -268,9 +274,11 @@ class FrequencyController:
         return self._proc is not None and not self._dead and not self._closed and self._proc.poll() is None
 
     # -- hot path ---------------------------------------------------------------------------
-    def set_frequency(self, mhz: int) -> None:
-        """Request SM clock ``mhz`` (fire-and-forget; a few microseconds; never blocks)."""
-        if mhz == self._last:
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
+        """Request SM clock ``mhz`` (fire-and-forget; a few microseconds; never blocks), at once or,
+        with ``at``, at that CLOCK_MONOTONIC time (the controller holds it until then). A request
+        without a time drops the timed ones the controller still holds."""
+        if mhz == self._last and at is None and not self._timed_sent:
             return
         if mhz not in self.clocks:
             if self._proc is None:
@@ -280,14 +288,16 @@ class FrequencyController:
                 f"({min(self.clocks)}–{max(self.clocks)} MHz)"
             )
         self._last = mhz
-        self._send(MSG.pack(OP_SET, mhz))
+        self._timed_sent = at is not None
+        self._send(MSG.pack(OP_SET, mhz, float(at) if at is not None and at > 0 else 0.0))
 
     def reset(self) -> None:
         """Request default (unlocked) clocks."""
-        if self._last == _DEFAULT:
+        if self._last == _DEFAULT and not self._timed_sent:
             return
         self._last = _DEFAULT
-        self._send(MSG.pack(OP_RESET, 0))
+        self._timed_sent = False
+        self._send(MSG.pack(OP_RESET, 0, 0.0))
 
     def _send(self, msg: bytes) -> None:
         if self._dead or self._closed or self._writer is None:
@@ -378,7 +388,7 @@ class FrequencyController:
             return None
         deadline = time.monotonic() + timeout_s
         self._sync_seq += 1
-        if not self._writer.send(MSG.pack(OP_SYNC, self._sync_seq), deadline):
+        if not self._writer.send(MSG.pack(OP_SYNC, self._sync_seq, 0.0), deadline):
             return None
         while True:
             event = self._read_event(max(0.0, deadline - time.monotonic()))
@@ -403,7 +413,7 @@ class FrequencyController:
         try:
             if not self._dead and self._writer is not None:
                 deadline = time.monotonic() + timeout_s
-                self._writer.send(MSG.pack(OP_CLOSE, 0), deadline)
+                self._writer.send(MSG.pack(OP_CLOSE, 0, 0.0), deadline)
                 while True:
                     event = self._read_event(max(0.0, deadline - time.monotonic()))
                     if event is None:

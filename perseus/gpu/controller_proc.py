@@ -18,14 +18,20 @@ Faults it reports on its own (JSON lines the trainer drains at step ends, ``noti
 
 Both come from ``clock_keeper.ClockKeeper``, which ``perseus clockd`` runs per GPU as well.
 
-Wire protocol (see ``controller.py``): 8-byte little-endian ``(op: i32, arg: i32)`` requests on
-one pipe, JSON lines back on another.
+Timed requests: a SET may carry a time (CLOCK_MONOTONIC, system-wide) at which to make it, so a
+clock switch with a latency lands when the plan needs it (``perseus.switch_timing``): this
+process holds it until then (``TimedRequests``). A request without a time, a RESET or a CLOSE
+drops the timed ones still held (the trainer's latest word is "now"); a SYNC makes them at once.
+
+Wire protocol (see ``controller.py``): 16-byte little-endian ``(op: i32, arg: i32, at: f64)``
+requests on one pipe (``at`` 0: at once), JSON lines back on another.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import heapq
 import json
 import os
 import select
@@ -41,9 +47,43 @@ from perseus.gpu.errors import GPUError
 from perseus.gpu.factory import open_spec
 from perseus.gpu.spec import GPUSpec
 
-MSG = struct.Struct("<ii")
+MSG = struct.Struct("<iid")
 OP_SET, OP_RESET, OP_SYNC, OP_CLOSE = 1, 2, 3, 4
 HISTORY_LEN = 4096
+
+
+class TimedRequests:
+    """SET requests to make at given times, in time order (ties: in the order received)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, at: float, mhz: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, mhz))
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def wait_s(self, now: float, longest: float) -> float:
+        """How long to wait for the next request at most: until the next one is due."""
+        return min(longest, max(self._heap[0][0] - now, 0.0)) if self._heap else longest
+
+    def due(self, now: float) -> int | None:
+        """The latest of the requests due by ``now`` (removing them all; earlier ones would be
+        replaced by it anyway), or None."""
+        found = None
+        while self._heap and self._heap[0][0] <= now:
+            found = heapq.heappop(self._heap)[2]
+        return found
+
+    def drain(self) -> int | None:
+        """All held requests at once (a SYNC): the last one, or None."""
+        return self.due(float("inf"))
 
 
 class _Worker:
@@ -100,38 +140,50 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
                  "clocks": dev.supported_sm_clocks_mhz(), "default_mhz": dev.default_sm_clock_mhz()})
     buf = b""
     wait_s = min(poll_s, check_s) if check_s > 0 else poll_s
+    timed = TimedRequests()
     while not stop["why"]:
-        readable, _, _ = select.select([req_fd], [], [], wait_s)
+        readable, _, _ = select.select([req_fd], [], [], timed.wait_s(time.monotonic(), wait_s))
         if os.getppid() != parent_pid:
             return "parent exited"
-        worker.keeper.maybe_check(check_s)
-        if not readable:
-            continue
-        data = os.read(req_fd, 65536)
-        if not data:
-            return "trainer closed the request pipe"
-        buf += data
-        n = len(buf) // MSG.size
+        if not len(timed):  # a held switch is a change on its way: read back between them only
+            worker.keeper.maybe_check(check_s)
         pending: int | None | str = "none"  # coalesced SET/RESET target not yet applied
-        for i in range(n):
-            op, arg = MSG.unpack_from(buf, i * MSG.size)
-            if op == OP_SET:
-                worker.received += 1
-                pending = arg
-            elif op == OP_RESET:
-                worker.received += 1
-                pending = None
-            elif op == OP_SYNC:
-                if pending != "none":
-                    worker.apply(pending)  # type: ignore[arg-type]
-                    pending = "none"
-                worker.send({"event": "sync", "seq": arg, **worker.stats()})
-            elif op == OP_CLOSE:
-                worker.apply(None)
-                return "close requested"
-        buf = buf[n * MSG.size:]
+        if readable:
+            data = os.read(req_fd, 65536)
+            if not data:
+                return "trainer closed the request pipe"
+            buf += data
+            n = len(buf) // MSG.size
+            for i in range(n):
+                op, arg, at = MSG.unpack_from(buf, i * MSG.size)
+                if op == OP_SET and at > 0:
+                    worker.received += 1
+                    timed.add(at, arg)
+                elif op == OP_SET:
+                    worker.received += 1
+                    pending = arg
+                    timed.clear()
+                elif op == OP_RESET:
+                    worker.received += 1
+                    pending = None
+                    timed.clear()
+                elif op == OP_SYNC:
+                    drained = timed.drain()
+                    if drained is not None:
+                        pending = drained
+                    if pending != "none":
+                        worker.apply(pending)  # type: ignore[arg-type]
+                        pending = "none"
+                    worker.send({"event": "sync", "seq": arg, **worker.stats()})
+                elif op == OP_CLOSE:
+                    worker.apply(None)
+                    return "close requested"
+            buf = buf[n * MSG.size:]
         if pending != "none":
             worker.apply(pending)  # type: ignore[arg-type]
+        due = timed.due(time.monotonic())
+        if due is not None:
+            worker.apply(due)
     return stop["why"]
 
 

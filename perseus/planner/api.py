@@ -12,7 +12,7 @@ from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner.choices import build_node_choices
 from perseus.planner.deadlines import Candidates, evaluate, own_pace, pareto, search_deadlines
-from perseus.planner.latency import hold_through_short_switches
+from perseus.planner.latency import land_switches, late_plans, with_lag
 from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
 from perseus.schedule import Schedule
@@ -53,9 +53,10 @@ def plan_frontier(
 
     found = search_deadlines(dag, node_choices, p_blocking, [base.time_s], options, report)
     if options.switch_latency_s > 0:
-        held = hold_through_short_switches(dag, node_choices, found.choices, options.switch_latency_s,
-                                           options.switch_cost_w)
-        found = pareto(evaluate(dag, node_choices, held, p_blocking))
+        latency = options.switch_latency_s
+        held = np.unique(land_switches(dag, node_choices, found.choices, latency, options.switch_cost_w), axis=0)
+        landed = evaluate(dag, node_choices, held, p_blocking)
+        found = pareto(with_lag(landed, late_plans(dag, node_choices, held, latency), dag, node_choices, profile, latency))
 
     # Candidates were simulated (perseus.simulator.simulate_many) and cost-filtered in search_deadlines.
     kept, paced = _split_points(found, node_choices.node_freqs(found.choices), _PACED_TOLERANCE * base.energy_j)

@@ -197,6 +197,23 @@ def lateness_s(inst: InstructionTrace) -> float:
     return min(max(inst.clock_applied_at - inst.kernel_start, 0.0), inst.kernel_s)
 
 
+def kernel_on_model(inst: InstructionTrace, cost: Callable[[int], tuple[float, float]]) -> tuple[float, float]:
+    """(time, energy) of a traced simulated kernel on the GPU model, at its clocks as they were:
+    ``cost(mhz)`` gives the instruction's (time, energy) held at a clock (its nominal work, e.g. the
+    simulated GPU's true profile), the kernel ran at ``start_mhz`` until ``clock_applied_at`` (a
+    switch landing inside it) and at ``end_mhz`` after, progressing at ``1 / time`` of its work per
+    second. Independent of how busy the host was, except for where the switch landed in the kernel."""
+    if inst.start_mhz is None or inst.end_mhz is None or inst.kernel_start is None:
+        raise ValueError("kernel_on_model needs a simulated GPU's kernel record (trace_clocks on a simulated GPU)")
+    t1, e1 = cost(inst.end_mhz)
+    if inst.start_mhz == inst.end_mhz or inst.clock_applied_at is None or inst.clock_applied_at <= inst.kernel_start:
+        return t1, e1
+    t0, e0 = cost(inst.start_mhz)
+    head = min(inst.clock_applied_at - inst.kernel_start, t0)
+    done = head / t0
+    return head + (1 - done) * t1, done * e0 + (1 - done) * e1
+
+
 def breakdown(instructions: Iterable[InstructionTrace], steps: Iterable[StepTrace],
               phase: Callable[[str], bool] = lambda p: True) -> Breakdown:
     """Medians over the steps whose phase ``phase`` accepts."""

@@ -28,7 +28,7 @@ from perseus.runtime.clock_sweep import profiling_iterations
 from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.deploy import PlanFollower
+from perseus.runtime.deploy import PlanFollower, TimedSwitches
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
 from perseus.runtime.job_check import check_job
@@ -44,6 +44,7 @@ from perseus.runtime.sources import cache_key, open_cache, share_sources
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.schedule import InstructionKind
+from perseus.switch_timing import request_schedule
 
 log = logging.getLogger("perseus.runtime")
 
@@ -103,6 +104,9 @@ class PerseusRuntime:
         self.frontier: StagePlan | None = None
         self.point: StagePoint | None = None
         self._follower: PlanFollower | None = None
+        # The plan's clock switches asked for at planned times (a known switch latency), else None.
+        self._timed: TimedSwitches | None = None
+        self._timing_note: str | None = None  # why a known latency is not hidden, said once
         self._slowdown = 1.0
         self._policy = StragglerPolicy(
             self.config.straggler_threshold, self.config.straggler_recover_threshold, self.config.straggler_patience
@@ -163,7 +167,8 @@ class PerseusRuntime:
     def _load_sources(self) -> None:
         """Rank 0 finds a provided or cached frontier/profile; every rank learns the outcome."""
         try:
-            sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache)
+            sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache,
+                                    timing=self._hides_latency())
         except ConfigError:
             self.close()
             raise
@@ -200,6 +205,12 @@ class PerseusRuntime:
             freq = self._follower.next(kind, microbatch, chunk)  # type: ignore[union-attr]
             if freq is None:
                 self._mismatch()
+            elif self._timed is not None:
+                # Switches asked for at planned times (docs/runtime.md, "Clock-switch latency").
+                index = self._follower.index  # type: ignore[union-attr]
+                if self._timed.watches(index, False):
+                    for clock, at in self._timed.begin(index, monotonic()):
+                        self._request_at(clock, at)
             elif freq != self.gpu.current_mhz:
                 self._request(freq)
         elif hot == _HOT_PROFILE:
@@ -221,7 +232,12 @@ class PerseusRuntime:
             trace.kernel_ended(monotonic())
         hot = self._hot
         if hot == _HOT_DEPLOY:
-            if self._switch_ahead:
+            if self._timed is not None:
+                index = self._follower.index  # type: ignore[union-attr]
+                if self._timed.watches(index, True):
+                    for clock, at in self._timed.end(index, monotonic()):
+                        self._request_at(clock, at)
+            elif self._switch_ahead:
                 # Ask for the next instruction's clock now: the switch latency overlaps the wait
                 # for its input instead of delaying it (docs/runtime.md, "Clock-switch latency").
                 freq = self._follower.peek()  # type: ignore[union-attr]
@@ -238,6 +254,12 @@ class PerseusRuntime:
         self.gpu.request(freq)
         if self.clock_trace is not None:
             self.clock_trace.requested(freq, monotonic())
+
+    def _request_at(self, freq: int, at: float) -> None:
+        """A clock request from a hook, to be made at CLOCK_MONOTONIC ``at`` (recorded in the trace)."""
+        self.gpu.request_at(freq, at)
+        if self.clock_trace is not None:
+            self.clock_trace.requested(freq, at)
 
     def on_step_end(self) -> None:
         if self.clock_trace is not None and not self._closed:
@@ -424,7 +446,8 @@ class PerseusRuntime:
             assert self._profile is not None
             child, self._planner_child = self._planner_child, None
             self._planner = BackgroundPlanner(self.schedule, self._profile, self.config.planner_options, child,
-                                              nice=self.config.planner_nice, cache=self.cache)
+                                              nice=self.config.planner_nice, cache=self.cache,
+                                              timelines=self._hides_latency())
 
     def _poll_plan(self) -> None:
         if self.is_root and self._planner is not None and self.config.plan_wait_s > 0:
@@ -492,12 +515,45 @@ class PerseusRuntime:
         changed = self.point is not None and point is not self.point
         self.point = point
         self._slowdown = point.time_s / self.frontier.default_point().time_s
-        # A GPU with a known switch latency gets its switches up one instruction early (deploy.py).
-        raise_early = self._switch_ahead and self.config.planner_options.switch_latency_s > 0
-        self._follower = PlanFollower(self.frontier.stage_plan(point, self.job.stage), self.job.stage,
-                                      raise_early=raise_early)
+        plan = self.frontier.stage_plan(point, self.job.stage)
+        self._follower = PlanFollower(plan, self.job.stage)
+        self._timed = self._timed_switches(point, [f for _, f in plan])
+        if self._timed is not None and plan:
+            # The new plan's first clock at once (and no request of the old plan still held): the
+            # requests for a step's first instructions are made in the step before.
+            self.gpu.request_now(plan[0][1])
         if changed:
             self._event("point", {"time_s": point.time_s, "energy_j": point.energy_j, "slowdown": self._slowdown})
+
+    def _hides_latency(self) -> bool:
+        """Whether clock switches are timed for a known switch latency (``planner_options.switch_latency_s``)."""
+        return self._switch_ahead and self.config.planner_options.switch_latency_s > 0
+
+    def _timed_switches(self, point: StagePoint, clocks: list[int]) -> TimedSwitches | None:
+        """The hooks' timed requests for ``point`` (``perseus.switch_timing``), or None: latency 0,
+        ``switch_ahead`` off, a controller that makes every request at once (clockd), or a plan
+        without its timeline (a frontier given without a profile); then each clock is asked for
+        when the previous instruction ends."""
+        if not self._hides_latency() or not clocks:
+            return None
+        assert self.frontier is not None
+        timeline = self.frontier.timeline(point)
+        why = None
+        if not self.gpu.timed_requests:
+            why = "the clock controller (perseus clockd) makes every request at once"
+        elif timeline is None:
+            why = "the plan came without its planned timeline (a frontier given without a profile)"
+        if why is not None:
+            if self._timing_note is None and self.is_root:
+                log.warning("perseus: switch latency %.1f ms not hidden: %s; each clock is requested when the "
+                            "previous instruction ends", 1e3 * self.config.planner_options.switch_latency_s, why)
+            self._timing_note = why
+            return None
+        assert timeline is not None
+        begin, end = timeline
+        latency = self.config.planner_options.switch_latency_s
+        requests = request_schedule(begin, end, clocks, latency, point.time_s)
+        return TimedSwitches(requests, len(clocks), float(point.time_s + begin[0] - end[-1]))
 
     def _retarget(self) -> None:
         self._target_dirty = False
@@ -524,6 +580,8 @@ class PerseusRuntime:
     def _after_deployed_step(self, natural_s: float, energy: float) -> None:
         if self._hot == _HOT_DEPLOY and self._follower is not None and not self._follower.end_step():
             self._mismatch()
+        if self._timed is not None:
+            self._timed.end_step()
         if self._fallback_problem is not None and self.phases.phase is Phase.DEPLOYED:
             self._enter(Phase.FALLBACK)
             self._event("fallback", self._fallback_problem)

@@ -4,7 +4,7 @@ The engine never talks to NVML or the simulated GPU directly. ``GPUPort`` wraps 
 ``perseus.gpu`` device and its asynchronous frequency controller so that
 
 - ``request`` (hot path, once per instruction whose clock differs from the last one) only
-  hands a number to the controller and returns,
+  hands a number to the controller and returns; ``request_at`` hands it a time to make it at,
 - ``apply`` (step boundary, profiling) waits until the clock is in effect,
 - ``reset`` always leaves the GPU at default clocks, whatever happened before.
 """
@@ -43,6 +43,8 @@ class GPUPort:
         self.name: str = str(device.name)
         self.driver_version: str = str(getattr(device, "driver_version", "unknown"))
         self.current_mhz: int = self.default_mhz
+        # Whether the controller can hold a request until a given time (switch latency hiding).
+        self.timed_requests: bool = bool(getattr(controller, "timed_requests", False))
         self._closed = False
         self._last_energy_j = 0.0
         self.energy_error: str | None = None  # set once reading the energy counter failed
@@ -86,6 +88,18 @@ class GPUPort:
         if mhz != self.current_mhz:
             self.current_mhz = mhz
             self.controller.set_frequency(mhz)
+
+    def request_at(self, mhz: int, at: float) -> None:
+        """Ask for a clock to be requested from the device at CLOCK_MONOTONIC ``at`` (instruction
+        hooks; needs ``timed_requests``). Never skipped: a plan's timed requests are its switches."""
+        self.current_mhz = mhz
+        self.controller.set_frequency(mhz, at)
+
+    def request_now(self, mhz: int) -> None:
+        """Ask for a clock at once, dropping the timed requests the controller still holds (a new
+        plan's first clock)."""
+        self.current_mhz = mhz
+        self.controller.set_frequency(mhz)
 
     def apply(self, mhz: int, settle_timeout_s: float = 0.25) -> None:
         """Set a clock and wait until it is in effect (step boundaries only).

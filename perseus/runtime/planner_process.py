@@ -14,9 +14,10 @@ It runs single-threaded (OpenBLAS/MKL/OpenMP threads = 1): it is meant to take a
 How: ``subprocess`` runs ``python -c`` that lowers its priority before importing anything and
 then calls ``child_main`` of this file (no ``multiprocessing`` spawn: that would re-import the trainer's
 ``__main__`` script). The parent writes one pickled request to the child's stdin (the planner
-function by reference, schedule, profile, options, the cache entry to write, the parent's
-``sys.path``). The child plans, then does all the work on the whole frontier itself: it encodes
-every stage's slice (``stage_plan.encode_stage``) and writes the frontier to the cache (atomically,
+function by reference, schedule, profile, options, the cache entry to write, whether the slices
+carry planned timelines, the parent's ``sys.path``). The child plans, then does all the work on
+the whole frontier itself: it encodes every stage's slice (``stage_plan.encode_stage``, with each
+point's simulated timeline when a switch latency is hidden) and writes the frontier to the cache (atomically,
 ``perseus.cache``). It writes one pickled reply on a private copy of its stdout (stdout itself goes
 to stderr, so a solver's banner never corrupts the reply): ``("ok", hand-over)`` or ``("error", line)``,
 the hand-over being each stage's bytes ready to send, a few numbers and the cache file's fate
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -146,18 +148,19 @@ class ProcessPlanner:
     """One planning run in a niced child process; its hand-over (``PlannedStages``) or its error.
 
     ``started``: a child from ``start_child`` to run it in (started fresh if absent or dead).
-    ``cache``: where the child writes the frontier (rank 0's cache entry), None for nowhere."""
+    ``cache``: where the child writes the frontier (rank 0's cache entry), None for nowhere.
+    ``timelines``: each stage's bytes carry every point's planned timeline (``stage_plan.frontier_timing``)."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions, plan: PlanFunction,
                  nice: int = NICE, started: subprocess.Popen[bytes] | None = None,
-                 cache: RunCache | None = None) -> None:
+                 cache: RunCache | None = None, timelines: bool = False) -> None:
         self.result: PlannedStages | None = None
         self.error: str | None = None
         self._done = threading.Event()
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         try:  # two pickles: the path first, so the child can import the planner function's module
-            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache),
+            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache, timelines),
                                                                   pickle.HIGHEST_PROTOCOL)
             self._proc = started if started is not None and started.poll() is None else start_child(nice)
         except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
@@ -236,9 +239,11 @@ def child_main(parent: int) -> None:
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed (a solver's banner) goes to stderr, never into the reply
     try:
-        plan, schedule, profile, options, cache = _read_request()
+        plan, schedule, profile, options, cache, timelines = _read_request()
         frontier = plan(schedule, profile, options)
-        message: tuple[str, Any] = ("ok", hand_over(frontier, cache, _sibling("stage_plan").encode_stage))
+        slices = _sibling("stage_plan")
+        timing = slices.frontier_timing(frontier, profile) if timelines and isinstance(frontier, Frontier) else None
+        message: tuple[str, Any] = ("ok", hand_over(frontier, cache, partial(slices.encode_stage, timing=timing)))
     except BaseException as exc:  # noqa: BLE001 - every failure is one line for the trainer's log
         message = ("error", f"{type(exc).__name__}: {exc}")
     reply.write(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
@@ -258,7 +263,7 @@ def _sibling(name: str) -> ModuleType:
     return sys.modules[key]
 
 
-def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None]:
+def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool]:
     stream = sys.stdin.buffer
     path = pickle.load(stream)
     sys.path[:] = path + [p for p in sys.path if p not in path]  # the planner function's module imports

@@ -29,12 +29,14 @@ class BackgroundPlanner(ProcessPlanner):
 
     The planning function is looked up here when planning starts, so a test (or a caller) that
     replaces ``planning.plan_frontier`` plans with its own function in the child. ``cache``: the
-    entry the child writes the frontier to (rank 0's)."""
+    entry the child writes the frontier to (rank 0's). ``timelines``: every stage's plan carries its
+    planned timeline (a switch latency is hidden, ``stage_plan.frontier_timing``)."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions,
                  started: subprocess.Popen[bytes] | None = None, nice: int = NICE,
-                 cache: RunCache | None = None) -> None:
-        super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started, cache=cache)
+                 cache: RunCache | None = None, timelines: bool = False) -> None:
+        super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started, cache=cache,
+                         timelines=timelines)
 
 
 @dataclass(frozen=True)

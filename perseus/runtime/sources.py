@@ -59,10 +59,12 @@ class Sources:
 
 
 def share_sources(
-    collective: Collective, config: PerseusConfig, schedule: Schedule, stage: int, cache: RunCache | None
+    collective: Collective, config: PerseusConfig, schedule: Schedule, stage: int, cache: RunCache | None,
+    timing: bool = False,
 ) -> Sources:
     """Collective: rank 0 finds a provided or cached frontier/profile; every rank learns the
-    outcome and receives its stage's plan. A bad provided file is a ``ConfigError`` on every rank."""
+    outcome and receives its stage's plan. A bad provided file is a ``ConfigError`` on every rank.
+    ``timing``: the plan carries its planned timeline when rank 0 has the profile (switch latency hiding)."""
     status: dict[str, Any] = {"error": None, "frontier": False, "profile": False, "origin": None}
     profile: Profile | None = None
     frontier: Frontier | None = None
@@ -77,7 +79,8 @@ def share_sources(
         raise ConfigError(status["error"])
     if not status["frontier"]:
         return Sources(None, profile, status["profile"], status["origin"])
-    delivered = distribute(collective, slices_of(frontier) if frontier is not None else None, schedule, stage)
+    delivered = distribute(collective, slices_of(frontier, profile if timing else None) if frontier is not None else None,
+                           schedule, stage)
     del frontier  # rank 0 keeps its own stage's slice only
     return Sources(delivered.plan, profile, status["profile"], status["origin"], delivered.received_bytes)
 

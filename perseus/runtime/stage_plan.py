@@ -14,6 +14,14 @@ schedule, so a plan is never applied to another instruction order.
 
 ``lookup``, ``paced_lookup`` and ``default_point`` choose the same point as the ``Frontier``
 they were cut from (tests/runtime/test_stage_plan.py compares them).
+
+With a clock-switch latency to hide, a rank also needs each point's planned timeline of its
+stage (when each instruction begins and ends, ``StagePlan.timeline``), because the runtime times
+every switch on it (``perseus.switch_timing``). That needs the whole pipeline's plan and profile,
+which only the planner process and rank 0 have, so whoever encodes the slices simulates every
+point (``frontier_timing``, ``perseus.simulator.plan_timelines``) and each stage receives its own
+begins and ends with the clocks: 8 more bytes per instruction and point, only when a latency is
+hidden.
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from typing import Any, Callable
 import numpy as np
 
 from perseus.errors import FrontierError
+from perseus.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint
+from perseus.profile import Profile
 from perseus.schedule import Instruction, Schedule
+from perseus.simulator import plan_timelines
 
 WIRE_VERSION = 1
 
@@ -63,6 +74,7 @@ class StagePlan:
         paced_points: list[tuple[float, float]],
         gpu_name: str = "unknown",
         solve_time_s: float = 0.0,
+        timing: np.ndarray | None = None,
     ) -> None:
         if not points:
             raise FrontierError("a stage plan needs at least one point")
@@ -71,6 +83,10 @@ class StagePlan:
                 f"stage {stage} plan: clock index is {index.shape}, expected "
                 f"({len(points) + len(paced_points)}, {len(instructions)})"
             )
+        if timing is not None and timing.shape != (index.shape[0], 2, len(instructions)):
+            raise FrontierError(f"stage {stage} plan: timing is {timing.shape}, expected "
+                                f"({index.shape[0]}, 2, {len(instructions)})")
+        self.timing = timing  # (rows, begin/end, instructions) seconds, or None
         self.stage = stage
         self.num_stages = num_stages
         self.instructions = list(instructions)
@@ -113,6 +129,14 @@ class StagePlan:
         """This stage's planned clocks (MHz) of ``point``, in execution order."""
         return self.clocks_mhz[self.index[point.row]]
 
+    def timeline(self, point: StagePoint) -> tuple[np.ndarray, np.ndarray] | None:
+        """When this stage's instructions begin and end in ``point``'s planned iteration (s from its
+        start), or None when rank 0 sent no timing (no switch latency to hide, or no profile)."""
+        if self.timing is None:
+            return None
+        row = self.timing[point.row].astype(np.float64)
+        return row[0], row[1]
+
     def stage_plan(self, point: StagePoint, stage: int) -> list[tuple[Instruction, int]]:
         """(instruction, frequency) pairs of this stage in execution order (``Frontier.stage_plan``)."""
         if stage != self.stage:
@@ -121,7 +145,8 @@ class StagePlan:
 
     def nbytes(self) -> int:
         """Bytes of the arrays this plan holds (its clocks dominate)."""
-        return int(self.index.nbytes + self.clocks_mhz.nbytes) + 2 * 8 * (len(self.points) + len(self.paced_points))
+        timing = self.timing.nbytes if self.timing is not None else 0
+        return int(self.index.nbytes + self.clocks_mhz.nbytes) + 2 * 8 * (len(self.points) + len(self.paced_points)) + timing
 
 
 def _paced_order(points: list[StagePoint], idle_w: float) -> list[StagePoint]:
@@ -143,9 +168,19 @@ def stage_slice(frontier: Frontier, stage: int) -> slice:
     return slice(start, start + len(stages[stage]))
 
 
-def encode_stage(frontier: Frontier, stage: int) -> bytes:
+def frontier_timing(frontier: Frontier, profile: Profile) -> np.ndarray:
+    """Every point's (then every paced point's) planned begin and end of every instruction,
+    ``(rows, 2, instructions)`` float32 seconds, simulated on ``profile``."""
+    dag = InstructionDAG.from_schedule(frontier.schedule)
+    plans = np.stack([np.asarray(p.freqs_mhz) for p in frontier.points + frontier.paced_points])
+    begin, end = plan_timelines(dag, profile, plans)
+    return np.stack([begin, end], axis=1).astype(np.float32)
+
+
+def encode_stage(frontier: Frontier, stage: int, timing: np.ndarray | None = None) -> bytes:
     """The bytes rank 0 sends to the ranks of ``stage``: every point's time and energy, and this
-    stage's clocks as a zlib-compressed index matrix (points then paced points × instructions)."""
+    stage's clocks as a zlib-compressed index matrix (points then paced points × instructions);
+    with ``timing`` (``frontier_timing``), this stage's planned begins and ends too."""
     sched = frontier.schedule
     if not 0 <= stage < sched.num_stages:
         raise FrontierError(f"stage {stage} is not in this {sched.num_stages}-stage frontier")
@@ -169,6 +204,8 @@ def encode_stage(frontier: Frontier, stage: int) -> bytes:
         "clocks_mhz": table.astype(np.int32).tobytes(),
         "dtype": np.dtype(dtype).str,
         "index": zlib.compress(index.astype(dtype).tobytes(), 6),
+        "timing": (zlib.compress(np.ascontiguousarray(timing[:, :, cut], dtype=np.float32).tobytes(), 6)
+                   if timing is not None else None),
     }
     return pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -201,6 +238,9 @@ def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:
         index = np.frombuffer(zlib.decompress(doc["index"]), dtype=np.dtype(doc["dtype"]))
         index = index.reshape(len(times), len(instructions))
         pairs = list(zip(times.tolist(), energies.tolist()))
+        timing = None
+        if doc.get("timing") is not None:
+            timing = np.frombuffer(zlib.decompress(doc["timing"]), dtype=np.float32).reshape(len(times), 2, len(instructions))
         return StagePlan(
             stage=stage,
             num_stages=schedule.num_stages,
@@ -214,6 +254,7 @@ def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:
             paced_points=pairs[n_points:],
             gpu_name=str(doc["gpu_name"]),
             solve_time_s=float(doc["solve_time_s"]),
+            timing=timing,
         )
     except FrontierError:
         raise
@@ -221,9 +262,11 @@ def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:
         raise FrontierError(f"stage {stage}: malformed stage plan from rank 0 ({type(exc).__name__}: {exc})") from None
 
 
-def stage_plan_of(frontier: Frontier, stage: int) -> StagePlan:
-    """This process's own slice of a frontier it holds (rank 0, or a single process)."""
-    return decode_stage(encode_stage(frontier, stage), frontier.schedule, stage)
+def stage_plan_of(frontier: Frontier, stage: int, profile: Profile | None = None) -> StagePlan:
+    """This process's own slice of a frontier it holds (rank 0, or a single process); with the
+    profile, with its planned timeline (``frontier_timing``)."""
+    timing = frontier_timing(frontier, profile) if profile is not None else None
+    return decode_stage(encode_stage(frontier, stage, timing), frontier.schedule, stage)
 
 
 def point_of(frontier: Frontier, point: StagePoint) -> FrontierPoint:
@@ -240,9 +283,10 @@ class Delivery:
     received_bytes: int
 
 
-def slices_of(frontier: Frontier) -> StageBytes:
-    """Each stage's bytes, encoded from a frontier rank 0 holds (cached or provided) when asked."""
-    return partial(encode_stage, frontier)
+def slices_of(frontier: Frontier, profile: Profile | None = None) -> StageBytes:
+    """Each stage's bytes, encoded from a frontier rank 0 holds (cached or provided) when asked;
+    with ``profile`` (a switch latency is hidden), with each stage's planned timeline."""
+    return partial(encode_stage, frontier, timing=frontier_timing(frontier, profile) if profile is not None else None)
 
 
 def distribute(collective: Any, stage_bytes: StageBytes | None, schedule: Schedule, stage: int) -> Delivery:

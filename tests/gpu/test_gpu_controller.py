@@ -292,3 +292,45 @@ def test_starting_the_controller_prints_no_runtime_warning(sim_dir):
                           env={**os.environ, "PYTHONWARNINGS": "default"})
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr
+
+
+def test_timed_requests_wait_in_time_order_and_the_latest_due_one_wins():
+    from perseus.gpu.controller_proc import TimedRequests
+
+    q = TimedRequests()
+    assert q.wait_s(5.0, 0.1) == 0.1 and q.due(5.0) is None
+    q.add(7.0, 900)
+    q.add(6.0, 1200)
+    q.add(6.0, 1005)  # same time: in the order received
+    assert len(q) == 3 and q.wait_s(5.0, 10.0) == 1.0 and q.wait_s(6.5, 10.0) == 0.0
+    assert q.due(5.9) is None
+    assert q.due(6.0) == 1005 and len(q) == 1  # both due at 6: the later one replaces the earlier
+    assert q.drain() == 900 and len(q) == 0
+    q.add(1.0, 705)
+    q.clear()
+    assert q.due(2.0) is None
+
+
+def test_a_timed_request_is_made_at_its_time_and_a_request_without_one_drops_it(sim_dir):
+    g = SimulatedGPU(0, reset_state=True)
+    with FrequencyController(g.spec(), install_signal_handlers=False) as c:
+        c.set_frequency(1200)
+        c.flush()
+        at = time.monotonic() + 2.0
+        c.set_frequency(900, at)
+        held = g.locked_sm_clock_mhz()
+        if time.monotonic() < at:  # read before its time (2 s: only a stalled machine gets here late)
+            assert held == 1200
+        deadline = time.monotonic() + HANG_S
+        while g.locked_sm_clock_mhz() != 900 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert g.locked_sm_clock_mhz() == 900 and time.monotonic() >= at
+        assert c.flush().history[-2:] == [1200, 900]
+        # a request without a time is the trainer's latest word: the held one is never made
+        c.set_frequency(705, time.monotonic() + 0.2)
+        c.set_frequency(1005)
+        time.sleep(0.3)
+        assert c.flush().history[-2:] == [900, 1005] and g.locked_sm_clock_mhz() == 1005
+        # a flush makes held requests at once
+        c.set_frequency(705, time.monotonic() + 600)
+        assert c.flush().current == 705 and g.locked_sm_clock_mhz() == 705

@@ -1,5 +1,7 @@
 """Plan following: planned clock per instruction, first divergence detected once."""
 
+import pytest
+
 from perseus.runtime.deploy import PlanFollower
 from perseus.schedule import build_schedule
 
@@ -52,23 +54,24 @@ def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
         assert f.peek() == (1000 + 10 * (i + 1) if i + 1 < len(insts) else 1000)
 
 
-def test_request_clocks_raise_early_asks_for_a_faster_next_clock_one_instruction_ahead():
-    from perseus.runtime.deploy import request_clocks
+def test_timed_switches_send_each_request_from_its_hook_after_its_delay():
+    from perseus.runtime.deploy import TimedSwitches
+    from perseus.switch_timing import TimedRequest
 
-    planned = [1410, 900, 900, 1200]
-    assert request_clocks(planned, False) == planned
-    # up-switches (to 1200, and to the next step's 1410) one instruction early; the switch down stays put
-    assert request_clocks(planned, True) == [1410, 900, 1200, 1410]
-    assert request_clocks([], True) == []
-
-
-def test_raise_early_follower_reports_planned_clocks_but_requests_the_raised_ones():
-    sched = build_schedule("1f1b", 1, 2)
-    plan = list(zip(sched.stages[0], [1410, 900, 900, 1200]))
-    f = PlanFollower(plan, 0, raise_early=True)
-    f.start_step()
-    got = []
-    for inst in sched.stages[0]:
-        got.append((f.next(inst.kind, inst.microbatch, inst.chunk), f.planned(), f.peek()))
-    assert got == [(1410, 1410, 900), (900, 900, 1200), (1200, 900, 1410), (1410, 1200, 1410)]
-    assert f.end_step() and f.step_clocks(1410) == {1410: 1, 900: 2, 1200: 1}
+    requests = [TimedRequest(0, False, 0.005, 900, 1), TimedRequest(2, True, 0.001, 1200, 3),
+                TimedRequest(3, False, 0.019, 1410, 0, next_step=True)]
+    t = TimedSwitches(requests, 4, planned_gap_s=0.002)
+    assert [t.watches(i, False) for i in range(4)] == [True, False, False, True]  # 0: notes the step's start
+    assert [t.watches(i, True) for i in range(4)] == [False, False, True, True]  # 3: notes the step's end
+    assert t.begin(0, 10.0) == [(900, 10.005)] and t.begin(1, 10.01) == []
+    assert t.end(2, 10.05) == [(1200, 10.051)]
+    assert t.begin(3, 10.06) == [(1410, 10.079)]  # no gap measured yet: as planned
+    t.end(3, 10.08)
+    t.end_step()
+    # the next step began 5 ms after the last one ended, 3 ms later than planned: requests made for
+    # the next step move 3 ms later from then on, the others do not
+    t.begin(0, 10.085)
+    t.end_step()
+    assert t.shift_s == pytest.approx(0.003)
+    assert t.begin(3, 11.0) == [(1410, pytest.approx(11.022))]
+    assert t.begin(0, 12.0)[0] == (900, 12.005)

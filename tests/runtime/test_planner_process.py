@@ -93,6 +93,19 @@ def test_the_child_writes_the_cache_rank_0_only_passes_bytes_on(tmp_path, monkey
     assert outcome.plan.stage_plan(outcome.plan.default_point(), 1) == saved.stage_plan(saved.default_point(), 1)
 
 
+def test_with_timelines_the_child_encodes_every_stages_planned_timeline(tmp_path):
+    """A hidden switch latency needs each point's timeline in the stage plans: the planner process
+    simulates them (``frontier_timing``), as rank 0 would from the same frontier and profile."""
+    cache = RunCache(tmp_path / "cache", {"job": "test"})
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, cache=cache, timelines=True)
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    saved = cache.load_frontier(SCHEDULE)
+    timing = stage_plan.frontier_timing(saved, PROFILE)
+    assert planner.result.stage_bytes == tuple(encode_stage(saved, s, timing) for s in range(SCHEDULE.num_stages))
+    plan = planning.share_outcome(Collective(), planner, SCHEDULE, 1).plan
+    assert plan.timeline(plan.default_point()) is not None
+
+
 def test_a_cache_the_child_cannot_write_is_reported_and_planning_goes_on(tmp_path):
     (tmp_path / "not_a_dir").write_text("")
     cache = RunCache(tmp_path / "not_a_dir", {"job": "test"})

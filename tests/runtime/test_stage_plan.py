@@ -87,3 +87,40 @@ def test_clocks_outside_the_mhz_range_still_round_trip():
     front = Frontier(schedule, 50.0, 1.0, 10.0, [FrontierPoint(1.0, 9.0, np.array([2_000_000, 1_500_000] * (n // 2)))])
     plan = stage_plan_of(front, 1)
     assert plan.stage_plan(plan.default_point(), 1) == front.stage_plan(front.default_point(), 1)
+
+
+def _profile_for(front: Frontier):
+    """A profile with every clock the frontier uses: time falls with the clock, per kind and stage."""
+    from perseus.profile import InstructionProfile, Profile
+
+    clocks = sorted({int(f) for p in front.points + front.paced_points for f in p.freqs_mhz}, reverse=True)
+    entries = {}
+    for s in range(front.schedule.num_stages):
+        for c in range(front.schedule.num_chunks):
+            for k, base in (("forward", 0.010), ("backward", 0.020)):
+                times = tuple(base * (1 + s / 10) * 1410 / f for f in clocks)
+                entries[(s, c, k)] = InstructionProfile(tuple(clocks), times, tuple(300 * t for t in times))
+    return Profile(entries, 83.64, "H100 SXM")
+
+
+def test_with_the_profile_each_stage_receives_its_planned_timeline():
+    from perseus.dag import InstructionDAG
+    from perseus.simulator import simulate_plan
+
+    front = random_frontier(num_points=12, num_paced=3)
+    profile = _profile_for(front)
+    dag = InstructionDAG.from_schedule(front.schedule)
+    for stage in (0, 3):
+        if stage == 0:
+            plan = distribute(Collective(), slices_of(front, profile), front.schedule, stage).plan
+        else:
+            plan = stage_plan_of(front, stage, profile)
+        cut = slice(dag.stage_offsets[stage], dag.stage_offsets[stage + 1])
+        for point in plan.points + plan.paced_points:
+            begin, end = plan.timeline(point)
+            sim = simulate_plan(dag, profile, point_of(front, point).freqs_mhz)
+            assert np.allclose(begin, sim.start_s[cut], rtol=1e-6) and np.allclose(end, sim.finish_s[cut], rtol=1e-6)
+    # 8 bytes per instruction and point more, only when asked for
+    bare, timed = stage_plan_of(front, 1), stage_plan_of(front, 1, profile)
+    assert bare.timeline(bare.default_point()) is None
+    assert timed.nbytes() - bare.nbytes() == 8 * 15 * len(front.schedule.stages[1])
