@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from perseus.planner.choices import NodeChoices
 from perseus.planner.potentials import PotentialDescent
 from perseus.planner.prices import price_anchors, spread_float
 from perseus.planner.relaxation import HullRelaxation
+
+if TYPE_CHECKING:
+    from perseus.planner.flow_lp import FlowRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
 from perseus.planner.settings import PlannerOptions
 from perseus.simulator import simulate_many
@@ -157,15 +160,15 @@ def search_deadlines(
     beam_width = options.beam_width if options.beam_runs_on(n) else 0
     anchors = np.unique(np.concatenate([np.linspace(t_fast, t_slow, max(num_anchors, 2)), extra_deadlines]))
     anchors = anchors[(anchors >= t_fast) & (anchors <= t_slow)]
-    relaxation = HullRelaxation(dag, node_choices)
+    relaxation, order = _relaxation(dag, node_choices, options, len(anchors))
     targets = np.empty((len(anchors), n))
     lp_costs = np.empty(len(anchors))
     lp_slopes = np.empty(len(anchors))
-    for i, deadline in enumerate(anchors):
+    for done, i in enumerate(order):
         # Solve slightly inside the deadline so float rounding never pushes a plan past it.
-        targets[i], lp_costs[i] = relaxation.solve(deadline * (1 - DEADLINE_MARGIN))
+        targets[i], lp_costs[i] = relaxation.solve(anchors[i] * (1 - DEADLINE_MARGIN))
         lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
-        progress(0.5 * (i + 1) / len(anchors))
+        progress(0.5 * (done + 1) / len(anchors))
 
     deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
     plans = [repair(chooser, all_targets, deadlines, batch)]
@@ -227,6 +230,22 @@ def search_deadlines(
         found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, carried, improved]), p_blocking_w))
     progress(0.95)
     return found
+
+
+def _relaxation(
+    dag: InstructionDAG, node_choices: NodeChoices, options: PlannerOptions, num_anchors: int
+) -> tuple[HullRelaxation | FlowRelaxation, range]:
+    """The hull LP's solver for this pipeline and the order to visit the anchors in.
+
+    HiGHS up to ``flow_min_nodes`` instructions (fastest-first, as always: small pipelines keep
+    their exact results); above, the network simplex on the LP's dual circulation, slowest
+    deadline first (it starts from the all-slowest plan's tree, optimal there).
+    """
+    if options.flow_runs_on(dag.num_nodes):
+        from perseus.planner.flow_lp import FlowRelaxation  # numba: imported only where it runs
+
+        return FlowRelaxation(dag, node_choices), range(num_anchors - 1, -1, -1)
+    return HullRelaxation(dag, node_choices), range(num_anchors)
 
 
 def _interpolate(anchors: np.ndarray, targets: np.ndarray, num_deadlines: int) -> tuple[np.ndarray, np.ndarray]:
