@@ -75,6 +75,15 @@ def _shift(start, skip, delta, pi, first_child, next_sib, stack):  # pragma: no 
 
 
 @njit(cache=True, nogil=True)
+def _push(start, apex, delta, flow, pred, up, parent):  # pragma: no cover - compiled
+    """Push ``delta`` up the tree path start → apex (negative: down it)."""
+    x = start
+    while x != apex:
+        flow[pred[x]] += delta if up[x] else -delta
+        x = parent[x]
+
+
+@njit(cache=True, nogil=True)
 def pivot(tail, head, cap, cost, flow, state, parent, pred, up, size, pi, first_child, next_sib, prev_sib, stack,
           root, block, next_arc, max_pivots):  # pragma: no cover - compiled
     """Pivot until no arc has a negative reduced cost in its free direction (optimal) or
@@ -119,77 +128,72 @@ def pivot(tail, head, cap, cost, flow, state, parent, pred, up, size, pi, first_
             first, second = head[e], tail[e]
         else:
             first, second = tail[e], head[e]
+        # Climb from the side with the smaller subtree until both meet at the apex (nearest common
+        # ancestor), collecting each side's blocking arc on the way: on side A (first → apex, flow
+        # goes up) the one nearest `first`, on side B (apex → second, flow goes down) the one
+        # nearest the apex.
         x, y = first, second
-        while x != y:
-            if size[x] <= size[y]:
-                x = parent[x]
-            else:
-                y = parent[y]
-        apex = x
-        # Side A (first → apex, flow goes up): the blocking arc nearest `first`.
         delta_a = big
         leave_a = -1
-        x = first
-        while x != apex:
-            b = pred[x]
-            r = cap[b] - flow[b] if up[x] else flow[b]
-            if r < delta_a:
-                delta_a = r
-                leave_a = x
-            x = parent[x]
-        # Side B (apex → second, flow goes down): the blocking arc nearest the apex.
         delta_b = big
         leave_b = -1
-        y = second
-        while y != apex:
-            b = pred[y]
-            r = flow[b] if up[y] else cap[b] - flow[b]
-            if r <= delta_b:
-                delta_b = r
-                leave_b = y
-            y = parent[y]
+        while x != y:
+            if size[x] <= size[y]:
+                b = pred[x]
+                r = cap[b] - flow[b] if up[x] else flow[b]
+                if r < delta_a:
+                    delta_a = r
+                    leave_a = x
+                x = parent[x]
+            else:
+                b = pred[y]
+                r = flow[b] if up[y] else cap[b] - flow[b]
+                if r <= delta_b:
+                    delta_b = r
+                    leave_b = y
+                y = parent[y]
+        apex = x
         delta = min(delta_a, delta_b, cap[e])
         if delta > 0:
             flow[e] += delta if state[e] == AT_LOWER else -delta
-            x = first
-            while x != apex:
-                flow[pred[x]] += delta if up[x] else -delta
-                x = parent[x]
-            y = second
-            while y != apex:
-                flow[pred[y]] += -delta if up[y] else delta
-                y = parent[y]
         if delta_b == delta:
-            q, j, i = leave_b, second, first
+            q, j, i, j_up = leave_b, second, first, -delta  # j's side is B
         elif cap[e] == delta:
+            if delta > 0:
+                _push(first, apex, delta, flow, pred, up, parent)
+                _push(second, apex, -delta, flow, pred, up, parent)
             state[e] = -state[e]  # e jumps to its other bound; the tree is unchanged
             continue
         else:
-            q, j, i = leave_a, first, second
+            q, j, i, j_up = leave_a, first, second, delta
         leaving = pred[q]
+        moved = size[q]
+        # One walk per side: push the flow, and update subtree sizes (only nodes below the apex
+        # change: q's subtree moves from below its old parent to below i, and the path j → q is
+        # reversed inside it, where old sizes telescope: new size = moved − old size below).
+        below = 0
+        passed = False
+        x = j
+        while x != apex:
+            if delta > 0:
+                flow[pred[x]] += j_up if up[x] else -j_up
+            if passed:
+                size[x] -= moved
+            else:
+                old = size[x]
+                size[x] = moved - below
+                below = old
+                passed = x == q
+            x = parent[x]
+        y = i
+        while y != apex:
+            if delta > 0:
+                flow[pred[y]] += -j_up if up[y] else j_up
+            size[y] += moved
+            y = parent[y]
         state[leaving] = AT_LOWER if flow[leaving] == 0 else AT_UPPER
         state[e] = TREE
         reduced = cost[e] + pi[tail[e]] - pi[head[e]]
-        moved = size[q]
-        # Subtree sizes: only nodes below the apex change (q's subtree moves from below its old
-        # parent to below i; the path j → q is reversed inside it).
-        x = parent[q]
-        while x != apex:
-            size[x] -= moved
-            x = parent[x]
-        x = i
-        while x != apex:
-            size[x] += moved
-            x = parent[x]
-        below = 0  # the reversed path's old subtree sizes telescope: new size = moved − old size below
-        x = j
-        while True:
-            old = size[x]
-            size[x] = moved - below
-            below = old
-            if x == q:
-                break
-            x = parent[x]
         # Re-hang the subtree of q below i through e: reverse the tree path j → q.
         x = j
         new_parent = i
@@ -240,8 +244,9 @@ class NetworkSimplex:
     def __init__(self, tail: np.ndarray, head: np.ndarray, cap: np.ndarray, cost: np.ndarray, root: int,
                  parent_arc: np.ndarray) -> None:
         n = len(parent_arc)
-        self.tail = np.ascontiguousarray(tail, dtype=np.int64)
-        self.head = np.ascontiguousarray(head, dtype=np.int64)
+        # int32 node and arc ids: half the memory traffic of the tree walks.
+        self.tail = np.ascontiguousarray(tail, dtype=np.int32)
+        self.head = np.ascontiguousarray(head, dtype=np.int32)
         self.cap = np.ascontiguousarray(cap, dtype=np.int64)
         self.cost = np.array(cost, dtype=np.int64)
         m = len(self.tail)
@@ -249,18 +254,18 @@ class NetworkSimplex:
         self.state = np.full(m, AT_LOWER, dtype=np.int8)
         tree = parent_arc >= 0
         self.state[parent_arc[tree]] = TREE
-        self.pred = np.where(tree, parent_arc, -1).astype(np.int64)
-        self.parent = np.full(n, -1, dtype=np.int64)
+        self.pred = np.where(tree, parent_arc, -1).astype(np.int32)
+        self.parent = np.full(n, -1, dtype=np.int32)
         arcs = parent_arc[tree]
         nodes = np.flatnonzero(tree)
         self.parent[nodes] = np.where(self.tail[arcs] == nodes, self.head[arcs], self.tail[arcs])
         self.root = int(root)
         self.up = np.zeros(n, dtype=np.int8)
-        self.size = np.zeros(n, dtype=np.int64)
+        self.size = np.zeros(n, dtype=np.int32)
         self.pi = np.zeros(n, dtype=np.int64)
-        self.first_child = np.full(n, -1, dtype=np.int64)
-        self.next_sib = np.full(n, -1, dtype=np.int64)
-        self.prev_sib = np.full(n, -1, dtype=np.int64)
+        self.first_child = np.full(n, -1, dtype=np.int32)
+        self.next_sib = np.full(n, -1, dtype=np.int32)
+        self.prev_sib = np.full(n, -1, dtype=np.int32)
         for v in nodes[::-1].tolist():  # sibling lists (any order)
             p = self.parent[v]
             f = self.first_child[p]
@@ -268,8 +273,8 @@ class NetworkSimplex:
             if f != -1:
                 self.prev_sib[f] = v
             self.first_child[p] = v
-        self._stack = np.empty(n, dtype=np.int64)
-        self._order = np.empty(n, dtype=np.int64)
+        self._stack = np.empty(n, dtype=np.int32)
+        self._order = np.empty(n, dtype=np.int32)
         self._block = max(int(np.sqrt(m)), 10)
         self._next_arc = 0
         self.pivots = 0
