@@ -140,3 +140,24 @@ def test_network_simplex_lp_plans_the_frontier_of_the_highs_lp(mid):
         assert (point.time_s, point.energy_j) == (timeline.time_s, timeline.energy_j)
     assert flow.fastest.time_s <= flow.baseline_time_s
     assert flow.default_point().energy_j == pytest.approx(highs.default_point().energy_j, rel=1e-3)
+
+
+def test_repairing_while_the_flow_lp_solves_gives_the_sequential_rows(mid):
+    """The worker-thread LP with interval-by-interval repair equals solving all, then repairing all."""
+    from perseus.planner.deadlines import _interpolate, _solve_anchors, _solve_anchors_repairing
+    from perseus.planner.flow_lp import FlowRelaxation
+
+    _, _, dag, node_choices = mid
+    chooser = LevelChooser(dag.levels, node_choices)
+    fastest = dag.levels.finish_times(node_choices.fastest_times()[None]).max()
+    slowest = dag.levels.finish_times(node_choices.node_times(node_choices.slowest_choice())[None]).max()
+    anchors = np.linspace(fastest, slowest, 7)
+    order = range(len(anchors) - 1, -1, -1)
+    deadlines, (targets, costs, slopes, plans) = _solve_anchors_repairing(
+        FlowRelaxation(dag, node_choices), anchors, order, 40, chooser, 9, lambda _: None)
+    expected_targets, expected_costs, expected_slopes = _solve_anchors(FlowRelaxation(dag, node_choices), anchors, order,
+                                                                       lambda _: None)
+    expected_deadlines, all_targets = _interpolate(anchors, expected_targets, 40)
+    assert np.array_equal(deadlines, expected_deadlines) and np.array_equal(targets, expected_targets)
+    assert np.array_equal(costs, expected_costs) and np.array_equal(slopes, expected_slopes)
+    assert np.array_equal(plans, repair(chooser, all_targets, expected_deadlines, 9))
