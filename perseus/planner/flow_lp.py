@@ -97,7 +97,7 @@ class FlowRelaxation:
         # Starting tree: the critical-path tree of the plan at each node's slowest arc (optimal
         # for deadlines at or above that plan's length, where the flow is zero).
         slow_ns = -cost[self._bundle_first]
-        fast_ns = -cost[self._bundle_first + np.diff(np.append(self._bundle_first, self._num_inst_arcs)) - 1]
+        fast_ns = -cost[self._bundle_first + np.bincount(owner, minlength=n) - 1]  # each bundle's last arc
         graph = dag.levels
         finish = graph.finish_times(slow_ns[None].astype(float))[0, :n]  # ns, exact in float64
         self._fast_limit_ns = int(graph.finish_times(fast_ns[None].astype(float))[0, :n].max())
@@ -118,7 +118,10 @@ class FlowRelaxation:
 
     def solve(self, deadline_s: float) -> tuple[np.ndarray, float]:
         """(durations per node, LP lower bound on Σ effective cost) at a deadline ≥ the fastest time."""
-        limit = max(int(np.floor(deadline_s * _NS)), self._fast_limit_ns)
+        # At (or, by the deadline margin, just below) the fastest time every all-fastest critical
+        # path is a zero-profit cycle and the flow could grow without bound, making the float
+        # value of the bound loose; 1 ns above it the flow is finite (the LP slope there).
+        limit = max(int(np.floor(deadline_s * _NS)), self._fast_limit_ns + 1)
         simplex = self._simplex
         simplex.set_cost(self._return_arc, limit)
         simplex.solve()

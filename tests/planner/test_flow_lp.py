@@ -5,6 +5,7 @@ import pytest
 from scipy.optimize import linprog
 
 from perseus.dag import InstructionDAG
+from perseus.examples.synthetic import h100_like_profile
 from perseus.planner.choices import build_node_choices
 from perseus.planner.flow_lp import FlowRelaxation
 from perseus.planner.network_simplex import NetworkSimplex
@@ -89,3 +90,27 @@ def test_network_simplex_finds_the_min_cost_circulation_of_a_random_network():
     assert simplex.solve()
     optimum2 = linprog(cost2, A_eq=incidence, b_eq=np.zeros(n), bounds=list(zip(np.zeros(len(tail)), cap)))
     assert float(cost2 @ simplex.flow) == pytest.approx(optimum2.fun)
+
+
+@pytest.mark.parametrize("kind,stages,microbatches,chunks,profile", [
+    ("1f1b", 4, 8, 1, synthetic_profile(4, 20, seed=3)),
+    ("interleaved", 2, 4, 2, synthetic_profile(2, 20, seed=3, num_chunks=2)),
+    ("interleaved", 4, 8, 2, h100_like_profile(4, 2, seed=0)),  # hull sizes differ per instruction
+])
+def test_flow_lp_at_and_near_the_fastest_deadline_matches_highs(kind, stages, microbatches, chunks, profile):
+    """At the all-fastest time (the planner's first anchor, solved just inside it) the LP is
+    degenerate; the flow stays finite and its bound equals HiGHS's value there, and just above
+    it the schedule meets the deadline."""
+    dag = InstructionDAG.from_schedule(build_schedule(kind, stages, microbatches, chunks))
+    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+    fastest = longest_path_finish(dag, node_choices.fastest_times()).max()
+    flow, highs = FlowRelaxation(dag, node_choices), HullRelaxation(dag, node_choices)
+    # Below this (the all-fastest plan in whole ns) the LP is infeasible and solves are clamped.
+    fastest_ns = np.ceil(node_choices.fastest_times() * 1e9 - 1e-6)
+    assert flow._fast_limit_ns == int(longest_path_finish(dag, fastest_ns).max())
+    for deadline in (fastest * 1.002, fastest * 1.0002, fastest * (1 - 1e-9)):
+        durations, bound = flow.solve(deadline)
+        assert bound == pytest.approx(highs.solve(deadline)[1], rel=1e-6)
+        # Durations are whole ns, rounded up: at most 1 ns per instruction over the deadline.
+        assert longest_path_finish(dag, durations).max() <= max(deadline, fastest) + 1e-9 * dag.num_nodes
+        assert np.isfinite(flow.deadline_slope()) and flow.deadline_slope() < 0
