@@ -68,7 +68,8 @@ class PlannerOptions:
       exact results.
     - ``anchor_cells``, ``min_anchors``: the LP is solved at no more than
       ``anchor_cells // instructions`` anchors (never fewer than ``min_anchors``, never more than
-      ``num_anchors``): 48 up to 1,536 instructions, 18 at 4,096.
+      ``num_anchors``): 48 up to 4,096 instructions, 12 at 16,384 (with the network simplex the
+      sweep's cost is mostly its path from the slowest to the fastest deadline, not the anchors).
     - ``deadline_cells``, ``min_deadlines``: scale-aware density. Repair work grows with
       deadlines × instructions, so at most ``deadline_cells // instructions`` deadlines are
       repaired (never fewer than ``min_deadlines``, never more than ``num_deadlines``): the
@@ -98,7 +99,7 @@ class PlannerOptions:
     beam_max_nodes: int = 48
     lp_max_nodes: int = 16384
     flow_min_nodes: int = 2048
-    anchor_cells: int = 73_728
+    anchor_cells: int = 196_608
     min_anchors: int = 12
     deadline_cells: int = 1_572_864
     min_deadlines: int = 160
