@@ -20,6 +20,8 @@ setup(
         "numpy>=1.24",
         "scipy>=1.10",
         "highspy>=1.7",
+        # the planner's network simplex (planner/network_simplex.py) is compiled by numba
+        "numba>=0.60",
         "pydantic>=2.0",
         "nvidia-ml-py>=12.0",
         "matplotlib>=3.6",

@@ -1,7 +1,9 @@
 """Planner at production scale: today's planner and this one side by side, in one run, same inputs.
 
-Each planner runs in its own subprocess (wall time, peak RSS of that process from
-``resource.getrusage``), on the same profile file and schedule. "Today's" planner is a git
+Each planner runs in its own subprocess (wall time, CPU time of that process over the same span,
+peak RSS from ``resource.getrusage``), on the same profile file and schedule. The machine is
+shared: CPU time is the better guide to a quiet machine's wall time, and the load average is
+printed with the table. "Today's" planner is a git
 worktree of commit 7d36a8f (created under /tmp when ``--old`` is not given), imported through
 PYTHONPATH; a run past ``--old-timeout`` is stopped and shown as "> N s". Synthetic 16-stage
 H100-like profiles come from ``perseus.examples.synthetic.h100_like_profile`` (seeded).
@@ -9,7 +11,8 @@ H100-like profiles come from ``perseus.examples.synthetic.h100_like_profile`` (s
 Quality columns: energy at the all-max-frequency time of each ("E@max"), the largest amount by
 which this frontier's ``lookup(t)`` exceeds today's at any of today's points (≤ 0: at or below
 today's everywhere), and the gap of this planner's all-max-time point above the hull-LP lower
-bound at that time (solved once, in its own subprocess, bounded by ``--lp-timeout``).
+bound at that time (solved once through its dual circulation, ``planner.flow_lp``, in its own
+subprocess, bounded by ``--lp-timeout``).
 
     python benchmarks/bench_planner_scale.py                      # the targets table
     python benchmarks/bench_planner_scale.py --curve docs/img/planner_scaling.png   # new planner only
@@ -50,16 +53,17 @@ def worker(args: argparse.Namespace) -> None:
 
     profile = load_profile(args.profile)
     schedule = build_schedule(args.schedule, args.stages, args.microbatches, args.chunks)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if args.worker == "lp":
         from perseus.dag import InstructionDAG
         from perseus.planner.choices import build_node_choices
-        from perseus.planner.relaxation import HullRelaxation
+        from perseus.planner.flow_lp import FlowRelaxation
         from perseus.simulator import max_frequency_plan, simulate_plan
 
+        # The LP through its dual circulation: its value is a valid lower bound (docs/planner.md).
         dag = InstructionDAG.from_schedule(schedule)
         base = simulate_plan(dag, profile, max_frequency_plan(dag, profile))
-        lp_cost = HullRelaxation(dag, build_node_choices(dag, profile, profile.p_blocking_w)).solve(base.time_s)[1]
+        lp_cost = FlowRelaxation(dag, build_node_choices(dag, profile, profile.p_blocking_w)).solve(base.time_s)[1]
         out = {"bound_j": lp_cost + profile.p_blocking_w * schedule.num_stages * base.time_s}
     else:
         from perseus.planner import plan_frontier
@@ -75,6 +79,7 @@ def worker(args: argparse.Namespace) -> None:
             "planner": frontier.metadata.get("planner", "?"),
         }
     out["wall_s"] = time.perf_counter() - started
+    out["cpu_s"] = time.process_time() - cpu_started  # on a loaded machine, closer to the quiet wall time
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
@@ -140,9 +145,9 @@ def worst_excess(new: list, old: list) -> float:
 
 def targets(args: argparse.Namespace) -> None:
     old = old_tree(args.old)
-    header = (f"{'instance':<24} {'instr':>6} {'today s':>8} {'today MB':>8} {'new s':>6} {'new MB':>6} {'speedup':>7} "
+    header = (f"{'instance':<24} {'instr':>6} {'today s':>8} {'cpu':>6} {'today MB':>8} {'new s':>6} {'cpu':>6} {'new MB':>6} {'speedup':>7} "
               f"{'E@max today':>11} {'E@max new':>10} {'new-today max J':>15} {'LP gap':>7} {'#pts t/n':>9}")
-    print(f"today = {old} (commit {OLD_COMMIT}); new = {ROOT}")
+    print(f"today = {old} (commit {OLD_COMMIT}); new = {ROOT}; load average {os.getloadavg()[0]:.1f}")
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as folder:
@@ -157,13 +162,14 @@ def targets(args: argparse.Namespace) -> None:
             assert new is not None, f"new planner past {args.new_timeout} s on {case[0]}"
             assert new["fastest_s"] <= new["base_s"], "new planner's fastest plan is slower than all-max"
             t_s = f"{then['wall_s']:.1f}" if then else f">{args.old_timeout:.0f}"
+            t_cpu = f"{then['cpu_s']:.1f}" if then and "cpu_s" in then else "-"
             t_mb = f"{then['rss_mb']:.0f}" if then else "-"
             speed = f"{then['wall_s'] / new['wall_s']:.1f}x" if then else f">{args.old_timeout / new['wall_s']:.0f}x"
             t_e = f"{then['default_j']:.2f}" if then else "-"
             excess = f"{worst_excess(new['points'], then['points']):+.2f}" if then else "-"
             gap = f"{100 * (new['default_j'] / lp['bound_j'] - 1):.2f}%" if lp else f"(>{args.lp_timeout:.0f}s)"
             pts = f"{len(then['points']) if then else '-'}/{len(new['points'])}"
-            print(f"{case[0]:<24} {n:>6} {t_s:>8} {t_mb:>8} {new['wall_s']:>6.1f} {new['rss_mb']:>6.0f} {speed:>7} "
+            print(f"{case[0]:<24} {n:>6} {t_s:>8} {t_cpu:>6} {t_mb:>8} {new['wall_s']:>6.1f} {new['cpu_s']:>6.1f} {new['rss_mb']:>6.0f} {speed:>7} "
                   f"{t_e:>11} {new['default_j']:>10.2f} {excess:>15} {gap:>7} {pts:>9}", flush=True)
 
 
@@ -187,7 +193,7 @@ def curve(args: argparse.Namespace) -> None:
     ax.loglog(ns, [r[1] for r in rows], "o-", label="wall time (s)")
     ax.loglog(ns, [r[2] / 1024 for r in rows], "s--", label="peak RSS (GB)")
     ax.axvline(2048.5, color="grey", lw=0.8, ls=":")
-    ax.text(2200, ax.get_ylim()[0] * 1.5, "price sweep →", fontsize=8, color="grey")
+    ax.text(2200, ax.get_ylim()[0] * 1.5, "network simplex LP →", fontsize=8, color="grey")
     ax.set_xlabel("instructions per iteration (16 stages, H100-like)")
     ax.set_title("perseus plan: full frontier, 2 cores")
     ax.grid(True, which="both", alpha=0.3)

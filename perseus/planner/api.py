@@ -71,10 +71,17 @@ def plan_frontier(
         gpu_name=profile.gpu_name,
         solve_time_s=time.perf_counter() - started,
         metadata={
-            "planner": ("hull-lp+repair" if options.lp_runs_on(dag.num_nodes) else "prices+repair") + ("+beam" if beamed else ""),
+            "planner": _planner_name(options, dag.num_nodes) + ("+beam" if beamed else ""),
             **options.as_dict(),
         },
     )
+
+
+def _planner_name(options: PlannerOptions, num_instructions: int) -> str:
+    """What guided the repair: the hull LP by HiGHS or by network simplex, or the price sweep."""
+    if not options.lp_runs_on(num_instructions):
+        return "prices+repair"
+    return "flow-lp+repair" if options.flow_runs_on(num_instructions) else "hull-lp+repair"
 
 
 def _split_points(found: Candidates, freqs: np.ndarray, slack_j: float) -> tuple[list[FrontierPoint], list[FrontierPoint]]:

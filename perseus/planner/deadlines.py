@@ -21,9 +21,11 @@ simulation run in row chunks (``PlannerOptions.anchors_for``, ``deadlines_for``,
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -34,6 +36,9 @@ from perseus.planner.choices import NodeChoices
 from perseus.planner.potentials import PotentialDescent
 from perseus.planner.prices import price_anchors, spread_float
 from perseus.planner.relaxation import HullRelaxation
+
+if TYPE_CHECKING:
+    from perseus.planner.flow_lp import FlowRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
 from perseus.planner.settings import PlannerOptions
 from perseus.simulator import simulate_many
@@ -157,18 +162,16 @@ def search_deadlines(
     beam_width = options.beam_width if options.beam_runs_on(n) else 0
     anchors = np.unique(np.concatenate([np.linspace(t_fast, t_slow, max(num_anchors, 2)), extra_deadlines]))
     anchors = anchors[(anchors >= t_fast) & (anchors <= t_slow)]
-    relaxation = HullRelaxation(dag, node_choices)
-    targets = np.empty((len(anchors), n))
-    lp_costs = np.empty(len(anchors))
-    lp_slopes = np.empty(len(anchors))
-    for i, deadline in enumerate(anchors):
-        # Solve slightly inside the deadline so float rounding never pushes a plan past it.
-        targets[i], lp_costs[i] = relaxation.solve(deadline * (1 - DEADLINE_MARGIN))
-        lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
-        progress(0.5 * (i + 1) / len(anchors))
-
-    deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
-    plans = [repair(chooser, all_targets, deadlines, batch)]
+    relaxation, order = _relaxation(dag, node_choices, options, len(anchors))
+    if isinstance(relaxation, HullRelaxation):
+        targets, lp_costs, lp_slopes = _solve_anchors(relaxation, anchors, order, progress)
+        deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
+        plans = [repair(chooser, all_targets, deadlines, batch)]
+    else:
+        # Network simplex: its pivots run on a worker thread without the GIL while this thread
+        # repairs every interval whose two anchors are solved (identical rows, one core each).
+        deadlines, dense = _solve_anchors_repairing(relaxation, anchors, order, num_deadlines, chooser, batch, progress)
+        targets, lp_costs, lp_slopes, plans = dense[0], dense[1], dense[2], [dense[3]]
     progress(0.6)
     plans.append(chooser.fill_slack(chooser.round_with_carry_backward(targets, anchors), anchors))
     # All-fastest plan with its free slack filled: the fastest achievable iteration.
@@ -229,22 +232,103 @@ def search_deadlines(
     return found
 
 
+def _relaxation(
+    dag: InstructionDAG, node_choices: NodeChoices, options: PlannerOptions, num_anchors: int
+) -> tuple[HullRelaxation | FlowRelaxation, range]:
+    """The hull LP's solver for this pipeline and the order to visit the anchors in.
+
+    HiGHS up to ``flow_min_nodes`` instructions (fastest-first, as always: small pipelines keep
+    their exact results); above, the network simplex on the LP's dual circulation, slowest
+    deadline first (it starts from the all-slowest plan's tree, optimal there).
+    """
+    if options.flow_runs_on(dag.num_nodes):
+        from perseus.planner.flow_lp import FlowRelaxation  # numba: imported only where it runs
+
+        return FlowRelaxation(dag, node_choices), range(num_anchors - 1, -1, -1)
+    return HullRelaxation(dag, node_choices), range(num_anchors)
+
+
+def _solve_anchors(
+    relaxation: HullRelaxation | FlowRelaxation, anchors: np.ndarray, order: range, progress: Progress
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(LP durations, LP values, LP slopes) at every anchor, solved in ``order``."""
+    targets = np.empty((len(anchors), relaxation.num_nodes))
+    lp_costs = np.empty(len(anchors))
+    lp_slopes = np.empty(len(anchors))
+    for done, i in enumerate(order):
+        # Solve slightly inside the deadline so float rounding never pushes a plan past it.
+        targets[i], lp_costs[i] = relaxation.solve(anchors[i] * (1 - DEADLINE_MARGIN))
+        lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
+        progress(0.5 * (done + 1) / len(anchors))
+    return targets, lp_costs, lp_slopes
+
+
+def _solve_anchors_repairing(
+    relaxation: FlowRelaxation,
+    anchors: np.ndarray,
+    order: range,
+    num_deadlines: int,
+    chooser: LevelChooser,
+    batch: int,
+    progress: Progress,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """``_solve_anchors`` on a worker thread, slowest anchor first, while this thread repairs
+    each interval as soon as both its anchors are solved. Same rows as ``_interpolate`` then
+    ``repair``: deadlines, (targets, LP values, LP slopes, repaired plans)."""
+    deadlines, lower, upper, fraction = _dense_layout(anchors, num_deadlines)
+    finished: queue.Queue = queue.Queue()
+    targets = np.empty((len(anchors), relaxation.num_nodes))
+    lp_costs = np.empty(len(anchors))
+    lp_slopes = np.empty(len(anchors))
+
+    def solve_all() -> None:
+        try:
+            for i in order:
+                durations, lp_costs[i] = relaxation.solve(anchors[i] * (1 - DEADLINE_MARGIN))
+                lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
+                finished.put((i, durations))
+        except BaseException as exc:  # re-raised on the planning thread
+            finished.put(exc)
+
+    plans = np.empty((len(deadlines), relaxation.num_nodes), dtype=np.int64)
+    worker = threading.Thread(target=solve_all, name="perseus-flow-lp", daemon=True)
+    worker.start()
+    for done in range(len(anchors)):
+        item = finished.get()
+        if isinstance(item, BaseException):
+            raise item
+        i, targets[i] = item
+        rows = np.flatnonzero(lower == i)  # its upper anchor was solved before it
+        row_targets = targets[lower[rows]] + fraction[rows, None] * (targets[upper[rows]] - targets[lower[rows]])
+        plans[rows] = repair(chooser, row_targets, deadlines[rows], batch)
+        progress(0.55 * (done + 1) / len(anchors))
+    worker.join()
+    return deadlines, (targets, lp_costs, lp_slopes, plans)
+
+
+def _dense_layout(anchors: np.ndarray, num_deadlines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of the dense deadlines: (deadline, lower anchor, upper anchor, fraction) per row.
+
+    The anchors first, then for each fraction one row per interval between neighbours,
+    ~``num_deadlines`` rows in all.
+    """
+    count = len(anchors)
+    per_gap = max(0, int(np.ceil(num_deadlines / max(count - 1, 1))) - 1) if count > 1 else 0
+    fractions = np.arange(1, per_gap + 1) / (per_gap + 1)
+    lower = np.concatenate([np.arange(count)] + [np.arange(count - 1)] * per_gap).astype(np.int64)
+    upper = np.concatenate([np.arange(count)] + [np.arange(1, count)] * per_gap).astype(np.int64)
+    fraction = np.concatenate([np.zeros(count)] + [np.full(count - 1, f) for f in fractions])
+    deadlines = anchors[lower] + fraction * (anchors[upper] - anchors[lower])
+    return deadlines, lower, upper, fraction
+
+
 def _interpolate(anchors: np.ndarray, targets: np.ndarray, num_deadlines: int) -> tuple[np.ndarray, np.ndarray]:
     """Anchors plus evenly interpolated deadlines and targets between neighbours, ~``num_deadlines`` in all.
 
     A convex combination of two anchors' durations meets the same combination of their deadlines.
     """
-    per_gap = max(0, int(np.ceil(num_deadlines / max(len(anchors) - 1, 1))) - 1)
-    fractions = np.arange(1, per_gap + 1) / (per_gap + 1)
-    dense_deadlines = [anchors]
-    dense_targets = [targets]
-    if per_gap and len(anchors) > 1:
-        lo_t, hi_t = targets[:-1], targets[1:]
-        lo_d, hi_d = anchors[:-1], anchors[1:]
-        for f in fractions:
-            dense_deadlines.append(lo_d + f * (hi_d - lo_d))
-            dense_targets.append(lo_t + f * (hi_t - lo_t))
-    return np.concatenate(dense_deadlines), np.concatenate(dense_targets)
+    deadlines, lower, upper, fraction = _dense_layout(anchors, num_deadlines)
+    return deadlines, targets[lower] + fraction[:, None] * (targets[upper] - targets[lower])
 
 
 def _descend(

@@ -25,6 +25,7 @@ _INT_MINIMUMS = {
     "beam_fill": 0,
     "beam_max_nodes": 0,
     "lp_max_nodes": 0,
+    "flow_min_nodes": 0,
     "anchor_cells": 1,
     "min_anchors": 2,
     "deadline_cells": 1,
@@ -59,13 +60,16 @@ class PlannerOptions:
       deadlines evenly spaced in time at ``beam_width``. ``beam_width=0`` disables it.
     - ``lp_max_nodes``: the hull LP guides the repair on pipelines of at most this many
       instructions; above it, a price sweep does (``planner.prices``: one hull tangent per
-      price, no LP), because one LP solve takes seconds to minutes there (16 stages × 128
-      microbatches: 3–20 s each) and its warm starts need thousands of pivots per anchor. The
-      price sweep is much faster but measurably worse (docs/planner.md, "At scale"), so the LP
-      stays up to 4,096 instructions.
+      price, no LP, no lower bound, measurably worse: docs/planner.md, "At scale").
+    - ``flow_min_nodes``: above this many instructions the hull LP is solved through its dual,
+      a min-cost circulation, by network simplex (``planner.flow_lp``): 16 × 128 1F1B in ~2 s
+      of CPU for all anchors where HiGHS took 3–20 s per anchor. At or below it HiGHS solves
+      it, so small pipelines (the beam's edge prices, the shipped A100 profiles) keep their
+      exact results.
     - ``anchor_cells``, ``min_anchors``: the LP is solved at no more than
       ``anchor_cells // instructions`` anchors (never fewer than ``min_anchors``, never more than
-      ``num_anchors``): 48 up to 1,536 instructions, 18 at 4,096.
+      ``num_anchors``): 48 up to 4,096 instructions, 12 at 16,384 (with the network simplex the
+      sweep's cost is mostly its path from the slowest to the fastest deadline, not the anchors).
     - ``deadline_cells``, ``min_deadlines``: scale-aware density. Repair work grows with
       deadlines × instructions, so at most ``deadline_cells // instructions`` deadlines are
       repaired (never fewer than ``min_deadlines``, never more than ``num_deadlines``): the
@@ -93,8 +97,9 @@ class PlannerOptions:
     beam_deadlines: int = 64
     beam_fill: int = 192
     beam_max_nodes: int = 48
-    lp_max_nodes: int = 4096
-    anchor_cells: int = 73_728
+    lp_max_nodes: int = 16384
+    flow_min_nodes: int = 2048
+    anchor_cells: int = 196_608
     min_anchors: int = 12
     deadline_cells: int = 1_572_864
     min_deadlines: int = 160
@@ -152,6 +157,10 @@ class PlannerOptions:
     def lp_runs_on(self, num_instructions: int) -> bool:
         """Whether the hull LP (rather than the price sweep) guides a pipeline of this size."""
         return num_instructions <= self.lp_max_nodes
+
+    def flow_runs_on(self, num_instructions: int) -> bool:
+        """Whether the hull LP is solved by network simplex on its dual (rather than HiGHS)."""
+        return self.flow_min_nodes < num_instructions <= self.lp_max_nodes
 
     def anchors_for(self, num_instructions: int) -> int:
         """How many LP anchors (or sweep prices) on a pipeline of this size."""

@@ -25,16 +25,19 @@ def test_scale_aware_settings_follow_the_pipeline_size_only():
     assert [options.deadlines_for(n) for n in (48, 192, 1536)] == [1024, 1024, 1024]
     assert options.deadlines_for(4096) == 384
     assert options.deadlines_for(16384) == options.min_deadlines == 160
-    assert options.lp_runs_on(4096) and not options.lp_runs_on(4097)
-    assert [options.anchors_for(n) for n in (192, 1536, 4096, 16384)] == [48, 48, 18, 12]
+    assert options.lp_runs_on(16384) and not options.lp_runs_on(16385)
+    # HiGHS up to 2,048 instructions (A100 8 × 96 unchanged), the network simplex above.
+    assert not options.flow_runs_on(2048) and options.flow_runs_on(2049) and options.flow_runs_on(16384)
+    assert not options.flow_runs_on(16385)  # above lp_max_nodes: the price sweep
+    assert [options.anchors_for(n) for n in (192, 1536, 4096, 8192, 16384)] == [48, 48, 48, 24, 12]
     assert options.batch_rows(16384) == 64 and options.batch_rows(10**9) == 1
     assert PlannerOptions(num_deadlines=100).deadlines_for(16384) == 100  # never more than asked
     assert PlannerOptions(deadline_cells=10**9).deadlines_for(16384) == 1024
 
 
-@pytest.mark.parametrize("name", ["lp_max_nodes", "anchor_cells", "min_anchors", "deadline_cells", "min_deadlines", "batch_cells"])
+@pytest.mark.parametrize("name", ["lp_max_nodes", "flow_min_nodes", "anchor_cells", "min_anchors", "deadline_cells", "min_deadlines", "batch_cells"])
 def test_scale_settings_are_validated(name):
-    bad = {"lp_max_nodes": -1, "min_anchors": 1}.get(name, 0)
+    bad = {"lp_max_nodes": -1, "flow_min_nodes": -1, "min_anchors": 1}.get(name, 0)
     with pytest.raises(PerseusError, match=name):
         PlannerOptions(**{name: bad})
 
@@ -119,3 +122,42 @@ def test_frontier_metadata_records_the_scale_settings(swept):
     for name in ("lp_max_nodes", "anchor_cells", "min_anchors", "deadline_cells", "min_deadlines", "batch_cells"):
         assert meta[name] == getattr(PlannerOptions(lp_max_nodes=512), name)
     assert meta["lp_max_nodes"] == 512
+
+
+def test_network_simplex_lp_plans_the_frontier_of_the_highs_lp(mid):
+    """Forcing the LP's dual circulation (network simplex) on 1,024 instructions: a valid frontier,
+    and the same LP guidance gives the same energy at the all-max time as HiGHS's (±0.1 %)."""
+    schedule, profile, dag, _ = mid
+    settings = dict(num_anchors=16, num_deadlines=128, improve_sweeps=0, search_time_s=0.0)
+    flow = plan_frontier(schedule, profile, PlannerOptions(flow_min_nodes=0, **settings))
+    highs = plan_frontier(schedule, profile, PlannerOptions(flow_min_nodes=dag.num_nodes, **settings))
+    assert flow.metadata["planner"] == "flow-lp+repair" and highs.metadata["planner"] == "hull-lp+repair"
+    times = np.array([p.time_s for p in flow.points])
+    energies = np.array([p.energy_j for p in flow.points])
+    assert len(times) > 20 and np.all(np.diff(times) > 0) and np.all(np.diff(energies) < 0)
+    for point in flow.points[:: max(1, len(flow.points) // 10)]:
+        timeline = simulate_plan(dag, profile, point.freqs_mhz)
+        assert (point.time_s, point.energy_j) == (timeline.time_s, timeline.energy_j)
+    assert flow.fastest.time_s <= flow.baseline_time_s
+    assert flow.default_point().energy_j == pytest.approx(highs.default_point().energy_j, rel=1e-3)
+
+
+def test_repairing_while_the_flow_lp_solves_gives_the_sequential_rows(mid):
+    """The worker-thread LP with interval-by-interval repair equals solving all, then repairing all."""
+    from perseus.planner.deadlines import _interpolate, _solve_anchors, _solve_anchors_repairing
+    from perseus.planner.flow_lp import FlowRelaxation
+
+    _, _, dag, node_choices = mid
+    chooser = LevelChooser(dag.levels, node_choices)
+    fastest = dag.levels.finish_times(node_choices.fastest_times()[None]).max()
+    slowest = dag.levels.finish_times(node_choices.node_times(node_choices.slowest_choice())[None]).max()
+    anchors = np.linspace(fastest, slowest, 7)
+    order = range(len(anchors) - 1, -1, -1)
+    deadlines, (targets, costs, slopes, plans) = _solve_anchors_repairing(
+        FlowRelaxation(dag, node_choices), anchors, order, 40, chooser, 9, lambda _: None)
+    expected_targets, expected_costs, expected_slopes = _solve_anchors(FlowRelaxation(dag, node_choices), anchors, order,
+                                                                       lambda _: None)
+    expected_deadlines, all_targets = _interpolate(anchors, expected_targets, 40)
+    assert np.array_equal(deadlines, expected_deadlines) and np.array_equal(targets, expected_targets)
+    assert np.array_equal(costs, expected_costs) and np.array_equal(slopes, expected_slopes)
+    assert np.array_equal(plans, repair(chooser, all_targets, expected_deadlines, 9))
