@@ -6,7 +6,10 @@ world's other factor data-parallel replicas (megatron-core's parallel state is s
 each case); ``eval`` adds a forward-only call between the two training steps (it must not be
 reported). Each rank writes ``OUT_DIR/rank<R>.json``: {case: {"steps": [[[kind, mb, chunk], ...],
 ...], "stage": s, "dp_rank": d}}, plus an ``enable`` case when CASE is ``enable:STAGES``: the job
-built by ``perseus_megatron.enable`` on that many stages.
+built by ``perseus_megatron.enable`` on that many stages. ``demo:DIR`` runs, after every other
+case and once the results are written, the Megatron demo rank (``perseus_demo.megatron_demo``)
+with ``DIR/config.json``, writing its ``DIR/rank<R>.json``: the same run as a launch of the demo,
+without starting torch and megatron-core again.
 """
 
 from __future__ import annotations
@@ -103,15 +106,27 @@ def run_enable(stages: int, out: Path) -> dict[str, Any]:
     }
 
 
+def any_rank_failed(failed: bool) -> bool:
+    """True on every rank when a case failed on any (all ranks call it together)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(failed)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> None:
     from perseus_demo.megatron_cpu import cpu_execution
 
     out = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
+    specs = [spec for spec in sys.argv[2:] if not spec.startswith("demo:")]
+    demos = [Path(spec.split(":", 1)[1]) for spec in sys.argv[2:] if spec.startswith("demo:")]
     result: dict[str, Any] = {}
     try:
         with cpu_execution():
-            for spec in sys.argv[2:]:
+            for spec in specs:
                 if spec.startswith("enable:"):
                     result["enable"] = run_enable(int(spec.split(":")[1]), out)
                 else:
@@ -119,6 +134,12 @@ def main() -> None:
     except BaseException:  # noqa: BLE001 - the test reads the traceback from the result file
         result["error"] = traceback.format_exc()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    if not demos or any_rank_failed("error" in result):
+        return
+    from perseus_demo.megatron_demo import DemoConfig, run_rank
+
+    for demo in demos:  # a failure here is the demo's: no rank<R>.json in its folder, the traceback on stderr
+        run_rank(DemoConfig(**json.loads((demo / "config.json").read_text())), demo)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,47 @@
-"""The Megatron demo on real megatron-core under torchrun: every phase, then default clocks again.
+"""Real megatron-core under torchrun (CPU, gloo, simulated GPUs): one 4-rank launch for everything.
 
-One launch: 4 pipeline stages × 2 virtual chunks × 10 microbatches (megatron-core's interleaved
-1F1B) in microbatch groups of 5 (``microbatch_group_size_per_vp_stage``: megatron's default, the
-stage count, cannot run 10 microbatches, and two groups make the order cross a group boundary;
-one group of all 10 would be a different order). It profiles online, plans, deploys the no-slowdown plan and re-measures default clocks
-(A/B/A). The deployed plan follows the instructions the hooks report (a wrong microbatch or chunk
-index would show up as a fallback); the checks are on what the run did, not on wall-clock time
-(``tests/demo_checks.py``; measured savings are in ``benchmarks/bench_demo.py``):
+A launch is what costs (every rank imports torch and megatron-core), so one torchrun of 4 ranks
+(``record_orders_worker.py``) runs, one after another, megatron-core's parallel state set up again
+for each:
 
-- the demo checks: every phase, the no-slowdown plan deployed on every rank, executed in order at
-  the planned clocks, saving energy on the simulated GPU's own model;
-- the group: every rank executed the group-5 order Perseus planned in every iteration, the cache
-  and the frontier file record the group size, and every dependency edge of the planner's DAG —
-  joint receives included — held in the real run: an instruction began only after each
-  instruction the DAG says it waits for had ended on its rank (and so had every instruction the
-  model of megatron's exchanges in ``megatron_p2p_model`` says it waits for: that model is checked
-  on the real run too);
-- ``perseus report`` reads the run (its ``rank*.json``, the metrics JSONL, the cache), guarding the
-  formats it reads against drift.
+1. **Recorded orders equal the core's schedules**: 4 stages — 1F1B with 8 and 2 microbatches,
+   interleaved 2 chunks with 4; 2 stages × 2 data-parallel replicas — 1F1B with 4 and 1
+   microbatches (an evaluation call in between must not be reported), interleaved 2 chunks with 4
+   and 6 microbatches (both replicas must report their stage's order); and ``enable()`` with the
+   real runtime (the job it builds from megatron-core's parallel state).
+2. **The Megatron demo** (``perseus_demo.megatron_demo``'s rank body): 4 stages × 2 chunks × 10
+   microbatches (interleaved 1F1B) in microbatch groups of 5 (``microbatch_group_size_per_vp_stage``:
+   megatron's default, the stage count, cannot run 10 microbatches, and two groups make the order
+   cross a group boundary; one group of all 10 would be a different order). It profiles online,
+   plans, deploys the no-slowdown plan and re-measures default clocks (A/B/A). The checks are on
+   what the run did, not on wall-clock time (``tests/demo_checks.py``; measured savings are in
+   ``benchmarks/bench_demo.py``):
 
-A launch is what costs (every rank imports torch and megatron-core), so these checks share one.
+   - the demo checks: every phase, the no-slowdown plan deployed on every rank, executed in order
+     at the planned clocks (a wrong microbatch or chunk index would show up as a fallback), saving
+     energy on the simulated GPU's own model;
+   - the group: every rank executed the group-5 order Perseus planned in every iteration, the
+     cache and the frontier file record the group size, and every dependency edge of the
+     planner's DAG — joint receives included — held in the real run: an instruction began only
+     after each instruction the DAG says it waits for had ended on its rank (and so had every
+     instruction the model of megatron's exchanges in ``megatron_p2p_model`` says it waits for:
+     that model is checked on the real run too);
+   - ``perseus report`` reads the run (its ``rank*.json``, the metrics JSONL, the cache), guarding
+     the formats it reads against drift.
+
 The other real megatron-core runs: 2 stages 1F1B in ``test_megatron_dp_straggler.py`` (the
 no-slowdown plan outside the straggler's window, with the same accounting); megatron's default
-group in ``test_megatron_lm_pretrain_gpt.py`` (interleaved, 3 stages, deployed without a plan
-mismatch); the recorded orders of 1F1B and interleaved (default group) on 2 and 4 stages in
-``test_megatron_orders_torchrun.py``.
+group deployed in ``test_megatron_lm_pretrain_gpt.py`` (interleaved, 3 stages, no plan mismatch).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -47,23 +57,115 @@ from perseus.html_report import load_run, used_points  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
 from perseus.schedule import build_schedule  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
-from perseus_demo.megatron_demo import DemoConfig, launch  # noqa: E402
+from perseus_demo.megatron_demo import DemoConfig  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
-Run = tuple[Path, DemoConfig, list[dict[str, Any]]]
+pytest.importorskip("megatron.core")
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("record_orders_worker.py")
+RANKS = 4
+
+# recorded orders: name -> (schedule, stages, chunks, microbatches, extra)
+CASES = {
+    "f8": ("1f1b", 4, 1, 8, ""),
+    "f2": ("1f1b", 4, 1, 2, ""),
+    "i4-pp4": ("interleaved", 4, 2, 4, ""),
+    "f4": ("1f1b", 2, 1, 4, "eval"),
+    "f1": ("1f1b", 2, 1, 1, ""),
+    "i4": ("interleaved", 2, 2, 4, ""),
+    "i6": ("interleaved", 2, 2, 6, ""),
+}
+ENABLE_STAGES = 2
+# the demo
 STAGES, CHUNKS, MICROBATCHES, GROUP = 4, 2, 10, 5
+
+Run = tuple[Path, DemoConfig, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="module")
-def interleaved(tmp_path_factory) -> Run:
-    """The one torchrun of the demo (results, cache and rank 0's metrics file), shared by every test here."""
-    run = tmp_path_factory.mktemp("interleaved-4x2")
+def launch(tmp_path_factory) -> tuple[list[dict[str, Any]], Run]:
+    """The one torchrun: each rank's recorded orders, and the demo run (folder, config, each rank's result)."""
+    out = tmp_path_factory.mktemp("torchrun")
+    run = out / "demo"  # the demo's results, cache and rank 0's metrics file
+    run.mkdir()
     cfg = DemoConfig(stages=STAGES, chunks=CHUNKS, microbatches=MICROBATCHES, group_size=GROUP, max_steps=1000,
                      deployed_steps=6, startup_steps=1, rebaseline_steps=4)
     cfg.perseus.update(warmup_steps=3, freq_step_mhz=250, cache_dir=str(run / "cache"),
                        metrics_file=str(run / "metrics.jsonl"))
-    return run, cfg, launch(cfg, run, timeout_s=600)
+    assert cfg.stages * cfg.dp_size == RANKS
+    (run / "config.json").write_text(json.dumps(asdict(cfg)))
+    specs = [f"{name}:{s}:{p}:{c}:{m}" + (f":{x}" if x else "") for name, (s, p, c, m, x) in CASES.items()]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               PERSEUS_GPU="sim", PERSEUS_SIM_GPU_DIR=str(out / "sim-gpus"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}",
+           str(WORKER), str(out), *specs, f"enable:{ENABLE_STAGES}", f"demo:{run}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)  # a hang guard
+    orders, demo = [], []
+    for rank in range(RANKS):
+        path = out / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no result\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        result = json.loads(path.read_text())
+        assert "error" not in result, result["error"]
+        orders.append(result)
+        path = run / f"rank{rank}.json"
+        assert path.exists(), f"the demo's rank {rank} wrote no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        demo.append(json.loads(path.read_text()))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return orders, (run, cfg, demo)
+
+
+@pytest.fixture(scope="module")
+def interleaved(launch) -> Run:
+    return launch[1]
+
+
+def check_orders(results: list[dict[str, Any]], stages: int) -> None:
+    cases = {name: case for name, case in CASES.items() if case[1] == stages}
+    assert cases
+    for name, (schedule, _, chunks, microbatches, _) in cases.items():
+        expected = build_schedule(schedule, stages, microbatches, chunks)
+        seen = set()
+        for result in results:
+            case = result[name]
+            stage = case["stage"]
+            seen.add((stage, case["dp_rank"]))
+            want = [[i.kind, i.microbatch, i.chunk] for i in expected.stages[stage]]
+            assert len(case["steps"]) == 2, f"{name}: expected 2 reported training steps, got {len(case['steps'])}"
+            for step in case["steps"]:
+                assert step == want, f"{name} stage {stage}: recorded order differs from build_schedule"
+        replicas = RANKS // stages
+        assert seen == {(s, d) for s in range(stages) for d in range(replicas)}, seen
+
+
+def test_two_stage_orders_match_core_schedules(launch):
+    check_orders(launch[0], 2)
+
+
+def test_four_stage_orders_match_core_schedules(launch):
+    check_orders(launch[0], 4)
+
+
+def test_enable_builds_the_job_from_parallel_state_and_drives_the_runtime(launch):
+    grid = set()
+    for rank, result in enumerate(launch[0]):
+        enable = result["enable"]
+        job = enable["job"]
+        stage, dp_rank = enable["parallel_state"]["stage"], enable["parallel_state"]["dp_rank"]
+        grid.add((stage, dp_rank))
+        # The last step ran 6 microbatches: enable() rebuilt the runtime for the new job shape.
+        assert job == {"num_stages": ENABLE_STAGES, "num_microbatches": 6, "stage": stage, "schedule": "interleaved",
+                       "num_chunks": 2, "group_size": None, "dp_rank": dp_rank, "dp_size": RANKS // ENABLE_STAGES,
+                       "tp_rank": 0, "tp_size": 1, "rank": rank, "world_size": RANKS}
+        assert enable["model_config"]["hidden_size"] == 32 and enable["model_config"]["seq_length"] == 16
+        assert enable["runtimes_created"] == 2
+        assert enable["steps_per_listener"] == [2, 1]  # the forward-only call was not a step
+        want = [[i.kind, i.microbatch, i.chunk] for i in build_schedule("interleaved", ENABLE_STAGES, 6, 2).stages[stage]]
+        assert enable["last_steps"] == [want]
+        assert enable["summary_steps"] == 1  # the runtime counted the step it saw
+        assert enable["hooks_removed"]
+    assert grid == {(s, d) for s in range(ENABLE_STAGES) for d in range(RANKS // ENABLE_STAGES)}
 
 
 def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(interleaved):
