@@ -20,7 +20,7 @@ TESTS = Path(__file__).resolve().parent
 LONGEST = (
     "planner/test_optimality.py",  # ~70 s, one core busy (the MILPs)
     "megatron/test_megatron_lm_pretrain_gpt.py",  # ~65 s, 3 launches of a real pretrain_gpt.py
-    "torch/test_torch_demo.py",  # ~60 s, 3 launches
+    "torch/test_torch_torchrun.py",  # ~60 s, 2 launches: orders, then the demos
     "megatron/test_megatron_torchrun.py",  # ~55 s, one 4-rank launch: orders, then the demo
     "megatron/test_megatron_dp_straggler.py",  # ~40 s
     "runtime/test_faults.py",  # ~40 s
