@@ -93,11 +93,18 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     """Body of one torchrun rank: train until the plan has run ``deployed_steps`` iterations."""
     import torch.distributed as dist
 
+    dist.init_process_group("gloo")
+    try:
+        return train_rank(cfg, out_dir, int(os.environ["RANK"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def train_rank(cfg: DemoConfig, out_dir: Path, rank: int) -> dict[str, Any]:
+    """``run_rank`` in a process group that is already up (tests run several demos in one launch)."""
     from perseus.gpu.sim.device import SimulatedGPU
     from perseus_torch import enable
 
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
     gpu = SimulatedGPU(rank, reset_state=True, **cfg.sim_gpu)
     schedule, stages, _ = build_pipeline(cfg, rank)
     compute: list[SimulatedCompute] = []
@@ -114,7 +121,6 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     finally:
         handle.close()
         gpu.close()
-        dist.destroy_process_group()
     return save_rank_result(out_dir, rank, rank, 0, records, summary)
 
 

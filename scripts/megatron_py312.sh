@@ -5,7 +5,9 @@
 # where only its CUDA build is (4.7 GB installed with its nvidia-* libraries; measured install times:
 # docs/megatron.md, "Two Python lines in CI"). The venv lives in a temporary folder and is removed
 # afterwards, whatever happens.
-#   scripts/megatron_py312.sh [pytest args]      (default: tests/megatron)
+#   scripts/megatron_py312.sh [pytest args]      (default: -m "not megatron_line_independent" tests/megatron)
+# By default the modules whose checks do not depend on the installed megatron-core are left out:
+# they ran on the suite's line already (tests/megatron/megatron_lines.py lists them, each with its reason).
 # Skips (one line, exit 0) when there is no Python 3.12.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,4 +33,7 @@ started=$(date +%s)
     "pytest>=8" "pytest-xdist>=3.5" "tensorboard>=2.14" "prometheus-client>=0.20" six regex pyyaml  # Megatron-LM's megatron.training imports these
 echo "megatron_py312: venv ready in $(( $(date +%s) - started )) s: $("$venv/bin/python" -c \
     'import sys, torch, megatron.core as m; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, megatron-core {m.__version__}")' 2>/dev/null)"
-"$venv/bin/python" -m pytest -q "${@:-tests/megatron}"
+if [ $# -eq 0 ]; then
+    set -- -m "not megatron_line_independent" tests/megatron
+fi
+"$venv/bin/python" -m pytest -q "$@"

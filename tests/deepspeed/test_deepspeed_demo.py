@@ -1,12 +1,15 @@
 """The DeepSpeed demo end to end: real PipelineEngine ranks, simulated GPUs, profile → plan → deploy.
 
-2 and 4 stages, short (3 clocks) to keep the shared machine's load low. The
+One launch, 4 stages × 8 microbatches, short (3 clocks) to keep the shared machine's load low. The
 deployed plan follows the instructions the hooks report (a wrong microbatch index would show up
 as a fallback); the checks are on what the run did, not on wall-clock time
 (``tests/demo_checks.py``; measured savings are in ``benchmarks/bench_demo.py``).
 
-The 2-stage run also has DeepSpeed's ``csv_monitor`` and rank 0's metrics file on: one launch
-serves the demo checks and the monitor check, as a launch is what costs.
+A launch is what costs, so the run also has DeepSpeed's ``csv_monitor`` and rank 0's metrics file
+on: one launch serves the demo checks and the monitor check. The same demo checks on 2 stages
+(1F1B, the no-slowdown plan outside the straggler's window) are in
+``test_deepspeed_dp_straggler.py``; the recorded 2-stage orders, with an ``eval_batch`` between
+steps, in ``test_deepspeed_orders_distributed.py``.
 """
 
 from __future__ import annotations
@@ -32,31 +35,23 @@ pytestmark = pytest.mark.distributed
 Run = tuple[Path, DemoConfig, list[dict[str, Any]]]
 
 
-def run_demo(run: Path, stages: int, microbatches: int, monitor: bool = False) -> Run:
-    """One torchrun of the demo into ``run``; with ``monitor``, DeepSpeed's csv_monitor and rank 0's
-    metrics file are on too."""
+@pytest.fixture(scope="module")
+def four_stages(tmp_path_factory) -> Run:
+    """The one torchrun of the demo, with DeepSpeed's csv_monitor and rank 0's metrics file on."""
+    run = tmp_path_factory.mktemp("four-stages")
     cfg = DemoConfig(
-        stages=stages, microbatches=microbatches, max_steps=1000, deployed_steps=6, startup_steps=1, hidden_size=16,
+        stages=4, microbatches=8, max_steps=1000, deployed_steps=6, startup_steps=1, hidden_size=16,
         rebaseline_steps=4,
     )
-    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(run / "cache")}
-    if monitor:
-        cfg.perseus["metrics_file"] = str(run / "metrics.jsonl")
-        cfg.deepspeed = {"csv_monitor": {"enabled": True, "output_path": str(run / "csv"), "job_name": "demo"}}
+    cfg.perseus = {**cfg.perseus, "freq_min_mhz": 1110, "warmup_steps": 3, "cache_dir": str(run / "cache"),
+                   "metrics_file": str(run / "metrics.jsonl")}
+    cfg.deepspeed = {"csv_monitor": {"enabled": True, "output_path": str(run / "csv"), "job_name": "demo"}}
     return run, cfg, launch(cfg, run / "out", timeout_s=300)
 
 
-@pytest.fixture(scope="module")
-def two_stages(tmp_path_factory) -> Run:
-    return run_demo(tmp_path_factory.mktemp("two-stages"), 2, 4, monitor=True)
-
-
-@pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8)], ids=["2-stages", "4-stages"])
-def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(request, tmp_path, stages, microbatches):
-    if (stages, microbatches) == (2, 4):
-        run, cfg, results = request.getfixturevalue("two_stages")
-    else:
-        run, cfg, results = run_demo(tmp_path, stages, microbatches)
+def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(four_stages):
+    run, cfg, results = four_stages
+    assert [r["stage"] for r in results] == [0, 1, 2, 3]
     for result in results:
         assert result["summary"]["profiled_clocks_mhz"] == [1410, 1260, 1110]
     table = phase_table(results)
@@ -65,13 +60,13 @@ def test_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(request, tmp_p
     assert "deployed plan vs baseline again (default clocks)" in format_report(table)
     assert {"frontier.json", "profile.json"} <= {p.name for p in (run / "cache").glob("*/*.json")}
     accounting = check_deployed_demo(results, cfg, run / "cache")
-    print(f"\n{stages} stages:\n{format_report(table)}\n{accounting}")
+    print(f"\n{cfg.stages} stages:\n{format_report(table)}\n{accounting}")
 
 
-def test_demo_run_writes_rank_zeros_metrics_to_the_csv_monitor(two_stages):
+def test_demo_run_writes_rank_zeros_metrics_to_the_csv_monitor(four_stages):
     """DeepSpeed's monitor writes on global rank 0, the metrics file is rank 0's: the same numbers.
     Perseus stops before the demo re-measures default clocks, so both end with the deployed steps."""
-    run, cfg, _ = two_stages
+    run, cfg, _ = four_stages
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "event" not in s]
     folder = run / "csv" / "demo"

@@ -2,8 +2,11 @@
 
 Each rank runs ``PipelineEngine.train_batch`` (activation checkpointing on) with Perseus started
 by ``perseus_deepspeed.initialize`` from the config's ``"perseus"`` section, and writes what the
-hooks reported; this test compares it with ``build_schedule("1f1b", S, M).stages[rank]``. Two
-small launches (2 and 4 stages) keep the shared machine's load low.
+hooks reported; this test compares it with ``build_schedule("1f1b", S, M).stages[rank]``, on 2
+stages. A launch is what costs, so 4 stages are checked on the DeepSpeed demo's 4-stage run
+(``test_deepspeed_demo.py``): every rank executed the plan's instructions, which are
+``build_schedule("1f1b", 4, 8)``'s, in every deployed iteration, and the runtime falls back at the
+first reported instruction that differs.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def launch(stages: int, microbatches: int, out_dir: Path) -> list[dict]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 6)])
+@pytest.mark.parametrize("stages,microbatches", [(2, 4)])
 def test_recorded_orders_equal_the_core_1f1b_schedule(stages, microbatches, tmp_path):
     results = launch(stages, microbatches, tmp_path)
     schedule = build_schedule("1f1b", stages, microbatches)

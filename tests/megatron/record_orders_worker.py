@@ -1,10 +1,15 @@
 """torchrun worker: run real megatron-core pipelines on CPU and record each rank's executed orders.
 
 Usage: torchrun --nproc_per_node N record_orders_worker.py OUT_DIR CASE [CASE ...]
-A case is ``NAME:schedule:chunks:microbatches[:eval]`` — ``eval`` adds a forward-only call
-between the two training steps (it must not be reported). Each rank writes
-``OUT_DIR/rank<R>.json``: {case: {"steps": [[[kind, mb, chunk], ...], ...], "stage": s}}, plus
-an ``enable`` case when CASE is ``enable``: the job built by ``perseus_megatron.enable``.
+A case is ``NAME:schedule:stages:chunks:microbatches[:eval]``: ``stages`` pipeline stages, the
+world's other factor data-parallel replicas (megatron-core's parallel state is set up again for
+each case); ``eval`` adds a forward-only call between the two training steps (it must not be
+reported). Each rank writes ``OUT_DIR/rank<R>.json``: {case: {"steps": [[[kind, mb, chunk], ...],
+...], "stage": s, "dp_rank": d}}, plus an ``enable`` case when CASE is ``enable:STAGES``: the job
+built by ``perseus_megatron.enable`` on that many stages. ``demo:DIR`` runs, after every other
+case and once the results are written, the Megatron demo rank (``perseus_demo.megatron_demo``)
+with ``DIR/config.json``, writing its ``DIR/rank<R>.json``: the same run as a launch of the demo,
+without starting torch and megatron-core again.
 """
 
 from __future__ import annotations
@@ -17,18 +22,23 @@ from pathlib import Path
 from typing import Any
 
 
-def run_case(spec: str, world: int) -> dict[str, Any]:
+def where() -> dict[str, int]:
+    """This rank's pipeline stage and data-parallel replica, as megatron-core's parallel state has them."""
     from megatron.core import parallel_state
 
+    return {"stage": parallel_state.get_pipeline_model_parallel_rank(), "dp_rank": parallel_state.get_data_parallel_rank()}
+
+
+def run_case(spec: str) -> dict[str, Any]:
     from perseus.runtime.events import RecordingListener
     from perseus_megatron.hooks import install_hooks
     from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
-    _, schedule, chunks_text, microbatches_text, *extra = spec.split(":")
-    chunks, microbatches = int(chunks_text), int(microbatches_text)
+    _, schedule, stages_text, chunks_text, microbatches_text, *extra = spec.split(":")
+    stages, chunks, microbatches = int(stages_text), int(chunks_text), int(microbatches_text)
     vp = chunks if schedule == "interleaved" else None
-    initialize_parallel(world, vp)
-    trainer = TinyGPTTrainer(TinyGPTShape(num_layers=world * chunks), world, vp)
+    initialize_parallel(stages, vp)
+    trainer = TinyGPTTrainer(TinyGPTShape(num_layers=stages * chunks), stages, vp)
     recorder = RecordingListener()
     with install_hooks(recorder):
         trainer.step(microbatches)
@@ -36,10 +46,10 @@ def run_case(spec: str, world: int) -> dict[str, Any]:
             trainer.step(microbatches, forward_only=True)
         trainer.step(microbatches)
     steps = [[[i.kind, i.microbatch, i.chunk] for i in step] for step in recorder.steps]
-    return {"steps": steps, "stage": parallel_state.get_pipeline_model_parallel_rank()}
+    return {"steps": steps, **where()}
 
 
-def run_enable(world: int, out: Path) -> dict[str, Any]:
+def run_enable(stages: int, out: Path) -> dict[str, Any]:
     """enable() with the real runtime (simulated GPU, measure-only): the job it builds and its steps."""
     import perseus_megatron
     from perseus.runtime.events import RecordingListener
@@ -47,8 +57,8 @@ def run_enable(world: int, out: Path) -> dict[str, Any]:
 
     rank = int(os.environ["RANK"])
     os.environ.setdefault("PERSEUS_SIM_GPU_DIR", str(out / "sim-gpus"))
-    initialize_parallel(world, 2)
-    trainer = TinyGPTTrainer(TinyGPTShape(num_layers=world * 2), world, 2)
+    initialize_parallel(stages, 2)
+    trainer = TinyGPTTrainer(TinyGPTShape(num_layers=stages * 2), stages, 2)
     seen: list[Any] = []
 
     class Tee(RecordingListener):
@@ -92,26 +102,44 @@ def run_enable(world: int, out: Path) -> dict[str, Any]:
         "last_steps": [[[i.kind, i.microbatch, i.chunk] for i in step] for step in seen[-1].steps],
         "summary_steps": summary.get("steps"),
         "hooks_removed": perseus_megatron.hooks.active_handle() is None,
+        "parallel_state": where(),
     }
+
+
+def any_rank_failed(failed: bool) -> bool:
+    """True on every rank when a case failed on any (all ranks call it together)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(failed)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def main() -> None:
     from perseus_demo.megatron_cpu import cpu_execution
 
     out = Path(sys.argv[1])
-    world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
+    specs = [spec for spec in sys.argv[2:] if not spec.startswith("demo:")]
+    demos = [Path(spec.split(":", 1)[1]) for spec in sys.argv[2:] if spec.startswith("demo:")]
     result: dict[str, Any] = {}
     try:
         with cpu_execution():
-            for spec in sys.argv[2:]:
-                if spec == "enable":
-                    result["enable"] = run_enable(world, out)
+            for spec in specs:
+                if spec.startswith("enable:"):
+                    result["enable"] = run_enable(int(spec.split(":")[1]), out)
                 else:
-                    result[spec.split(":")[0]] = run_case(spec, world)
+                    result[spec.split(":")[0]] = run_case(spec)
     except BaseException:  # noqa: BLE001 - the test reads the traceback from the result file
         result["error"] = traceback.format_exc()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    if not demos or any_rank_failed("error" in result):
+        return
+    from perseus_demo.megatron_demo import DemoConfig, run_rank
+
+    for demo in demos:  # a failure here is the demo's: no rank<R>.json in its folder, the traceback on stderr
+        run_rank(DemoConfig(**json.loads((demo / "config.json").read_text())), demo)
 
 
 if __name__ == "__main__":

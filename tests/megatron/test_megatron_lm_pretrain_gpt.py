@@ -11,9 +11,10 @@ simulated GPU per rank: warm-up → online profiling (few clocks) → planning �
 a plan mismatch; the profile and frontier are cached, and a restart on the same cache deploys
 the cached plan without profiling. No savings or times are asserted.
 
-The 2-stage 1F1B run also writes Megatron's TensorBoard events and iteration lines, which
-Perseus extends: one launch serves the lifecycle, restart and observability checks, as a launch
-(torch, megatron-core and Megatron-LM imported in every rank) is what costs.
+A launch is what costs (torch, megatron-core and Megatron-LM imported in every rank), so runs are
+shared: the 2-stage 1F1B run of the unmodified checkout also writes Megatron's TensorBoard events
+and iteration lines, which Perseus extends (lifecycle and observability checks), and the restart
+on its cache is the checkout with its line's two patches applied (restart and patch checks).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def check_first_run(results: list[dict[str, Any]], stages: int, cache: Path) -> 
 
 
 ITERS_1F1B = 14  # warm-up 2, profiling 3 clocks, planning in the background, then deployed
+RESTART_ITERS = 4  # warm-up 2, then the cached plan
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +79,34 @@ def first_1f1b(checkout, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
     return out, results
 
 
-def test_1f1b_two_stages_profiles_plans_deploys_and_restarts_from_the_cache(checkout, first_1f1b, tmp_path):
+def test_1f1b_two_stages_profiles_plans_and_deploys(first_1f1b):
     out, first = first_1f1b
     check_first_run(first, 2, out / "cache")
     assert not any(r["hooks_from_patched_source"] for r in first)  # run-time hooks: the checkout is unmodified
 
-    restarted = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=4, simulate_compute=False,
-                                 extra_args=["--perseus-cache-dir", str(out / "cache")])
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_patched_checkout_restarts_from_the_cache_without_profiling(first_1f1b, tmp_path):
+    """The checkout with its line's patches/megatron-core-<line>-schedules.patch and
+    patches/megatron-lm-core_v<line>-pretrain_gpt.patch applied, restarted on the 1F1B run's cache:
+    its own __main__ adds the flags and enables Perseus, the decorated schedules report the steps
+    (nothing is replaced at run time), and the cached plan is deployed without profiling or
+    planning again. Deployed without a fallback means every reported instruction matched the plan."""
+    out, _ = first_1f1b
+    root = unpack(RELEASE, tmp_path / "src")
+    for name in (f"megatron-core-{LINE}-schedules.patch", f"megatron-lm-core_v{LINE}-pretrain_gpt.patch"):
+        applied = subprocess.run(["git", "apply", str(REPO / "patches" / name)], cwd=root, capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stderr
+    restarted = run_pretrain_gpt(root, tmp_path / "run", stages=2, microbatches=4, train_iters=RESTART_ITERS,
+                                 simulate_compute=False, extra_args=["--perseus-cache-dir", str(out / "cache")])
+    assert sorted(r["stage"] for r in restarted) == [0, 1]
     for r in restarted:
+        assert r["hooks_from_patched_source"]
         assert "profiling" not in phases(r) and "planning" not in phases(r), r["phase_history"]
         assert r["phase"] == "deployed" and r["fallback"] is None
         assert not r.get("profiled_clocks_mhz")
+        records = r["step_records"]
+        assert len(records) == RESTART_ITERS and records[-1]["phase"] == "deployed", records
 
 
 def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line(first_1f1b):
@@ -120,22 +139,9 @@ def test_real_pretrain_gpt_writes_perseus_scalars_and_extends_its_iteration_line
 
 
 def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp_path):
-    """What ``perseus demo --megatron-lm`` runs, on the interleaved schedule."""
+    """What ``perseus demo --megatron-lm`` runs, on the interleaved schedule: 4 stages × 2 chunks
+    (the pipeline size issue 12 names for a real interleaved run)."""
     results = run_pretrain_gpt(checkout, tmp_path, stages=4, chunks=2, microbatches=4, train_iters=14)
     check_first_run(results, 4, tmp_path / "cache")
     report = format_summaries(results)
     assert "deployed" in report and "plan mismatch" not in report
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_checkout_with_both_patches_trains_with_perseus(tmp_path):
-    """The checkout with its line's patches/megatron-core-<line>-schedules.patch and
-    patches/megatron-lm-core_v<line>-pretrain_gpt.patch applied: its own __main__ adds the flags and
-    enables Perseus, and the decorated schedules report the steps (nothing is replaced at run time)."""
-    root = unpack(RELEASE, tmp_path / "src")
-    for name in (f"megatron-core-{LINE}-schedules.patch", f"megatron-lm-core_v{LINE}-pretrain_gpt.patch"):
-        applied = subprocess.run(["git", "apply", str(REPO / "patches" / name)], cwd=root, capture_output=True, text=True)
-        assert applied.returncode == 0, applied.stderr
-    results = run_pretrain_gpt(root, tmp_path / "run", stages=2, microbatches=4, train_iters=14, simulate_compute=False)
-    check_first_run(results, 2, tmp_path / "run" / "cache")
-    assert all(r["hooks_from_patched_source"] for r in results)

@@ -5,9 +5,11 @@ choice per instruction, continuous start times. ``GAP_LIMIT`` is the largest rel
 planner is allowed over the optimum; the measured gaps are printed (pytest -s) and summarised in
 docs/planner.md.
 
-The MILPs cost a fifth of the whole suite's CPU time, so the suite checks the 3 × 4 × 40 instances
-on a sample of the seeds: the one with the worst gap today (2), the worst of the previous planner
-(6), and seed 0. ``PERSEUS_OPTIMALITY=full`` runs all ten, as docs/planner.md's table does.
+The MILPs are the suite's largest CPU cost (a sixth of it with 5 of these instances), so the suite
+checks the 3 × 4 × 40 instances on the seeds that showed the largest gaps: today's planner (2) and
+the previous one (6); and the random deadlines on seed 7 (the larger gap of the two, 0.043 %; seed
+3's 8 MILPs were the module's most expensive test). ``PERSEUS_OPTIMALITY=full`` runs all ten seeds
+and both random-deadline seeds, as docs/planner.md's table does.
 """
 
 import os
@@ -51,7 +53,9 @@ def check_against_milp(schedule, profile, count: int = 5, deadlines=None, limit:
     return gaps
 
 
-SEEDS_3X4 = range(10) if os.environ.get("PERSEUS_OPTIMALITY") == "full" else (0, 2, 6)
+FULL = os.environ.get("PERSEUS_OPTIMALITY") == "full"
+SEEDS_3X4 = range(10) if FULL else (2, 6)
+SEEDS_RANDOM_DEADLINES = (3, 7) if FULL else (7,)
 
 
 @pytest.mark.parametrize("seed", SEEDS_3X4)
@@ -80,7 +84,7 @@ def test_real_a100_profile_slice(a100_slice):
     check_against_milp(build_schedule("1f1b", 3, 4), a100_slice(3))
 
 
-@pytest.mark.parametrize("seed", [3, 7])
+@pytest.mark.parametrize("seed", SEEDS_RANDOM_DEADLINES)
 def test_random_deadlines_between_the_tested_ones(seed):
     # The frontier must be near-optimal at every deadline, not only at evenly spaced ones: a
     # deadline just before a missing Pareto step is where a sparse frontier loses.

@@ -1,9 +1,12 @@
 """torchrun worker: real pipelining schedules over gloo, hooked by perseus_torch, record what ran.
 
-``orders_worker.py OUT_DIR CASES``: CASES is a JSON object, case name -> DemoConfig fields; the
-cases run one after another in this one process group (start-up, not the tiny model, is what a
+``orders_worker.py OUT_DIR CASES [DEMOS]``: CASES is a JSON object, case name -> DemoConfig fields;
+the cases run one after another in this one process group (start-up, not the tiny model, is what a
 launch costs). Writes ``rankN.json``, per case: each reported step's instructions, how many events
 ``eval()`` and an unhooked step reported, and whether uninstall restored every hooked attribute.
+DEMOS, a JSON list of folders, each with a demo's ``config.json``: then, in the same process group,
+each runs the torch demo's rank body (``perseus_demo.torch_demo.train_rank``) and writes its own
+``rankN.json`` there, as a launch of the demo would.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import sys
 from pathlib import Path
 
 
-def main(out_dir: str, cases: str) -> None:
+def main(out_dir: str, cases: str, demos: str = "[]") -> None:
     import torch.distributed as dist
 
-    from perseus_demo.torch_demo import DemoConfig
+    from perseus_demo.torch_demo import DemoConfig, train_rank
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     results = {name: run_case(DemoConfig(**config), rank) for name, config in json.loads(cases).items()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    for folder in map(Path, json.loads(demos)):
+        train_rank(DemoConfig(**json.loads((folder / "config.json").read_text())), folder, rank)
     dist.destroy_process_group()
 
 
@@ -60,4 +65,4 @@ def run_case(cfg, rank: int) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
