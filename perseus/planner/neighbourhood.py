@@ -43,21 +43,26 @@ class WindowSearch:
         self.succs = dag.successors
         self.windows = _depth_windows([len(level.nodes) for level in self.graph.levels], max_window)
 
-    def improve(self, choice: np.ndarray, deadline: float, time_limit_s: float, rounds: int = 2) -> np.ndarray:
-        """Better choice (n,) within ``deadline`` by window MILPs, until a pass finds nothing."""
+    def improve(self, choice: np.ndarray, deadline: float, max_windows: int, time_limit_s: float = float("inf"),
+                rounds: int = 2) -> tuple[np.ndarray, int]:
+        """Better choice (n,) within ``deadline`` by window MILPs, until a pass finds nothing or
+        ``max_windows`` MILPs were solved (the work budget; ``time_limit_s`` is a safety cap).
+        Returns the plan and the number of MILPs solved."""
         stop_at = time.perf_counter() + time_limit_s
         choice = choice.copy()
+        solved = 0
         for _ in range(rounds):
             changed = False
             for first, last in self.windows:
-                if time.perf_counter() > stop_at:
-                    return choice
+                if solved >= max_windows or time.perf_counter() > stop_at:
+                    return choice, solved
                 new = self._solve_window(choice, deadline, first, last, stop_at - time.perf_counter())
+                solved += 1
                 if new is not None:
                     choice, changed = new, True
             if not changed:
                 break
-        return choice
+        return choice, solved
 
     def _solve_window(self, choice: np.ndarray, deadline: float, first: int, last: int, budget_s: float) -> np.ndarray | None:
         opts, g = self.node_choices, self.graph

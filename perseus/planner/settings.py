@@ -19,6 +19,7 @@ _INT_MINIMUMS = {
     "improve_sweeps": 0,
     "max_block": 1,
     "max_window": 1,
+    "search_windows": 0,
     "beam_width": 0,
     "beam_max_width": 0,
     "beam_deadlines": 0,
@@ -43,12 +44,16 @@ class PlannerOptions:
       the LP's guidance between anchors, ~10 ms per anchor at 1,500 instructions).
     - ``num_deadlines``: total deadlines repaired to discrete plans (anchors plus interpolated
       ones); sets how dense the frontier is (capped on large pipelines, see deadline_cells).
-    - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables).
+    - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables):
+      its work budget (a plan stops earlier after a pass that changed nothing).
     - ``max_block``: longest run of one stage's instructions shifted together in that descent.
-    - ``improve_time_s``: wall-clock cap on that descent (it stops between moves; every plan it
-      has reached is kept), so large pipelines stay within seconds.
-    - ``search_time_s``: wall-clock budget of the exact window search (small MILPs over bands of
-      at most ``max_window`` instructions) on anchor plans; 0 disables it.
+    - ``search_windows``: work budget of the exact window search (small MILPs over bands of at
+      most ``max_window`` instructions) on anchor plans: at most this many MILPs per plan; 0
+      disables it.
+    - ``improve_time_s``, ``search_time_s``: wall-clock safety caps on the descent and the window
+      search (every plan reached is kept; ``search_time_s=0`` disables the window search). The
+      work budgets above decide how much is done: the defaults (60 s) are never reached up to
+      16,384 instructions, so a plan does not depend on how busy the machine is.
     - ``search_gap``: only plans more than this fraction above the LP lower bound are improved
       (block descent) or searched (windows); the bound comes free with the LP, so near-optimal
       pipelines pay nothing.
@@ -88,8 +93,9 @@ class PlannerOptions:
     num_deadlines: int = 1024
     improve_sweeps: int = 4
     max_block: int = 2
-    improve_time_s: float = 3.0
-    search_time_s: float = 1.0
+    improve_time_s: float = 60.0
+    search_time_s: float = 60.0
+    search_windows: int = 200
     search_gap: float = 2e-3
     max_window: int = 10
     beam_width: int = 500
@@ -161,6 +167,12 @@ class PlannerOptions:
     def flow_runs_on(self, num_instructions: int) -> bool:
         """Whether the hull LP is solved by network simplex on its dual (rather than HiGHS)."""
         return self.flow_min_nodes < num_instructions <= self.lp_max_nodes
+
+    def compiled_runs_on(self, num_instructions: int) -> bool:
+        """Whether the repair runs compiled (numba, ``planner.compiled_repair``): above
+        ``flow_min_nodes``, where numba is loaded for the LP anyway (its first call costs more
+        than a small pipeline's whole repair)."""
+        return self.flow_min_nodes < num_instructions
 
     def anchors_for(self, num_instructions: int) -> int:
         """How many LP anchors (or sweep prices) on a pipeline of this size."""
