@@ -242,7 +242,7 @@ def search_deadlines(
     progress(0.8)
     # Window MILPs re-optimise a few instructions around a plan; the beam already searched those
     # combinations (and more). On network-simplex pipelines (4,096+ instructions) each window
-    # costs ~40 ms of whole-DAG passes and 200 of them gained 0.0007 % (docs/planner.md): skipped.
+    # costs ~40 ms and 200 of them gained 0.0007 % at 4,096 instructions (docs/planner.md): skipped.
     if search_time_s > 0 and search_windows > 0 and not beamed and not flowed:
         found = _search_windows(dag, node_choices, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_windows,
                                 search_time_s, search_gap, max_window)
