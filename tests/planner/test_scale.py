@@ -29,7 +29,7 @@ def test_scale_aware_settings_follow_the_pipeline_size_only():
     # HiGHS up to 2,048 instructions (A100 8 × 96 unchanged), the network simplex above.
     assert not options.flow_runs_on(2048) and options.flow_runs_on(2049) and options.flow_runs_on(16384)
     assert not options.flow_runs_on(16385)  # above lp_max_nodes: the price sweep
-    assert [options.anchors_for(n) for n in (192, 1536, 4096, 8192, 16384)] == [48, 48, 48, 24, 12]
+    assert [options.anchors_for(n) for n in (192, 1536, 4096, 8192, 16384, 65536)] == [48, 48, 48, 48, 48, 12]
     assert options.batch_rows(16384) == 64 and options.batch_rows(10**9) == 1
     assert PlannerOptions(num_deadlines=100).deadlines_for(16384) == 100  # never more than asked
     assert PlannerOptions(deadline_cells=10**9).deadlines_for(16384) == 1024
