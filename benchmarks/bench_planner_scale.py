@@ -12,7 +12,9 @@ H100-like profiles come from ``perseus.examples.synthetic.h100_like_profile`` (s
 Quality columns: energy at the all-max-frequency time of each ("E@max"), the largest amount by
 which this frontier's ``lookup(t)`` exceeds today's at any of today's points (≤ 0: at or below
 today's everywhere; "(+1ppm t)": the same with today's times 1 ppm longer, so that a plan a
-few µs slower than today's at an anchor does not count the whole step to the next), and the gap of this planner's all-max-time point above the hull-LP lower
+few µs slower than today's at an anchor does not count the whole step to the next; both depend on
+where each planner's deadlines fall), "mean J": the mean of this frontier's ``lookup(t)`` minus
+today's over evenly spaced times of their common range (< 0: lower on average), and the gap of this planner's all-max-time point above the hull-LP lower
 bound at that time (solved once through its dual circulation, ``planner.flow_lp``, in its own
 subprocess, bounded by ``--lp-timeout``; it walks down from the slowest deadline in steps, as
 the planner's sweep does, which is far cheaper for the warm-started simplex than one jump).
@@ -155,10 +157,23 @@ def worst_excess(new: list, old: list, slack: float = 0.0) -> float:
     return float(worst)
 
 
+def mean_difference(new: list, old: list, samples: int = 20001) -> float:
+    """Mean over evenly spaced times (the range both frontiers cover) of this planner's
+    ``lookup(t)`` minus today's: the frontier-wide difference, whatever the deadline grids."""
+    import numpy as np
+
+    def lookup(points: list, times: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(np.array([t for t, _ in points]), times * (1 + 1e-12), side="right") - 1
+        return np.minimum.accumulate(np.array([e for _, e in points]))[at]
+
+    grid = np.linspace(max(new[0][0], old[0][0]), min(new[-1][0], old[-1][0]), samples)
+    return float(np.mean(lookup(new, grid) - lookup(old, grid)))
+
+
 def targets(args: argparse.Namespace) -> None:
     old = old_tree(args.old, args.old_commit)
     header = (f"{'instance':<24} {'instr':>6} {'today s':>8} {'cpu':>6} {'today MB':>8} {'new s':>6} {'cpu':>6} {'new MB':>6} {'speedup':>7} "
-              f"{'E@max today':>11} {'E@max new':>10} {'new-today max J':>15} {'(+1ppm t)':>9} {'LP gap':>7} {'#pts t/n':>9} {'load':>9}")
+              f"{'E@max today':>11} {'E@max new':>10} {'new-today max J':>15} {'(+1ppm t)':>9} {'mean J':>7} {'LP gap':>7} {'#pts t/n':>9} {'load':>9}")
     print(f"today = {old} (commit {args.old or args.old_commit}); new = {ROOT}; load average {os.getloadavg()[0]:.1f}")
     print(header)
     print("-" * len(header))
@@ -181,10 +196,11 @@ def targets(args: argparse.Namespace) -> None:
             t_e = f"{then['default_j']:.2f}" if then else "-"
             excess = f"{worst_excess(new['points'], then['points']):+.2f}" if then else "-"
             excess_ppm = f"{worst_excess(new['points'], then['points'], 1e-6):+.2f}" if then else "-"
+            mean = f"{mean_difference(new['points'], then['points']):+.2f}" if then else "-"
             gap = f"{100 * (new['default_j'] / lp['bound_j'] - 1):.2f}%" if lp else f"(>{args.lp_timeout:.0f}s)"
             pts = f"{len(then['points']) if then else '-'}/{len(new['points'])}"
             print(f"{case[0]:<24} {n:>6} {t_s:>8} {t_cpu:>6} {t_mb:>8} {new['wall_s']:>6.1f} {new['cpu_s']:>6.1f} {new['rss_mb']:>6.0f} {speed:>7} "
-                  f"{t_e:>11} {new['default_j']:>10.2f} {excess:>15} {excess_ppm:>9} {gap:>7} {pts:>9} {load_before:>4.1f}-{os.getloadavg()[0]:<4.1f}",
+                  f"{t_e:>11} {new['default_j']:>10.2f} {excess:>15} {excess_ppm:>9} {mean:>7} {gap:>7} {pts:>9} {load_before:>4.1f}-{os.getloadavg()[0]:<4.1f}",
                   flush=True)
 
 
