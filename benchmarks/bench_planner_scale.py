@@ -3,18 +3,24 @@
 Each planner runs in its own subprocess (wall time, CPU time of that process over the same span,
 peak RSS from ``resource.getrusage``), on the same profile file and schedule. The machine is
 shared: CPU time is the better guide to a quiet machine's wall time, and the load average is
-printed with the table. "Today's" planner is a git
-worktree of commit 7d36a8f (created under /tmp when ``--old`` is not given), imported through
-PYTHONPATH; a run past ``--old-timeout`` is stopped and shown as "> N s". Synthetic 16-stage
+printed with every row. "Today's" planner is a git
+worktree of ``--old-commit`` (default 7d36a8f, the issue's baseline; created under /tmp when
+``--old`` is not given), imported through PYTHONPATH; a run past ``--old-timeout`` is stopped
+and shown as "> N s". Synthetic 16-stage
 H100-like profiles come from ``perseus.examples.synthetic.h100_like_profile`` (seeded).
 
 Quality columns: energy at the all-max-frequency time of each ("E@max"), the largest amount by
 which this frontier's ``lookup(t)`` exceeds today's at any of today's points (≤ 0: at or below
-today's everywhere), and the gap of this planner's all-max-time point above the hull-LP lower
+today's everywhere; "(+1ppm t)": the same with today's times 1 ppm longer, so that a plan a
+few µs slower than today's at an anchor does not count the whole step to the next; both depend on
+where each planner's deadlines fall), "mean J": the mean of this frontier's ``lookup(t)`` minus
+today's over evenly spaced times of their common range (< 0: lower on average), and the gap of this planner's all-max-time point above the hull-LP lower
 bound at that time (solved once through its dual circulation, ``planner.flow_lp``, in its own
-subprocess, bounded by ``--lp-timeout``).
+subprocess, bounded by ``--lp-timeout``; it walks down from the slowest deadline in steps, as
+the planner's sweep does, which is far cheaper for the warm-started simplex than one jump).
 
     python benchmarks/bench_planner_scale.py                      # the targets table
+    python benchmarks/bench_planner_scale.py --old-commit a7d6fcf --only A100 16x128 16x4x128
     python benchmarks/bench_planner_scale.py --curve docs/img/planner_scaling.png   # new planner only
 """
 
@@ -48,6 +54,8 @@ CURVE = [(16, m, 1) for m in (2, 4, 8, 16, 32, 64, 128)] + [(16, 64, 4), (16, 12
 
 def worker(args: argparse.Namespace) -> None:
     """Child process: plan (or solve the LP bound) and print one JSON line."""
+    import numpy as np
+
     from perseus.profile import load_profile
     from perseus.schedule import build_schedule
 
@@ -63,7 +71,11 @@ def worker(args: argparse.Namespace) -> None:
         # The LP through its dual circulation: its value is a valid lower bound (docs/planner.md).
         dag = InstructionDAG.from_schedule(schedule)
         base = simulate_plan(dag, profile, max_frequency_plan(dag, profile))
-        lp_cost = FlowRelaxation(dag, build_node_choices(dag, profile, profile.p_blocking_w)).solve(base.time_s)[1]
+        node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+        relaxation = FlowRelaxation(dag, node_choices)
+        slowest = dag.levels.finish_times(node_choices.node_times(node_choices.slowest_choice())[None]).max()
+        for deadline in np.linspace(slowest, base.time_s, 13)[1:]:
+            lp_cost = relaxation.solve(float(deadline))[1]
         out = {"bound_j": lp_cost + profile.p_blocking_w * schedule.num_stages * base.time_s}
     else:
         from perseus.planner import plan_frontier
@@ -120,34 +132,49 @@ def profile_file(case: tuple, folder: Path) -> Path:
     return path
 
 
-def old_tree(given: str | None) -> Path:
+def old_tree(given: str | None, commit: str) -> Path:
     if given:
         return Path(given)
-    path = Path(tempfile.gettempdir()) / f"perseus-{OLD_COMMIT}"
+    path = Path(tempfile.gettempdir()) / f"perseus-{commit}"
     if not (path / "perseus").exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), OLD_COMMIT], check=True,
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit], check=True,
                        capture_output=True)
     return path
 
 
-def worst_excess(new: list, old: list) -> float:
-    """max over today's points of (this planner's least energy within that time − today's energy)."""
+def worst_excess(new: list, old: list, slack: float = 0.0) -> float:
+    """max over today's points of (this planner's least energy within that time × (1 + slack)
+    − today's energy). With a slack of 1e-6 a plan a few µs slower at an anchor (the anchors'
+    plans end just at their deadlines) does not count as a loss of the whole step to the next."""
     import numpy as np
 
     times = np.array([t for t, _ in new])
     least = np.minimum.accumulate(np.array([e for _, e in new]))
     worst = -np.inf
     for t, e in old:
-        at = np.searchsorted(times, t * (1 + 1e-12), side="right") - 1
+        at = np.searchsorted(times, t * (1 + slack + 1e-12), side="right") - 1
         worst = max(worst, (least[at] if at >= 0 else np.inf) - e)
     return float(worst)
 
 
+def mean_difference(new: list, old: list, samples: int = 20001) -> float:
+    """Mean over evenly spaced times (the range both frontiers cover) of this planner's
+    ``lookup(t)`` minus today's: the frontier-wide difference, whatever the deadline grids."""
+    import numpy as np
+
+    def lookup(points: list, times: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(np.array([t for t, _ in points]), times * (1 + 1e-12), side="right") - 1
+        return np.minimum.accumulate(np.array([e for _, e in points]))[at]
+
+    grid = np.linspace(max(new[0][0], old[0][0]), min(new[-1][0], old[-1][0]), samples)
+    return float(np.mean(lookup(new, grid) - lookup(old, grid)))
+
+
 def targets(args: argparse.Namespace) -> None:
-    old = old_tree(args.old)
+    old = old_tree(args.old, args.old_commit)
     header = (f"{'instance':<24} {'instr':>6} {'today s':>8} {'cpu':>6} {'today MB':>8} {'new s':>6} {'cpu':>6} {'new MB':>6} {'speedup':>7} "
-              f"{'E@max today':>11} {'E@max new':>10} {'new-today max J':>15} {'LP gap':>7} {'#pts t/n':>9}")
-    print(f"today = {old} (commit {OLD_COMMIT}); new = {ROOT}; load average {os.getloadavg()[0]:.1f}")
+              f"{'E@max today':>11} {'E@max new':>10} {'new-today max J':>15} {'(+1ppm t)':>9} {'mean J':>7} {'LP gap':>7} {'#pts t/n':>9} {'load':>9}")
+    print(f"today = {old} (commit {args.old or args.old_commit}); new = {ROOT}; load average {os.getloadavg()[0]:.1f}")
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as folder:
@@ -156,6 +183,7 @@ def targets(args: argparse.Namespace) -> None:
                 continue
             path = profile_file(case, Path(folder))
             n = case[3] * case[4] * case[5] * 2
+            load_before = os.getloadavg()[0]
             new = run_child(ROOT, "plan", path, case, args.new_timeout)
             then = run_child(old, "plan", path, case, args.old_timeout)
             lp = run_child(ROOT, "lp", path, case, args.lp_timeout)
@@ -167,10 +195,13 @@ def targets(args: argparse.Namespace) -> None:
             speed = f"{then['wall_s'] / new['wall_s']:.1f}x" if then else f">{args.old_timeout / new['wall_s']:.0f}x"
             t_e = f"{then['default_j']:.2f}" if then else "-"
             excess = f"{worst_excess(new['points'], then['points']):+.2f}" if then else "-"
+            excess_ppm = f"{worst_excess(new['points'], then['points'], 1e-6):+.2f}" if then else "-"
+            mean = f"{mean_difference(new['points'], then['points']):+.2f}" if then else "-"
             gap = f"{100 * (new['default_j'] / lp['bound_j'] - 1):.2f}%" if lp else f"(>{args.lp_timeout:.0f}s)"
             pts = f"{len(then['points']) if then else '-'}/{len(new['points'])}"
             print(f"{case[0]:<24} {n:>6} {t_s:>8} {t_cpu:>6} {t_mb:>8} {new['wall_s']:>6.1f} {new['cpu_s']:>6.1f} {new['rss_mb']:>6.0f} {speed:>7} "
-                  f"{t_e:>11} {new['default_j']:>10.2f} {excess:>15} {gap:>7} {pts:>9}", flush=True)
+                  f"{t_e:>11} {new['default_j']:>10.2f} {excess:>15} {excess_ppm:>9} {mean:>7} {gap:>7} {pts:>9} {load_before:>4.1f}-{os.getloadavg()[0]:<4.1f}",
+                  flush=True)
 
 
 def curve(args: argparse.Namespace) -> None:
@@ -205,7 +236,8 @@ def curve(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", help="checkout of today's planner (default: a git worktree of 7d36a8f in /tmp)")
+    parser.add_argument("--old", help="checkout of today's planner (default: a git worktree of --old-commit in /tmp)")
+    parser.add_argument("--old-commit", default=OLD_COMMIT, help=f"commit of today's planner (default {OLD_COMMIT})")
     parser.add_argument("--old-timeout", type=float, default=600.0)
     parser.add_argument("--new-timeout", type=float, default=600.0)
     parser.add_argument("--lp-timeout", type=float, default=120.0)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.dag import InstructionDAG, LevelGraph
 from perseus.planner.beam import beam_plans
 from perseus.planner.neighbourhood import WindowSearch
 from perseus.planner.choices import NodeChoices
@@ -136,9 +136,10 @@ def search_deadlines(
     batch = options.batch_rows(n)
     improve_sweeps, max_block, improve_time_s = options.improve_sweeps, options.max_block, options.improve_time_s
     search_time_s, search_gap, max_window = options.search_time_s, options.search_gap, options.max_window
+    search_windows = options.search_windows
     beam_max_width, beam_deadlines, beam_fill = options.beam_max_width, options.beam_deadlines, options.beam_fill
     graph = dag.levels
-    chooser = LevelChooser(graph, node_choices)
+    chooser = _chooser(graph, node_choices, options)
     extremes = np.stack([np.zeros(n, dtype=np.int64), node_choices.slowest_choice()])
     t_fast, t_slow = evaluate(dag, node_choices, extremes, p_blocking_w).times_s.tolist()
 
@@ -163,25 +164,49 @@ def search_deadlines(
     anchors = np.unique(np.concatenate([np.linspace(t_fast, t_slow, max(num_anchors, 2)), extra_deadlines]))
     anchors = anchors[(anchors >= t_fast) & (anchors <= t_slow)]
     relaxation, order = _relaxation(dag, node_choices, options, len(anchors))
-    if isinstance(relaxation, HullRelaxation):
+    idle_w = p_blocking_w * dag.schedule.num_stages
+    descent_until = time.perf_counter() + improve_time_s  # a safety cap only: the sweeps bound the work
+    flowed = not isinstance(relaxation, HullRelaxation)
+    if not flowed:
         targets, lp_costs, lp_slopes = _solve_anchors(relaxation, anchors, order, progress)
         deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
         plans = [repair(chooser, all_targets, deadlines, batch)]
+        plans.append(chooser.fill_slack(chooser.round_with_carry_backward(targets, anchors), anchors))
     else:
         # Network simplex: its pivots run on a worker thread without the GIL while this thread
-        # repairs every interval whose two anchors are solved (identical rows, one core each).
-        deadlines, dense = _solve_anchors_repairing(relaxation, anchors, order, num_deadlines, chooser, batch, progress)
-        targets, lp_costs, lp_slopes, plans = dense[0], dense[1], dense[2], [dense[3]]
+        # repairs every interval whose two anchors are solved and improves each anchor's plans as
+        # soon as it is solved (identical rows; the block descent is compiled and GIL-free too).
+        descents: list[PotentialDescent] = []
+
+        def anchor_work(i: int, plan: np.ndarray, target: np.ndarray, lp_cost: float) -> np.ndarray:
+            """Anchor i's backward-rounded plan, and both its plans descended when the better
+            of them is more than ``search_gap`` above the LP bound there."""
+            limit = anchors[i : i + 1]
+            backward = chooser.fill_slack(chooser.round_with_carry_backward(target[None], limit), limit)
+            if improve_sweeps == 0:
+                return backward
+            pair = np.concatenate([plan[None], backward])
+            bound = lp_cost + idle_w * anchors[i] * (1 - DEADLINE_MARGIN)
+            if evaluate(dag, node_choices, pair, p_blocking_w).energies_j.min() / bound - 1 <= search_gap:
+                return backward
+            if not descents:  # built here, while the worker thread already pivots
+                descents.append(_descent(dag, node_choices, max_block, small=False))
+            # Both: descending only the better one lost 3 J on average over the 16 × 128 frontier.
+            improved = _descend(descents[0], chooser, pair, np.repeat(limit, 2), improve_sweeps, descent_until)
+            return np.concatenate([backward, improved])
+
+        deadlines, dense = _solve_anchors_repairing(relaxation, anchors, order, num_deadlines, chooser, batch, progress,
+                                                    anchor_work)
+        targets, lp_costs, lp_slopes, plans = dense[0], dense[1], dense[2], [dense[3], dense[4]]
     progress(0.6)
-    plans.append(chooser.fill_slack(chooser.round_with_carry_backward(targets, anchors), anchors))
     # All-fastest plan with its free slack filled: the fastest achievable iteration.
     plans.append(chooser.fill_slack(np.zeros((1, n), dtype=np.int64), np.array([t_fast])))
     progress(0.7)
 
     found = pareto(evaluate(dag, node_choices, np.concatenate(plans), p_blocking_w, batch))
     # LP value + blocking energy at a deadline: a lower bound on the energy of plans ending then.
-    bounds = lp_costs + p_blocking_w * dag.schedule.num_stages * anchors * (1 - DEADLINE_MARGIN)
-    lp_bound = _LPBound(anchors, lp_costs, lp_slopes, p_blocking_w * dag.schedule.num_stages)
+    bounds = lp_costs + idle_w * anchors * (1 - DEADLINE_MARGIN)
+    lp_bound = _LPBound(anchors, lp_costs, lp_slopes, idle_w)
     small = dag.num_nodes <= dense_improve_max_nodes
     beamed = beam_width > 0
     if beamed:
@@ -200,25 +225,27 @@ def search_deadlines(
     progress(0.75)
     # Local improvement only where the rounded plans are measurably above the LP bound: near-optimal
     # anchors (most of them on real profiles) cost nothing, so the work scales with what is left.
-    open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap)
+    # (On the network-simplex path this was done anchor by anchor beside the LP sweep.)
+    open_anchors = np.flatnonzero(_anchor_gaps(found, anchors, bounds)[1] > search_gap) if not flowed else np.zeros(0, int)
     # Between anchors, dense plans above the LP tangent bound are improved too, on small pipelines
     # only: each descent pass is ~n Python-level moves, so on large ones it would dominate.
     dense_rows = open_anchors  # the anchor rows of the dense plans
     if small:
         dense_rows = lp_bound.open_rows(found, deadlines, search_gap)
-    descent_until = time.perf_counter() + improve_time_s
     descent = None
     if improve_sweeps > 0 and (len(open_anchors) or len(dense_rows)):
-        descent = PotentialDescent(dag, node_choices, max_block=max_block, neighbour_sets=small)
+        descent = _descent(dag, node_choices, max_block, small)
         anchor_plans = np.concatenate([plans[0][dense_rows], plans[1][open_anchors]])
         anchor_deadlines = np.concatenate([deadlines[dense_rows], anchors[open_anchors]])
         improved = _descend(descent, chooser, anchor_plans, anchor_deadlines, improve_sweeps, descent_until)
         found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, improved]), p_blocking_w))
     progress(0.8)
     # Window MILPs re-optimise a few instructions around a plan; the beam already searched those
-    # combinations (and more), and the windows' wall-clock budget would make results vary.
-    if search_time_s > 0 and not beamed:
-        found = _search_windows(dag, node_choices, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_time_s, search_gap, max_window)
+    # combinations (and more). On network-simplex pipelines (4,096+ instructions) each window
+    # costs ~40 ms and 200 of them gained 0.0007 % at 4,096 instructions (docs/planner.md): skipped.
+    if search_time_s > 0 and search_windows > 0 and not beamed and not flowed:
+        found = _search_windows(dag, node_choices, chooser, found, anchors, deadlines, bounds, p_blocking_w, search_windows,
+                                search_time_s, search_gap, max_window)
     if small and descent is not None:
         # Carry every deadline's best plan so far (often found at a nearby deadline, by descent or
         # a window) to the deadline itself: slack-fill it there and descend again.
@@ -230,6 +257,25 @@ def search_deadlines(
         found = pareto(evaluate(dag, node_choices, np.concatenate([found.choices, carried, improved]), p_blocking_w))
     progress(0.95)
     return found
+
+
+def _chooser(graph: LevelGraph, node_choices: NodeChoices, options: PlannerOptions) -> LevelChooser:
+    """The repair's passes: compiled on large pipelines (same results), numpy level steps otherwise."""
+    if options.compiled_runs_on(graph.num_nodes):
+        from perseus.planner.compiled_repair import CompiledChooser  # numba: imported only where it runs
+
+        return CompiledChooser(graph, node_choices)
+    return LevelChooser(graph, node_choices)
+
+
+def _descent(dag: InstructionDAG, node_choices: NodeChoices, max_block: int, small: bool) -> PotentialDescent:
+    """Block descent: numpy on small pipelines (with neighbour-set moves), compiled (numba, same
+    moves, exact per move, ~10× faster: ``planner.compiled_descent``) on the others."""
+    if small:
+        return PotentialDescent(dag, node_choices, max_block=max_block, neighbour_sets=True)
+    from perseus.planner.compiled_descent import CompiledDescent  # numba: imported only where it runs
+
+    return CompiledDescent(dag, node_choices, max_block=max_block)
 
 
 def _relaxation(
@@ -271,10 +317,12 @@ def _solve_anchors_repairing(
     chooser: LevelChooser,
     batch: int,
     progress: Progress,
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    anchor_work: Callable[[int, np.ndarray, np.ndarray, float], np.ndarray] | None = None,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """``_solve_anchors`` on a worker thread, slowest anchor first, while this thread repairs
-    each interval as soon as both its anchors are solved. Same rows as ``_interpolate`` then
-    ``repair``: deadlines, (targets, LP values, LP slopes, repaired plans)."""
+    each interval as soon as both its anchors are solved and runs ``anchor_work(i, anchor plan,
+    LP durations, LP value)`` on each anchor. Same rows as ``_interpolate`` then ``repair``:
+    deadlines, (targets, LP values, LP slopes, repaired plans, the anchors' extra plans)."""
     deadlines, lower, upper, fraction = _dense_layout(anchors, num_deadlines)
     finished: queue.Queue = queue.Queue()
     targets = np.empty((len(anchors), relaxation.num_nodes))
@@ -291,6 +339,7 @@ def _solve_anchors_repairing(
             finished.put(exc)
 
     plans = np.empty((len(deadlines), relaxation.num_nodes), dtype=np.int64)
+    extra = [np.zeros((0, relaxation.num_nodes), dtype=np.int64)]
     worker = threading.Thread(target=solve_all, name="perseus-flow-lp", daemon=True)
     worker.start()
     for done in range(len(anchors)):
@@ -301,9 +350,11 @@ def _solve_anchors_repairing(
         rows = np.flatnonzero(lower == i)  # its upper anchor was solved before it
         row_targets = targets[lower[rows]] + fraction[rows, None] * (targets[upper[rows]] - targets[lower[rows]])
         plans[rows] = repair(chooser, row_targets, deadlines[rows], batch)
+        if anchor_work is not None:
+            extra.append(anchor_work(i, plans[i], targets[i], float(lp_costs[i])))  # row i: the anchor itself
         progress(0.55 * (done + 1) / len(anchors))
     worker.join()
-    return deadlines, (targets, lp_costs, lp_slopes, plans)
+    return deadlines, (targets, lp_costs, lp_slopes, plans, np.concatenate(extra))
 
 
 def _dense_layout(anchors: np.ndarray, num_deadlines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -351,11 +402,14 @@ def _search_windows(
     deadlines: np.ndarray,
     bounds: np.ndarray,
     p_blocking_w: float,
+    max_windows: int,
     time_budget_s: float,
     min_gap: float,
     max_window: int,
 ) -> Candidates:
-    """Exact window search on the anchor plans farthest above the LP bound, within a time budget.
+    """Exact window search on the anchor plans farthest above the LP bound: at most
+    ``max_windows`` MILPs in all, shared evenly over the anchors in that order (what one leaves
+    goes to the next); ``time_budget_s`` is a safety cap.
 
     Each improved anchor plan is then slack-filled at every denser deadline up to the next anchor
     (cheap, batched), so the gain carries over to the frontier between anchors.
@@ -368,12 +422,14 @@ def _search_windows(
         return found
     search = WindowSearch(dag, node_choices, max_window=max_window)
     extra_plans, extra_deadlines = [], []
+    left = max_windows
     for done, i in enumerate(order):
-        left = stop_at - time.perf_counter()
-        if left <= 0:
+        if left <= 0 or time.perf_counter() > stop_at:
             break
         plan = found.choices[at[i]]
-        improved = search.improve(plan, float(limits[i]), time_limit_s=left / (len(order) - done))
+        share = -(-left // (len(order) - done))  # ceiling: the budget is spent whatever the order's length
+        improved, solved = search.improve(plan, float(limits[i]), share, time_limit_s=stop_at - time.perf_counter())
+        left -= solved
         if np.array_equal(improved, plan):
             continue
         upper = anchors[i + 1] if i + 1 < len(anchors) else anchors[i]

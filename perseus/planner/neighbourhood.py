@@ -43,31 +43,48 @@ class WindowSearch:
         self.succs = dag.successors
         self.windows = _depth_windows([len(level.nodes) for level in self.graph.levels], max_window)
 
-    def improve(self, choice: np.ndarray, deadline: float, time_limit_s: float, rounds: int = 2) -> np.ndarray:
-        """Better choice (n,) within ``deadline`` by window MILPs, until a pass finds nothing."""
+    def improve(self, choice: np.ndarray, deadline: float, max_windows: int, time_limit_s: float = float("inf"),
+                rounds: int = 2) -> tuple[np.ndarray, int]:
+        """Better choice (n,) within ``deadline`` by window MILPs, until a pass finds nothing or
+        ``max_windows`` MILPs were solved (the work budget; ``time_limit_s`` is a safety cap).
+        Returns the plan and the number of MILPs solved."""
         stop_at = time.perf_counter() + time_limit_s
         choice = choice.copy()
+        solved = 0
+        bounds = self._time_bounds(choice, deadline)  # recomputed only when a window changes the plan
         for _ in range(rounds):
             changed = False
             for first, last in self.windows:
-                if time.perf_counter() > stop_at:
-                    return choice
-                new = self._solve_window(choice, deadline, first, last, stop_at - time.perf_counter())
+                if solved >= max_windows or time.perf_counter() > stop_at:
+                    return choice, solved
+                new = self._solve_window(choice, deadline, first, last, stop_at - time.perf_counter(), bounds)
+                solved += 1
                 if new is not None:
                     choice, changed = new, True
+                    bounds = self._time_bounds(choice, deadline)
             if not changed:
                 break
-        return choice
+        return choice, solved
 
-    def _solve_window(self, choice: np.ndarray, deadline: float, first: int, last: int, budget_s: float) -> np.ndarray | None:
-        opts, g = self.node_choices, self.graph
-        n = g.num_nodes
-        durations = opts.node_times(choice)
-        # Times in units of 1e-4 × deadline: HiGHS's absolute feasibility tolerance (1e-7) then
-        # is 1e-11 of the deadline, so rounded solutions keep to it.
+    def _time_bounds(self, choice: np.ndarray, deadline: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every node's earliest finish and latest start under the plan, in the windows' time unit.
+
+        Times in units of 1e-4 × deadline: HiGHS's absolute feasibility tolerance (1e-7) then
+        is 1e-11 of the deadline, so rounded solutions keep to it.
+        """
+        g = self.graph
+        durations = self.node_choices.node_times(choice)
         scale = 1e4 / deadline
         earliest_finish = g.finish_times(durations[None])[0] * scale
         latest_start = (g.latest_finish(durations[None], np.array([deadline]))[0] - np.append(durations, 0.0)) * scale
+        return earliest_finish, latest_start
+
+    def _solve_window(self, choice: np.ndarray, deadline: float, first: int, last: int, budget_s: float,
+                      bounds: tuple[np.ndarray, np.ndarray]) -> np.ndarray | None:
+        opts, g = self.node_choices, self.graph
+        n = g.num_nodes
+        scale = 1e4 / deadline
+        earliest_finish, latest_start = bounds
         nodes = np.concatenate([level.nodes for level in g.levels[first : last + 1]])
         position = {v: i for i, v in enumerate(nodes.tolist())}
         tables = opts.node_table[nodes]

@@ -19,6 +19,7 @@ _INT_MINIMUMS = {
     "improve_sweeps": 0,
     "max_block": 1,
     "max_window": 1,
+    "search_windows": 0,
     "beam_width": 0,
     "beam_max_width": 0,
     "beam_deadlines": 0,
@@ -43,12 +44,17 @@ class PlannerOptions:
       the LP's guidance between anchors, ~10 ms per anchor at 1,500 instructions).
     - ``num_deadlines``: total deadlines repaired to discrete plans (anchors plus interpolated
       ones); sets how dense the frontier is (capped on large pipelines, see deadline_cells).
-    - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables).
+    - ``improve_sweeps``: passes of block potential descent on the anchor plans (0 disables):
+      its work budget (a plan stops earlier after a pass that changed nothing).
     - ``max_block``: longest run of one stage's instructions shifted together in that descent.
-    - ``improve_time_s``: wall-clock cap on that descent (it stops between moves; every plan it
-      has reached is kept), so large pipelines stay within seconds.
-    - ``search_time_s``: wall-clock budget of the exact window search (small MILPs over bands of
-      at most ``max_window`` instructions) on anchor plans; 0 disables it.
+    - ``search_windows``: work budget of the exact window search (small MILPs over bands of at
+      most ``max_window`` instructions) on the anchor plans farthest above the LP bound: at most
+      this many MILPs in all (80: what the former 1 s budget bought at 1,536 instructions; more
+      found nothing more on A100 8 × 96); 0 disables it. Not run on network-simplex pipelines.
+    - ``improve_time_s``, ``search_time_s``: wall-clock safety caps on the descent and the window
+      search (every plan reached is kept; ``search_time_s=0`` disables the window search). The
+      work budgets above decide how much is done: the defaults (60 s) are never reached up to
+      16,384 instructions, so a plan does not depend on how busy the machine is.
     - ``search_gap``: only plans more than this fraction above the LP lower bound are improved
       (block descent) or searched (windows); the bound comes free with the LP, so near-optimal
       pipelines pay nothing.
@@ -68,8 +74,10 @@ class PlannerOptions:
       exact results.
     - ``anchor_cells``, ``min_anchors``: the LP is solved at no more than
       ``anchor_cells // instructions`` anchors (never fewer than ``min_anchors``, never more than
-      ``num_anchors``): 48 up to 4,096 instructions, 12 at 16,384 (with the network simplex the
-      sweep's cost is mostly its path from the slowest to the fastest deadline, not the anchors).
+      ``num_anchors``): 48 up to 16,384 instructions. With the network simplex the sweep's cost
+      is its path from the slowest to the fastest deadline, not the anchor count, and each
+      anchor's repair and descent run beside it: at 16 × 4 × 128, 48 anchors instead of 12 cost
+      ~1 s more wall time and lower the frontier by 70 J on average over its time range.
     - ``deadline_cells``, ``min_deadlines``: scale-aware density. Repair work grows with
       deadlines × instructions, so at most ``deadline_cells // instructions`` deadlines are
       repaired (never fewer than ``min_deadlines``, never more than ``num_deadlines``): the
@@ -88,8 +96,9 @@ class PlannerOptions:
     num_deadlines: int = 1024
     improve_sweeps: int = 4
     max_block: int = 2
-    improve_time_s: float = 3.0
-    search_time_s: float = 1.0
+    improve_time_s: float = 60.0
+    search_time_s: float = 60.0
+    search_windows: int = 80
     search_gap: float = 2e-3
     max_window: int = 10
     beam_width: int = 500
@@ -99,7 +108,7 @@ class PlannerOptions:
     beam_max_nodes: int = 48
     lp_max_nodes: int = 16384
     flow_min_nodes: int = 2048
-    anchor_cells: int = 196_608
+    anchor_cells: int = 786_432
     min_anchors: int = 12
     deadline_cells: int = 1_572_864
     min_deadlines: int = 160
@@ -161,6 +170,12 @@ class PlannerOptions:
     def flow_runs_on(self, num_instructions: int) -> bool:
         """Whether the hull LP is solved by network simplex on its dual (rather than HiGHS)."""
         return self.flow_min_nodes < num_instructions <= self.lp_max_nodes
+
+    def compiled_runs_on(self, num_instructions: int) -> bool:
+        """Whether the repair runs compiled (numba, ``planner.compiled_repair``): above
+        ``flow_min_nodes``, where numba is loaded for the LP anyway (its first call costs more
+        than a small pipeline's whole repair)."""
+        return self.flow_min_nodes < num_instructions
 
     def anchors_for(self, num_instructions: int) -> int:
         """How many LP anchors (or sweep prices) on a pipeline of this size."""

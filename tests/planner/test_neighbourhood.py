@@ -27,10 +27,28 @@ def test_window_search_improves_the_all_fastest_plan_within_the_deadline():
     fastest = np.zeros(dag.num_nodes, dtype=np.int64)
     t_fast = simulate_many(dag, node_choices.node_times(fastest[None]), node_choices.node_energies(fastest[None]), 80.0).time_s[0]
     deadline = 1.1 * t_fast
-    improved = search.improve(fastest, deadline, time_limit_s=30.0)
+    improved, solved = search.improve(fastest, deadline, max_windows=1000)
+    assert 0 < solved <= 2 * len(search.windows)
     result = simulate_many(dag, node_choices.node_times(improved[None]), node_choices.node_energies(improved[None]), 80.0)
     assert result.time_s[0] <= deadline
     assert node_choices.node_costs(improved).sum() < node_choices.node_costs(fastest).sum() - 1e-6
     # Searching again never makes the plan worse.
-    again = search.improve(improved, deadline, time_limit_s=30.0)
+    again, _ = search.improve(improved, deadline, max_windows=1000)
     assert node_choices.node_costs(again).sum() <= node_choices.node_costs(improved).sum() + 1e-12
+
+
+def test_window_search_solves_no_more_windows_than_its_budget():
+    """The budget is counted in MILPs, not seconds: the same budget gives the same plan."""
+    schedule = build_schedule("1f1b", 3, 4)
+    profile = synthetic_profile(3, 20, seed=1)
+    dag = InstructionDAG.from_schedule(schedule)
+    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+    search = WindowSearch(dag, node_choices, max_window=8)
+    fastest = np.zeros(dag.num_nodes, dtype=np.int64)
+    deadline = 1.1 * dag.levels.finish_times(node_choices.fastest_times()[None]).max()
+    first, solved = search.improve(fastest, deadline, max_windows=2)
+    assert solved == 2
+    second, _ = search.improve(fastest, deadline, max_windows=2)
+    assert np.array_equal(first, second)
+    untouched, none = search.improve(fastest, deadline, max_windows=0)
+    assert none == 0 and np.array_equal(untouched, fastest)

@@ -29,7 +29,7 @@ def test_scale_aware_settings_follow_the_pipeline_size_only():
     # HiGHS up to 2,048 instructions (A100 8 × 96 unchanged), the network simplex above.
     assert not options.flow_runs_on(2048) and options.flow_runs_on(2049) and options.flow_runs_on(16384)
     assert not options.flow_runs_on(16385)  # above lp_max_nodes: the price sweep
-    assert [options.anchors_for(n) for n in (192, 1536, 4096, 8192, 16384)] == [48, 48, 48, 24, 12]
+    assert [options.anchors_for(n) for n in (192, 1536, 4096, 8192, 16384, 65536)] == [48, 48, 48, 48, 48, 12]
     assert options.batch_rows(16384) == 64 and options.batch_rows(10**9) == 1
     assert PlannerOptions(num_deadlines=100).deadlines_for(16384) == 100  # never more than asked
     assert PlannerOptions(deadline_cells=10**9).deadlines_for(16384) == 1024
@@ -153,11 +153,34 @@ def test_repairing_while_the_flow_lp_solves_gives_the_sequential_rows(mid):
     slowest = dag.levels.finish_times(node_choices.node_times(node_choices.slowest_choice())[None]).max()
     anchors = np.linspace(fastest, slowest, 7)
     order = range(len(anchors) - 1, -1, -1)
-    deadlines, (targets, costs, slopes, plans) = _solve_anchors_repairing(
+    deadlines, (targets, costs, slopes, plans, extra) = _solve_anchors_repairing(
         FlowRelaxation(dag, node_choices), anchors, order, 40, chooser, 9, lambda _: None)
+    assert extra.shape == (0, dag.num_nodes)  # no per-anchor work asked for
     expected_targets, expected_costs, expected_slopes = _solve_anchors(FlowRelaxation(dag, node_choices), anchors, order,
                                                                        lambda _: None)
     expected_deadlines, all_targets = _interpolate(anchors, expected_targets, 40)
     assert np.array_equal(deadlines, expected_deadlines) and np.array_equal(targets, expected_targets)
     assert np.array_equal(costs, expected_costs) and np.array_equal(slopes, expected_slopes)
     assert np.array_equal(plans, repair(chooser, all_targets, expected_deadlines, 9))
+
+
+def test_flow_path_descends_each_anchor_beside_the_sweep_and_repeats_exactly(mid):
+    """Each anchor's plans are descended as soon as the worker thread solved it; the work is
+    bounded by sweeps, not by a clock, so the same inputs give the same frontier."""
+    schedule, profile, _, _ = mid
+    settings = dict(flow_min_nodes=0, num_anchors=12, num_deadlines=96)
+    plain = plan_frontier(schedule, profile, PlannerOptions(improve_sweeps=0, **settings))
+    first = plan_frontier(schedule, profile, PlannerOptions(**settings))
+    second = plan_frontier(schedule, profile, PlannerOptions(**settings))
+    assert [(p.time_s, p.energy_j) for p in first.points] == [(p.time_s, p.energy_j) for p in second.points]
+    assert first.default_point().energy_j < plain.default_point().energy_j
+    times = np.array([p.time_s for p in first.points])
+    least = np.minimum.accumulate([p.energy_j for p in first.points])
+    at = np.searchsorted(times, [p.time_s * (1 + 1e-12) for p in plain.points], side="right") - 1
+    assert np.all(least[at] <= np.array([p.energy_j for p in plain.points]) + 1e-9)  # never worse than without
+
+
+def test_work_budgets_are_validated():
+    with pytest.raises(PerseusError, match="search_windows"):
+        PlannerOptions(search_windows=-1)
+    assert PlannerOptions(search_windows=0).search_windows == 0
