@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,16 +93,21 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
     # kernel timer is what profiling reads (as CUDA events on a real GPU), whatever the load.
     # Power (energy / time) checks the attribution of coarse-counter energy to instructions; it
     # rests on when the polling thread saw each counter update, which a busy machine delays by a
-    # few ms: up to 11 % error seen with six busy processes on the two cores, so 20 %.
+    # few ms: single entries were measured up to 11 % off with six busy processes on the two
+    # cores and up to 33 % off at load averages of 8-13, so each entry gets 40 % and the median
+    # entry, which late polls barely move, 10 %.
     (profile_file,) = (tmp_path / "cache").glob("*/profile.json")
     measured, truth = load_json(profile_file), toy_profile(cfg, FREQS)
     model = get_preset(cfg.sim_preset)
+    power_ratios = []
     for key, entry in truth.entries.items():
         got = measured.entries[key]
         assert got.freqs_mhz == entry.freqs_mhz
         for f, t, e, t_true in zip(got.freqs_mhz, got.times_s, got.energies_j, entry.times_s):
-            assert e / t == pytest.approx(model.busy_power_w(f, cfg.activity), rel=0.2), (key, f)
+            power_ratios.append((e / t) / model.busy_power_w(f, cfg.activity))
+            assert power_ratios[-1] == pytest.approx(1.0, rel=0.4), (key, f)
             assert t == pytest.approx(t_true, rel=1e-6), (key, f, t, t_true)
+    assert statistics.median(power_ratios) == pytest.approx(1.0, rel=0.1), sorted(power_ratios)
     if results[0]["summary"]["frontier"]["points"] < 2:
         pytest.skip("planner placeholder: the frontier has a single (all-max) point, no saving possible yet")
     assert_saving(results, cfg, tmp_path / "cache")
