@@ -4,10 +4,18 @@ import numpy as np
 
 from perseus.dag import InstructionDAG
 from perseus.planner.neighbourhood import WindowSearch, _depth_windows
-from perseus.planner.choices import build_node_choices
+from perseus.planner.choices import NodeChoices, build_node_choices
 from perseus.schedule import build_schedule
 from perseus.simulator import simulate_many
 from synthetic import synthetic_profile
+
+
+def three_stage_search() -> tuple[InstructionDAG, NodeChoices, WindowSearch]:
+    """A 3-stage 1F1B DAG with 4 microbatches, its choices and a window search of 8 nodes."""
+    dag = InstructionDAG.from_schedule(build_schedule("1f1b", 3, 4))
+    profile = synthetic_profile(3, 20, seed=1)
+    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
+    return dag, node_choices, WindowSearch(dag, node_choices, max_window=8)
 
 
 def test_depth_windows_cover_every_depth_within_the_cap():
@@ -18,11 +26,7 @@ def test_depth_windows_cover_every_depth_within_the_cap():
 
 
 def test_window_search_improves_the_all_fastest_plan_within_the_deadline():
-    schedule = build_schedule("1f1b", 3, 4)
-    profile = synthetic_profile(3, 20, seed=1)
-    dag = InstructionDAG.from_schedule(schedule)
-    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
-    search = WindowSearch(dag, node_choices, max_window=8)
+    dag, node_choices, search = three_stage_search()
     assert all(sum(len(level.nodes) for level in dag.levels.levels[a : b + 1]) < dag.num_nodes for a, b in search.windows)
     fastest = np.zeros(dag.num_nodes, dtype=np.int64)
     t_fast = simulate_many(dag, node_choices.node_times(fastest[None]), node_choices.node_energies(fastest[None]), 80.0).time_s[0]
@@ -39,11 +43,7 @@ def test_window_search_improves_the_all_fastest_plan_within_the_deadline():
 
 def test_window_search_solves_no_more_windows_than_its_budget():
     """The budget is counted in MILPs, not seconds: the same budget gives the same plan."""
-    schedule = build_schedule("1f1b", 3, 4)
-    profile = synthetic_profile(3, 20, seed=1)
-    dag = InstructionDAG.from_schedule(schedule)
-    node_choices = build_node_choices(dag, profile, profile.p_blocking_w)
-    search = WindowSearch(dag, node_choices, max_window=8)
+    dag, node_choices, search = three_stage_search()
     fastest = np.zeros(dag.num_nodes, dtype=np.int64)
     deadline = 1.1 * dag.levels.finish_times(node_choices.fastest_times()[None]).max()
     first, solved = search.improve(fastest, deadline, max_windows=2)
