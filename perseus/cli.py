@@ -81,7 +81,8 @@ def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int 
         if not getattr(args, "example", False):
             raise UsageError("--microbatches is required with --profile (microbatches per iteration)")
         microbatches = EXAMPLE_MICROBATCHES
-    schedule = build_schedule(args.schedule, stages, microbatches, args.chunks, getattr(args, "group_size", None))
+    schedule = build_schedule(args.schedule, stages, microbatches, args.chunks, getattr(args, "group_size", None),
+                              getattr(args, "overlap_p2p", False))
     _check_split_backward(schedule, profile)
     profile.check_matches(schedule)
     profile.require_p_blocking()
@@ -308,7 +309,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.frontier is not None:
         given = [flag for flag, value in (("--stages", args.stages), ("--microbatches", microbatches),
                  ("--p-blocking", args.p_blocking), ("--chunks", args.chunks if args.chunks != 1 else None),
-                 ("--group-size", args.group_size),
+                 ("--group-size", args.group_size), ("--overlap-p2p", args.overlap_p2p or None),
                  ("--schedule", args.schedule if args.schedule != "1f1b" else None)) if value is not None]
         if given:
             raise UsageError(f"{', '.join(given)}: these come from the --frontier file; leave them out")
@@ -415,6 +416,9 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
                         "(--example: its stages split evenly into C chunks)")
     p.add_argument("--group-size", type=_positive(int), metavar="G",
                    help="interleaved: megatron-core's microbatch_group_size_per_vp_stage (default: --stages)")
+    p.add_argument("--overlap-p2p", action="store_true",
+                   help="interleaved: megatron-core's overlap_p2p_comm is on (Megatron-LM's default for interleaved "
+                        "runs; off with --no-overlap-p2p-communication): the exchanges' waits differ, not the order")
     p.add_argument("--split-backward", type=_share, metavar="SHARE",
                    help="zero-bubble schedules (zb-interleaved, zbv) on a profile without I/W: derive backward_input "
                         "as SHARE of each backward's time and energy and backward_weight as the rest (e.g. 0.5)")

@@ -177,8 +177,7 @@ def emulation_cache(cache_dir: Path, schedule: Schedule, profile: Profile) -> Ru
     digest = hashlib.sha256(json.dumps(profile.to_json_dict(), sort_keys=True).encode()).hexdigest()
     key = {"use": "perseus emulate", "schedule": schedule.name, "stages": schedule.num_stages,
            "microbatches": schedule.num_microbatches, "chunks": schedule.num_chunks, "profile_sha256": digest}
-    if schedule.group_size is not None:  # only when not the default: older entries keep their keys
-        key["group_size"] = schedule.group_size
+    key.update(schedule.variant_fields())  # only what is not the default: older entries keep their keys
     return RunCache(cache_dir, key)
 
 

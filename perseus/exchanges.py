@@ -1,25 +1,40 @@
 """What megatron-core's interleaved 1F1B really makes each instruction wait for.
 
-Models ``forward_backward_pipelining_with_interleaving`` without p2p overlap (the default), as
-written in megatron-core 0.16.1 through 0.19.0 ``pipeline_parallel/schedules.py`` (unchanged
-there). Every stage alternates compute with one blocking exchange: before its first forward,
-after each warm-up forward, after each steady forward/backward pair
-(``send_forward_backward_recv_forward_backward``) and after each cool-down backward. The data
-flow alone misses two of the waits this creates, and a plan that uses that slack runs slower than
-planned:
+Models ``forward_backward_pipelining_with_interleaving`` as written in megatron-core 0.16.1
+through 0.19.0 ``pipeline_parallel/schedules.py`` (unchanged there), with and without
+``overlap_p2p_comm``.
+
+Without p2p overlap (megatron-core's default) every stage alternates compute with one blocking
+exchange: before its first forward, after each warm-up forward, after each steady forward/backward
+pair (``send_forward_backward_recv_forward_backward``) and after each cool-down backward. The
+data flow alone misses two of the waits this creates, and a plan that uses that slack runs slower
+than planned:
 
 - an output leaves its stage only at the exchange after it: a steady forward's activation is sent
   after the backward paired with it, so its consumer waits for that backward too;
 - an exchange receives the inputs of the instructions up to the next exchange (the next forward
-  and, at a pair, its backward: the "joint receives"), and the first (last) stage receives the
-  activations (gradients) coming round from the other end of the ring ``pipeline size``
-  virtual microbatches after the sender's own index (megatron's
-  ``recv_tensor_from_previous_stage``), which is earlier than the instruction that needs them.
+  and, at a pair, its backward: the "joint receives").
 
-Everything is read off the schedule data: per-stage orders and the steady pairs
-(``Schedule.joint_receives``). Tensors are identified by their place in the order (the j-th
-forward of every stage runs the same virtual microbatch); on each link they arrive in the order
-sent, as NCCL/gloo point-to-point delivers them.
+With ``overlap_p2p_comm`` (Megatron-LM's default for interleaved runs) warm-up and cool-down keep
+their blocking exchanges, but in the steady state each forward and each backward posts its send
+(and the receive for the next instruction of its kind) right after it runs, and the next forward
+(backward) waits for its own receive just before it runs: an output leaves right after its
+instruction and nothing waits for another instruction's input. The warm-up's last exchange then
+receives only the next forward's input; the first backward's gradient is a posted receive. A
+posted ring-wrap receive (below) is waited for by the first instruction of its kind that pops
+megatron's receive queue, which with a microbatch group larger than the pipeline can be later than
+the instruction after it that this model waits at: stricter than megatron there, never looser
+(tests/megatron/test_megatron_dag_edges.py checks both directions against a model of the exchanges).
+
+Either way the first (last) stage receives the activations (gradients) coming round from the other
+end of the ring ``pipeline size`` virtual microbatches after the sender's own index (megatron's
+``recv_tensor_from_previous_stage``), which is earlier than the instruction that needs them when
+the microbatch group is larger than the pipeline.
+
+Everything is read off the schedule data: per-stage orders, the steady pairs
+(``Schedule.joint_receives``) and ``Schedule.overlap_p2p``. Tensors are identified by their place
+in the order (the j-th forward of every stage runs the same virtual microbatch); on each link they
+arrive in the order sent, as NCCL/gloo point-to-point delivers them.
 """
 
 from __future__ import annotations
@@ -39,7 +54,9 @@ def megatron_interleaved_waits(schedule: Schedule) -> list[tuple[Node, Node]]:
     first instruction after the receiver's exchange. Program order is not included.
     """
     pp = schedule.num_stages
-    pairs = [dict(p) for p in schedule.joint_receives] or [{} for _ in range(pp)]
+    # Overlapped exchanges pair nothing: each output is sent, and each input waited for, at its own instruction.
+    pairs = [{} for _ in range(pp)] if schedule.overlap_p2p else [dict(p) for p in schedule.joint_receives]
+    pairs = pairs or [{} for _ in range(pp)]
     forwards = [[i for i, inst in enumerate(order) if inst.kind == "forward"] for order in schedule.stages]
     backwards = [[i for i, inst in enumerate(order) if inst.kind == "backward"] for order in schedule.stages]
     paired_backward = [{j for j in p.values()} for p in pairs]

@@ -49,7 +49,7 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
         "stages": sched.num_stages,
         "microbatches": sched.num_microbatches,
         "chunks": sched.num_chunks,
-        **schedule_group_field(sched),
+        **sched.variant_fields(),
         "instructions": [[[i.kind, i.microbatch, i.chunk] for i in stage] for stage in sched.stages],
         "p_blocking_w": frontier.p_blocking_w,
         "gpu_name": frontier.gpu_name,
@@ -60,12 +60,6 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
         "points": _encode_block(points, index[: len(points)], len(table)),
         "paced_points": _encode_block(paced, index[len(points) :], len(table)),
     }
-
-
-def schedule_group_field(sched: Schedule) -> dict[str, int]:
-    """``{"group_size": n}`` for an interleaved schedule with a non-default microbatch group size,
-    else nothing: files without the field mean the default (the stage count), as before it existed."""
-    return {} if sched.group_size is None else {"group_size": sched.group_size}
 
 
 def _whole_mhz(freqs: np.ndarray) -> np.ndarray:
@@ -143,8 +137,11 @@ def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
         )
     try:
         group = data.get("group_size")  # absent: the default group size (older files never have it)
+        overlap = data.get("overlap_p2p", False)  # absent: megatron-core's blocking exchanges
+        if not isinstance(overlap, bool):
+            raise TypeError(f"overlap_p2p must be true or false, not {overlap!r}")
         schedule = build_schedule(str(data["schedule"]), int(data["stages"]), int(data["microbatches"]),
-                                  int(data["chunks"]), None if group is None else int(group))
+                                  int(data["chunks"]), None if group is None else int(group), overlap)
         if version == 1:
             from perseus.frontier_v1 import decode_v1_points
 

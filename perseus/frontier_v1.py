@@ -44,7 +44,7 @@ def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, An
         "stages": sched.num_stages,
         "microbatches": sched.num_microbatches,
         "chunks": sched.num_chunks,
-        **({} if sched.group_size is None else {"group_size": sched.group_size}),
+        **sched.variant_fields(),
         "p_blocking_w": frontier.p_blocking_w,
         "gpu_name": frontier.gpu_name,
         "baseline": {"time_s": frontier.baseline_time_s, "energy_j": frontier.baseline_energy_j},

@@ -30,7 +30,7 @@ slots dropped); ``tests/torch`` checks them against torch's schedule objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from perseus.errors import ScheduleError
 from perseus.exchanges import megatron_interleaved_waits
@@ -90,6 +90,10 @@ class Schedule:
     # count): it changes the interleaved order, so it is part of the schedule's identity. None for
     # the default and for every other schedule, so default schedules compare, key and save as before.
     group_size: int | None = None
+    # megatron-core's overlap_p2p_comm (Megatron-LM's default for interleaved runs): in the steady
+    # state each output is sent right after its instruction and each instruction waits for its own
+    # input only, not for a joint exchange (perseus.exchanges). Same order, other dependencies.
+    overlap_p2p: bool = False
 
     @property
     def num_instructions(self) -> int:
@@ -100,7 +104,19 @@ class Schedule:
         text = f"{self.name} {self.num_stages} stages × {self.num_microbatches} microbatches"
         if self.num_chunks > 1:
             text += f" × {self.num_chunks} chunks"
-        return text if self.group_size is None else f"{text}, microbatch group size {self.group_size}"
+        if self.group_size is not None:
+            text += f", microbatch group size {self.group_size}"
+        return f"{text}, overlapped p2p" if self.overlap_p2p else text
+
+    def variant_fields(self) -> dict[str, Any]:
+        """The identity fields that are not the default (``group_size``, ``overlap_p2p``), for
+        cache keys and files: a default schedule keys and saves as it did before they existed."""
+        fields: dict[str, Any] = {}
+        if self.group_size is not None:
+            fields["group_size"] = self.group_size
+        if self.overlap_p2p:
+            fields["overlap_p2p"] = True
+        return fields
 
     def virtual_stage(self, stage: int, chunk: int) -> int:
         """Position of (stage, chunk) along the model (torch's stage index): chunk-major, as
@@ -406,15 +422,19 @@ def build_schedule(
     num_microbatches: int,
     num_chunks: int = 1,
     group_size: int | None = None,
+    overlap_p2p: bool = False,
 ) -> Schedule:
     """Build a named schedule; raises ``ScheduleError`` for impossible configurations.
 
     ``group_size``: megatron-core's ``microbatch_group_size_per_vp_stage`` (interleaved only;
-    None or the stage count is the default order).
+    None or the stage count is the default order). ``overlap_p2p``: megatron-core's
+    ``overlap_p2p_comm`` (interleaved only): the exchanges' waits, not the order.
     """
     _check_sizes(num_stages, num_microbatches, num_chunks)
     if group_size is not None and name != "interleaved":
         raise ScheduleError(f"a microbatch group size applies to the interleaved schedule only, not {name!r}")
+    if overlap_p2p and name != "interleaved":
+        raise ScheduleError(f"overlapped p2p (megatron-core's overlap_p2p_comm) applies to the interleaved schedule only, not {name!r}")
     if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool)):
         raise ScheduleError(f"microbatch group size must be an integer, got {group_size!r}")
     make: Callable[[int], Sequence[Instruction]]
@@ -452,4 +472,4 @@ def build_schedule(
             for s, order in enumerate(stages)
         )
     return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint, placement,
-                    None if group == num_stages else group)
+                    None if group == num_stages else group, bool(overlap_p2p))

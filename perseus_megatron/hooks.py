@@ -51,11 +51,14 @@ def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
     check_step_supported(config, forward_only)
     chunks = len(model) if schedule == "interleaved" and isinstance(model, (list, tuple)) else 1
     group = getattr(config, "microbatch_group_size_per_vp_stage", None) if schedule == "interleaved" else None
+    # Only the interleaved schedule reads overlap_p2p_comm; 1F1B's exchanges ignore it.
+    overlap = schedule == "interleaved" and bool(getattr(config, "overlap_p2p_comm", False))
     return StepInfo(
         schedule,
         int(kwargs["num_microbatches"]),
         chunks,
         group,
+        overlap,
         forward_only,
         seq_length=kwargs.get("seq_length"),
         micro_batch_size=kwargs.get("micro_batch_size"),

@@ -71,6 +71,7 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
         schedule=info.schedule,
         num_chunks=info.num_chunks,
         group_size=group,
+        overlap_p2p=info.overlap_p2p,
         dp_rank=ps.get_data_parallel_rank(),
         dp_size=ps.get_data_parallel_world_size(),
         tp_rank=ps.get_context_parallel_rank() * tp + ps.get_tensor_model_parallel_rank(),

@@ -31,6 +31,7 @@ class StepInfo:
     num_microbatches: int
     num_chunks: int = 1
     group_size: int | None = None  # microbatch_group_size_per_vp_stage (interleaved only)
+    overlap_p2p: bool = False  # the config's overlap_p2p_comm (interleaved only)
     forward_only: bool = False
     seq_length: int | None = None
     micro_batch_size: int | None = None

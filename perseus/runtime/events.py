@@ -31,12 +31,16 @@ class PipelineJob:
     # megatron-core's microbatch_group_size_per_vp_stage (interleaved only; None: the stage count).
     # It changes the instruction order, so a plan made for one group size never runs under another.
     group_size: int | None = None
+    # megatron-core's overlap_p2p_comm (interleaved only): the same order with other waits
+    # (perseus.exchanges), so it is part of the schedule, its plan and its cache key.
+    overlap_p2p: bool = False
     # What determines the measured profile besides the schedule (model size, hidden size, sequence
     # length, dtype, ...): the adapter fills it; the runtime hashes it into its cache key.
     model_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def build_schedule(self) -> Schedule:
-        return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks, self.group_size)
+        return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks, self.group_size,
+                              self.overlap_p2p)
 
     def check(self) -> None:
         """A rank outside the job is a ``ConfigError`` before training, not an index error in it."""

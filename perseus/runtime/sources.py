@@ -37,8 +37,7 @@ def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_versio
         "driver_version": driver_version,
         "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
     }
-    if schedule.group_size is not None:  # only when not the default, so existing caches keep their keys
-        key["group_size"] = schedule.group_size
+    key.update(schedule.variant_fields())  # only what is not the default: existing caches keep their keys
     return key
 
 

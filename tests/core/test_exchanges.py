@@ -24,6 +24,18 @@ def test_a_steady_forwards_output_leaves_after_its_paired_backward():
     assert set(s.dependencies()) >= edges
 
 
+
+def test_with_overlapped_p2p_a_steady_forwards_output_leaves_right_after_it():
+    # The same pipeline with megatron-core's overlap_p2p_comm: stage 1 posts F2.c0's send right
+    # after F2.c0 (pp_post_forward), so stage 0's F2.c1 waits for F2.c0 only, not for B0.c0.
+    s = build_schedule("interleaved", 2, 4, 2, overlap_p2p=True)
+    f2 = _at(s, 1, I("forward", 2, 0))
+    edges = set(megatron_interleaved_waits(s))
+    assert (f2, _at(s, 0, I("forward", 2, 1))) in edges
+    assert ((1, f2[1] + 1), _at(s, 0, I("forward", 2, 1))) not in edges
+    # and no forward waits for a backward's input (no joint receives)
+    assert not any(s.stages[v[0]][v[1]].kind == "forward" and s.stages[u[0]][u[1]].kind == "backward" for u, v in edges)
+
 def test_the_first_stage_receives_from_the_last_one_pp_virtual_microbatches_later():
     # 2 stages x 2 chunks x 6 microbatches, group size 3: table F0 F1 F2 F0.c1 F1.c1 F2.c1 ...
     # Stage 0 receives at the exchange before its forward j what stage 1 sent as forward j - 2:

@@ -1,17 +1,24 @@
 """What megatron-core's interleaved 1F1B waits for, read off its point-to-point exchanges.
 
-A model of ``forward_backward_pipelining_with_interleaving`` without p2p overlap (the default),
-written from megatron-core 0.19's ``schedules.py``: every stage alternates compute with blocking
-exchanges (``send_forward_recv_forward``, ``send_forward_backward_recv_forward_backward``,
-``send_backward_recv_backward``). Which tensors an exchange sends and receives follows megatron's
-own rules (``recv_tensor_from_previous_stage``: the first stage's forward receives, and the last
-stage's backward receives, are aligned with the other end of the ring, ``pipeline size - 1``
-virtual microbatches behind; nothing is sent past the first or last virtual stage). Tensors on
-each directed link are matched first-in first-out, as NCCL/gloo point-to-point is.
+A model of ``forward_backward_pipelining_with_interleaving``, written from megatron-core 0.19's
+``schedules.py`` (0.16.1's exchanges are the same), with and without ``overlap_p2p_comm``.
+Without overlap every stage alternates compute with blocking exchanges (``send_forward_recv_forward``,
+``send_forward_backward_recv_forward_backward``, ``send_backward_recv_backward``). With overlap
+the warm-up and cool-down exchanges stay blocking (the warm-up's last one receives only the next
+forward's input and posts the first backward's receive), and in the steady state the schedule
+posts a send and a receive after each forward and each backward (``pp_post_forward``,
+``pp_post_backward``) and waits for the oldest posted receive of a kind just before computing one
+of that kind (``pp_pre_forward``, ``pp_pre_backward``). Which tensors are sent and received
+follows megatron's own rules (``recv_tensor_from_previous_stage``: the first stage's forward
+receives, and the last stage's backward receives, are aligned with the other end of the ring,
+``pipeline size - 1`` virtual microbatches behind; nothing is sent past the first or last virtual
+stage). Tensors on each directed link are matched first-in first-out, as NCCL/gloo point-to-point
+is; sends are taken to complete without waiting for the receiver.
 
-From that: the compute after an exchange waits for every instruction whose output that exchange
-receives, and an output leaves its stage only at the exchange after it, that is after every
-instruction computed before that exchange. The test compares these waits with the planner's DAG.
+From that: the compute after an exchange (or after a wait on a posted receive) waits for every
+instruction whose output it receives, and an output leaves its stage at the exchange or post after
+it, that is after every instruction computed before it. The test compares these waits with the
+planner's DAG.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from perseus.schedule import _interleaved_table, interleaved_warmup
 Node = tuple[int, int]  # (stage, index in the stage's order)
 
 
-def megatron_waits(pp: int, chunks: int, microbatches: int, group: int) -> dict[Node, set[Node]]:
+def megatron_waits(pp: int, chunks: int, microbatches: int, group: int, overlap: bool = False) -> dict[Node, set[Node]]:
     """For every instruction that follows an exchange: the instructions (on other stages) it waits for."""
     table = _interleaved_table(microbatches, chunks, group)
     total = microbatches * chunks
@@ -40,7 +47,10 @@ def megatron_waits(pp: int, chunks: int, microbatches: int, group: int) -> dict[
             return False
         return chunk_of(k - (pp - 1), forward) != (chunks - 1 if forward else 0)
 
-    programs = []  # per stage: ("compute", index) and ("exchange", sends, receives); "f" / "b" links
+    # Per stage: ("compute", index); ("exchange", sends, receives): blocking; ("post", sends,
+    # receives): non-blocking, its receives queued per link; ("wait", link): the oldest queued
+    # receive of that link, if any. Links: "f" (activations) and "b" (gradients).
+    programs = []
     for r in range(pp):
         first_virtual = lambda c, r=r: r == 0 and c == 0  # noqa: E731
         last_virtual = lambda c, r=r: r == pp - 1 and c == chunks - 1  # noqa: E731
@@ -54,20 +64,33 @@ def megatron_waits(pp: int, chunks: int, microbatches: int, group: int) -> dict[
             prog.append(("compute", index))
             index += 1
             recv = ["f"] if receives(r, k, True) and k != total - 1 else []
-            if k == warmup - 1 and not all_warmup and r != pp - 1:
+            sends = [] if last_virtual(chunk_of(k, True)) else ["f"]
+            last_warmup = k == warmup - 1 and not all_warmup
+            if last_warmup and not overlap and r != pp - 1:
                 recv.append("b")
-            prog.append(("exchange", [] if last_virtual(chunk_of(k, True)) else ["f"], recv))
-        for k in range(steady):
-            prog += [("compute", index), ("compute", index + 1)]
-            index += 2
-            sends = ([] if last_virtual(chunk_of(k + warmup, True)) else ["f"]) + \
-                ([] if first_virtual(chunk_of(k, False)) else ["b"])
-            recv = (["f"] if receives(r, k + warmup, True) and k != steady - 1 else []) + \
-                (["b"] if receives(r, k, False) else [])
             prog.append(("exchange", sends, recv))
+            if last_warmup and overlap:
+                prog.append(("post", [], [] if r == pp - 1 else ["b"]))
+        for k in range(steady):
+            f_sends = [] if last_virtual(chunk_of(k + warmup, True)) else ["f"]
+            f_recv = ["f"] if receives(r, k + warmup, True) and k != steady - 1 else []
+            b_sends = [] if first_virtual(chunk_of(k, False)) else ["b"]
+            b_recv = ["b"] if receives(r, k, False) else []
+            if overlap:
+                if not first_virtual(chunk_of(k + warmup, True)):
+                    prog.append(("wait", "f"))
+                prog += [("compute", index), ("post", f_sends, f_recv)]
+                if not last_virtual(chunk_of(k, False)):
+                    prog.append(("wait", "b"))
+                prog += [("compute", index + 1), ("post", b_sends, b_recv)]
+            else:
+                prog += [("compute", index), ("compute", index + 1), ("exchange", f_sends + b_sends, f_recv + b_recv)]
+            index += 2
         if all_warmup:
             prog.append(("exchange", [], [] if r == pp - 1 else ["b"]))
         for k in range(steady, total):
+            if overlap and not last_virtual(chunk_of(k, False)) and k != 0:
+                prog.append(("wait", "b"))
             prog.append(("compute", index))
             index += 1
             recv = ["b"] if receives(r, k, False) and k != total - 1 else []
@@ -83,7 +106,7 @@ def megatron_waits(pp: int, chunks: int, microbatches: int, group: int) -> dict[
         for op in prog:
             if op[0] == "compute":
                 last = (r, op[1])
-            else:
+            elif op[0] in ("exchange", "post"):
                 for link in op[1]:
                     assert last is not None
                     sent.setdefault((r, peer(r, link, True), link), []).append(last)
@@ -91,18 +114,23 @@ def megatron_waits(pp: int, chunks: int, microbatches: int, group: int) -> dict[
     taken: dict[tuple[int, int, str], int] = {}
     for r, prog in enumerate(programs):
         pending: set[Node] = set()
+        posted: dict[str, list[Node]] = {"f": [], "b": []}
         for op in prog:
-            if op[0] == "exchange":
+            if op[0] in ("exchange", "post"):
                 for link in op[2]:
                     channel = (peer(r, link, False), r, link)
                     n = taken.get(channel, 0)
                     taken[channel] = n + 1
-                    pending.add(sent[channel][n])
+                    (pending.add if op[0] == "exchange" else posted[link].append)(sent[channel][n])
+            elif op[0] == "wait":
+                if posted[op[1]]:
+                    pending.add(posted[op[1]].pop(0))
             else:
                 if pending:
                     waits.setdefault((r, op[1]), set()).update(pending)
                 pending = set()
         assert not pending, f"stage {r} receives after its last instruction"
+        assert not any(posted.values()), f"stage {r} posts a receive it never waits for"
     assert taken == {c: len(v) for c, v in sent.items()}, "every tensor sent is received exactly once"
     return waits
 

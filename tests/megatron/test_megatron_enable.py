@@ -78,12 +78,9 @@ def test_runtime_is_created_once_per_job_shape_and_replaced_when_it_changes():
     assert second.closed
 
 
-@pytest.mark.parametrize("group, recorded", [(6, 6), (4, None), (None, None)])
-def test_the_job_carries_a_non_default_microbatch_group_size(monkeypatch, group, recorded):
-    """megatron-core's microbatch_group_size_per_vp_stage ≠ pipeline size is planned, not refused."""
+def fake_parallel_state(monkeypatch) -> None:
+    """megatron-core's parallel state of stage 1 in a 4-stage pipeline, no TP, CP or DP."""
     from megatron.core import parallel_state as ps
-
-    from perseus_megatron.integration import job_from_parallel_state
 
     state = {"model_parallel_is_initialized": True, "get_pipeline_model_parallel_world_size": 4,
              "get_pipeline_model_parallel_rank": 1, "get_tensor_model_parallel_world_size": 1,
@@ -91,8 +88,39 @@ def test_the_job_carries_a_non_default_microbatch_group_size(monkeypatch, group,
              "get_context_parallel_rank": 0, "get_tensor_model_parallel_rank": 0}
     for name, value in state.items():
         monkeypatch.setattr(ps, name, lambda value=value: value)
+
+
+@pytest.mark.parametrize("group, recorded", [(6, 6), (4, None), (None, None)])
+def test_the_job_carries_a_non_default_microbatch_group_size(monkeypatch, group, recorded):
+    """megatron-core's microbatch_group_size_per_vp_stage ≠ pipeline size is planned, not refused."""
+    from perseus_megatron.integration import job_from_parallel_state
+
+    fake_parallel_state(monkeypatch)
     job = job_from_parallel_state(StepInfo("interleaved", 12, 2, group))
     assert job.group_size == recorded
     assert job.build_schedule().group_size == recorded
     one_f_one_b = job_from_parallel_state(StepInfo("1f1b", 12, 1, None))
     assert one_f_one_b.group_size is None and one_f_one_b.build_schedule().name == "1f1b"
+
+
+@pytest.mark.parametrize("schedule, overlap, recorded", [("interleaved", True, True), ("interleaved", False, False),
+                                                         ("1f1b", True, False)])
+def test_the_step_and_the_job_carry_megatrons_overlap_p2p_comm(monkeypatch, schedule, overlap, recorded):
+    """Megatron-LM runs interleaved pipelines with overlap_p2p_comm on by default: the same order
+    with other waits, so the planned schedule must know (1F1B's exchanges ignore the flag)."""
+    from megatron.core import ModelParallelConfig
+
+    from perseus_megatron import hooks
+    from perseus_megatron.integration import job_from_parallel_state
+
+    import torch
+
+    config = ModelParallelConfig(pipeline_model_parallel_size=4, pipeline_dtype=torch.float32,
+                                 overlap_p2p_comm=overlap, batch_p2p_comm=not overlap)
+    monkeypatch.setattr(hooks, "_model_config", lambda model: config)
+    chunks = 2 if schedule == "interleaved" else 1
+    info = hooks._step_info(schedule, {"model": [object()] * chunks, "num_microbatches": 8})
+    assert info.overlap_p2p is recorded
+    fake_parallel_state(monkeypatch)
+    job = job_from_parallel_state(info)
+    assert job.overlap_p2p is recorded and job.build_schedule().overlap_p2p is recorded
