@@ -57,7 +57,7 @@ def test_recorded_orders_equal_the_core_1f1b_schedule(stages, microbatches, tmp_
         assert result["job"] == {
             "num_stages": stages, "num_microbatches": microbatches, "stage": stage, "schedule": "1f1b",
             "num_chunks": 1, "dp_rank": 0, "dp_size": 1, "tp_rank": 0, "tp_size": 1, "rank": rank,
-            "world_size": stages, "group_size": None,
+            "world_size": stages, "group_size": None, "overlap_p2p": False,
         }
         assert result["model_config"]["framework"] == "deepspeed"
         assert result["model_config"]["activation_checkpoint_interval"] == 1

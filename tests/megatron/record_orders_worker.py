@@ -1,11 +1,15 @@
 """torchrun worker: run real megatron-core pipelines on CPU and record each rank's executed orders.
 
 Usage: torchrun --nproc_per_node N record_orders_worker.py OUT_DIR CASE [CASE ...]
-A case is ``NAME:schedule:stages:chunks:microbatches[:eval]``: ``stages`` pipeline stages, the
-world's other factor data-parallel replicas (megatron-core's parallel state is set up again for
+A case is ``NAME:schedule:stages:chunks:microbatches[:eval|:overlap]``: ``stages`` pipeline stages,
+the world's other factor data-parallel replicas (megatron-core's parallel state is set up again for
 each case); ``eval`` adds a forward-only call between the two training steps (it must not be
-reported). Each rank writes ``OUT_DIR/rank<R>.json``: {case: {"steps": [[[kind, mb, chunk], ...],
-...], "stage": s, "dp_rank": d}}, plus an ``enable`` case when CASE is ``enable:STAGES``: the job
+reported); ``overlap`` turns on megatron-core's ``overlap_p2p_comm`` (batched p2p off, as megatron
+requires), pads every forward by 10 ms and backward by 30 ms (more on later stages, so stages wait
+on each other) and also records when each instruction began and ended. Each rank writes
+``OUT_DIR/rank<R>.json``: {case: {"steps": [[[kind, mb, chunk], ...], ...], "stage": s,
+"dp_rank": d}} (with ``overlap`` also "times": [[[begin, end], ...], ...], "losses" (how many this
+rank saw: the last stage's) and "finite_losses"), plus an ``enable`` case when CASE is ``enable:STAGES``: the job
 built by ``perseus_megatron.enable`` on that many stages. ``demo:DIR`` runs, after every other
 case and once the results are written, the Megatron demo rank (``perseus_demo.megatron_demo``)
 with ``DIR/config.json``, writing its ``DIR/rank<R>.json``: the same run as a launch of the demo,
@@ -15,8 +19,10 @@ without starting torch and megatron-core again.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -39,14 +45,53 @@ def run_case(spec: str) -> dict[str, Any]:
     vp = chunks if schedule == "interleaved" else None
     initialize_parallel(stages, vp)
     trainer = TinyGPTTrainer(TinyGPTShape(num_layers=stages * chunks), stages, vp)
-    recorder = RecordingListener()
+    overlap = "overlap" in extra
+    if overlap:
+        trainer.config.overlap_p2p_comm, trainer.config.batch_p2p_comm = True, False
+    recorder = StampingListener(where()["stage"]) if overlap else RecordingListener()
+    losses = []
     with install_hooks(recorder):
-        trainer.step(microbatches)
+        losses += trainer.step(microbatches)
         if "eval" in extra:
             trainer.step(microbatches, forward_only=True)
-        trainer.step(microbatches)
+        losses += trainer.step(microbatches)
     steps = [[[i.kind, i.microbatch, i.chunk] for i in step] for step in recorder.steps]
-    return {"steps": steps, **where()}
+    if not overlap:
+        return {"steps": steps, **where()}
+    finite = all(math.isfinite(float(loss["lm loss"])) for loss in losses)
+    return {"steps": steps, "times": recorder.times, "losses": len(losses), "finite_losses": finite, **where()}
+
+
+class StampingListener:
+    """Records the order and when each instruction began and ended, padding each one as a GPU
+    kernel would last (a sleep before the hook returns, so the schedule's send follows it)."""
+
+    def __init__(self, stage: int) -> None:
+        from perseus.runtime.events import RecordingListener
+
+        self._orders = RecordingListener()
+        self._pad_s = {"forward": 0.010 * (1 + 0.5 * stage), "backward": 0.030 * (1 + 0.5 * stage)}
+        self.times: list[list[list[float]]] = []
+
+    @property
+    def steps(self) -> list:
+        return self._orders.steps
+
+    def on_step_begin(self) -> None:
+        self._orders.on_step_begin()
+        self.times.append([])
+
+    def on_step_end(self) -> None:
+        self._orders.on_step_end()
+
+    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+        self._orders.on_instruction_begin(kind, microbatch, chunk)
+        self.times[-1].append([time.perf_counter(), 0.0])
+
+    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+        time.sleep(self._pad_s[kind])
+        self._orders.on_instruction_end(kind, microbatch, chunk)
+        self.times[-1][-1][1] = time.perf_counter()
 
 
 def run_enable(stages: int, out: Path) -> dict[str, Any]:

@@ -9,6 +9,9 @@ for each:
    microbatches (an evaluation call in between must not be reported), interleaved 2 chunks with 4
    and 6 microbatches (both replicas must report their stage's order); and ``enable()`` with the
    real runtime (the job it builds from megatron-core's parallel state).
+   **Overlapped p2p**: 4 stages × 2 chunks × 8 microbatches with ``overlap_p2p_comm`` on (Megatron-LM's
+   default for interleaved runs), instructions padded and timed: every wait of the overlapped DAG
+   held, and the run really overlapped (some waits of the blocking DAG did not hold).
 2. **The Megatron demo** (``perseus_demo.megatron_demo``'s rank body): 4 stages × 2 chunks × 10
    microbatches (interleaved 1F1B) in microbatch groups of 5 (``microbatch_group_size_per_vp_stage``:
    megatron's default, the stage count, cannot run 10 microbatches, and two groups make the order
@@ -76,6 +79,7 @@ CASES = {
     "f1": ("1f1b", 2, 1, 1, ""),
     "i4": ("interleaved", 2, 2, 4, ""),
     "i6": ("interleaved", 2, 2, 6, ""),
+    "i8-overlap": ("interleaved", 4, 2, 8, "overlap"),
 }
 ENABLE_STAGES = 2
 # the demo
@@ -147,6 +151,31 @@ def test_four_stage_orders_match_core_schedules(launch):
     check_orders(launch[0], 4)
 
 
+def test_overlapped_p2p_runs_the_same_order_with_the_overlapped_dags_waits(launch):
+    """megatron-core with overlap_p2p_comm: the order Perseus plans, every edge of the overlapped
+    DAG (and of the model of megatron's overlapped exchanges) a real wait, and evidence that the
+    run overlapped: some edge only the blocking exchanges have did not hold, so planning this run
+    on the blocking DAG would have assumed waits it does not have."""
+    orders, _ = launch
+    _, stages, chunks, microbatches, _ = CASES["i8-overlap"]
+    overlapped = build_schedule("interleaved", stages, microbatches, chunks, overlap_p2p=True)
+    blocking = build_schedule("interleaved", stages, microbatches, chunks)
+    results = []
+    for result in orders:
+        case = result["i8-overlap"]
+        want = [[i.kind, i.microbatch, i.chunk] for i in overlapped.stages[case["stage"]]]
+        assert case["steps"] == [want, want], case["stage"]
+        results.append({"stage": case["stage"],
+                        "steps": [{"step": n, "instruction_times": t} for n, t in enumerate(case["times"])]})
+    (last,) = [result["i8-overlap"] for result in orders if result["i8-overlap"]["stage"] == stages - 1]
+    assert last["losses"] == 2 * microbatches and last["finite_losses"]
+    assert edges_violated(results, overlapped, overlapped.dependencies()) == []
+    waits = megatron_waits(stages, chunks, microbatches, stages, overlap=True)
+    assert edges_violated(results, overlapped, [(u, v) for v, srcs in waits.items() for u in srcs]) == []
+    blocking_only = set(blocking.dependencies()) - set(overlapped.dependencies())
+    assert edges_violated(results, blocking, blocking_only) != []
+
+
 def test_enable_builds_the_job_from_parallel_state_and_drives_the_runtime(launch):
     grid = set()
     for rank, result in enumerate(launch[0]):
@@ -156,7 +185,8 @@ def test_enable_builds_the_job_from_parallel_state_and_drives_the_runtime(launch
         grid.add((stage, dp_rank))
         # The last step ran 6 microbatches: enable() rebuilt the runtime for the new job shape.
         assert job == {"num_stages": ENABLE_STAGES, "num_microbatches": 6, "stage": stage, "schedule": "interleaved",
-                       "num_chunks": 2, "group_size": None, "dp_rank": dp_rank, "dp_size": RANKS // ENABLE_STAGES,
+                       "num_chunks": 2, "group_size": None, "overlap_p2p": False, "dp_rank": dp_rank,
+                       "dp_size": RANKS // ENABLE_STAGES,
                        "tp_rank": 0, "tp_size": 1, "rank": rank, "world_size": RANKS}
         assert enable["model_config"]["hidden_size"] == 32 and enable["model_config"]["seq_length"] == 16
         assert enable["runtimes_created"] == 2
