@@ -42,6 +42,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -279,6 +280,25 @@ def split_runner_args(argv: Sequence[str]) -> tuple[Path | None, bool, list[str]
     return folder, simulate, rest
 
 
+def checkout_core_version(checkout: Path) -> tuple[int, int] | None:
+    """(major, minor) of the checkout's in-tree megatron-core (``megatron/core/package_info.py``)."""
+    try:
+        text = (checkout / "megatron" / "core" / "package_info.py").read_text()
+    except OSError:
+        return None
+    found = [re.search(rf"^{name}\s*=\s*(\d+)", text, re.MULTILINE) for name in ("MAJOR", "MINOR")]
+    return (int(found[0].group(1)), int(found[1].group(1))) if all(found) else None
+
+
+def overlap_p2p_args(checkout: Path) -> list[str]:
+    """Interleaved runs keep Megatron-LM's default, ``overlap_p2p_comm`` on, where the checkout's
+    megatron-core waits for each ``isend`` before freeing its buffer (0.19); older ones free it
+    while gloo may still be reading it, and the next stage computes on garbage (NaN losses from
+    the fourth iteration with core_v0.16.1), so those run with ``--no-overlap-p2p-communication``."""
+    version = checkout_core_version(checkout)
+    return [] if version is not None and version >= (0, 19) else ["--no-overlap-p2p-communication"]
+
+
 def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, microbatches: int = 4,
            train_iters: int = 14, simulate_compute: bool = True, extra_args: Sequence[str] = (),
            timeout_s: float = 600) -> list[dict[str, Any]]:
@@ -300,7 +320,7 @@ def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, m
     shape = ["--num-layers", str(stages * chunks), "--pipeline-model-parallel-size", str(stages),
              "--micro-batch-size", "1", "--global-batch-size", str(microbatches), "--train-iters", str(train_iters)]
     if chunks > 1:
-        shape += ["--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication"]
+        shape += ["--num-layers-per-virtual-pipeline-stage", "1", *overlap_p2p_args(Path(checkout))]
     perseus = ["--perseus", "--perseus-gpu", "sim", "--perseus-warmup-steps", "2", "--perseus-iters-per-freq", "1",
                "--perseus-freq-min", "1000", "--perseus-freq-step", "200", "--perseus-early-stop-patience", "0",
                "--perseus-straggler-period", "0", "--perseus-cache-dir", str(out_dir / "cache"),

@@ -19,6 +19,7 @@ on its cache is the checkout with its line's two patches applied (restart and pa
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ pytest.importorskip("megatron.core")
 
 from megatron_lm_archive import REPO, release_for_installed_core, unpack  # noqa: E402
 from tensorboard_events import read_scalars  # noqa: E402
-from perseus_demo.megatron_lm_cpu import format_summaries, launch  # noqa: E402
+from perseus_demo.megatron_lm_cpu import format_summaries, launch, overlap_p2p_args  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 RELEASE = release_for_installed_core()
@@ -145,3 +146,11 @@ def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp
     check_first_run(results, 4, tmp_path / "cache")
     report = format_summaries(results)
     assert "deployed" in report and "plan mismatch" not in report
+    # Megatron-LM's default for interleaved runs, overlap_p2p_comm, is kept where the checkout's
+    # megatron-core can run it on gloo (0.19; 0.16.1's overlapped sends corrupt activations on
+    # CPU): the plan was made for, and deployed on, the overlapped exchanges' waits.
+    overlapped = LINE == "0.19"
+    assert overlap_p2p_args(checkout) == ([] if overlapped else ["--no-overlap-p2p-communication"])
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert json.loads((entry / "key.json").read_text()).get("overlap_p2p", False) is overlapped
+    assert json.loads((entry / "frontier.json").read_text()).get("overlap_p2p", False) is overlapped
