@@ -55,8 +55,8 @@ def megatron_interleaved_waits(schedule: Schedule) -> list[tuple[Node, Node]]:
     """
     pp = schedule.num_stages
     # Overlapped exchanges pair nothing: each output is sent, and each input waited for, at its own instruction.
-    pairs = [{} for _ in range(pp)] if schedule.overlap_p2p else [dict(p) for p in schedule.joint_receives]
-    pairs = pairs or [{} for _ in range(pp)]
+    paired = bool(schedule.joint_receives) and not schedule.overlap_p2p
+    pairs = [dict(p) for p in schedule.joint_receives] if paired else [{} for _ in range(pp)]
     forwards = [[i for i, inst in enumerate(order) if inst.kind == "forward"] for order in schedule.stages]
     backwards = [[i for i, inst in enumerate(order) if inst.kind == "backward"] for order in schedule.stages]
     paired_backward = [{j for j in p.values()} for p in pairs]

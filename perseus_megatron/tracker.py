@@ -31,8 +31,8 @@ class StepInfo:
     num_microbatches: int
     num_chunks: int = 1
     group_size: int | None = None  # microbatch_group_size_per_vp_stage (interleaved only)
-    overlap_p2p: bool = False  # the config's overlap_p2p_comm (interleaved only)
     forward_only: bool = False
+    overlap_p2p: bool = False  # the config's overlap_p2p_comm (interleaved only)
     seq_length: int | None = None
     micro_batch_size: int | None = None
     model_config: Any = field(default=None, compare=False, repr=False)  # megatron TransformerConfig
