@@ -32,8 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perseus.frontier import Frontier, FrontierPoint, load_frontier  # noqa: E402
-from perseus.frontier_v1 import encode_v1  # noqa: E402
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.frontier.v1 import encode_v1  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
+from perseus.frontier import save_frontier
 
 CLOCKS_MHZ = np.arange(210, 1411, 15)  # A100 SM clocks: 81 values
 
@@ -90,7 +91,7 @@ def measure(frontier: Frontier, directory: Path, version: int, repeat: int) -> t
     path = directory / f"v{version}.json"
     started = time.perf_counter()
     if version == 2:
-        frontier.save(path)
+        save_frontier(frontier, path)
     else:
         path.write_text(json.dumps(encode_v1(frontier), separators=(",", ":")))
     written = time.perf_counter() - started

@@ -6,8 +6,8 @@ simulates every frontier point under megatron's full waits, as derived independe
 ``tests/megatron/megatron_p2p_model.py`` (FIFO matching of megatron-core 0.19's exchanges):
 
 - ``data flow``: cross-stage data flow only;
-- ``v4``: data flow + joint receives (``DAG_MODEL_VERSION`` 4, before perseus/exchanges.py);
-- ``current``: ``Schedule.dependencies()`` as shipped.
+- ``v4``: data flow + joint receives (``DAG_MODEL_VERSION`` 4, before perseus/schedules/exchanges.py);
+- ``current``: ``dependencies(Schedule)`` as shipped.
 
 Columns: the no-slowdown point's time under megatron's waits against the all-max plan's time
 under the same waits, and the worst frontier point's time under those waits against the time it
@@ -22,12 +22,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.examples import load_example_profile
 from perseus.planner import plan_frontier
 from perseus.profile import split_into_chunks
-from perseus.schedule import Schedule, build_schedule
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import Schedule, build_schedule
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import dependencies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "megatron"))
 from megatron_p2p_model import megatron_waits  # noqa: E402
@@ -56,7 +57,7 @@ def program_order(schedule: Schedule) -> list[Edge]:
 
 
 def data_flow(schedule: Schedule) -> list[Edge]:
-    return dataclasses.replace(schedule, joint_receives=()).dependencies()
+    return dependencies(dataclasses.replace(schedule, joint_receives=()))
 
 
 def version_4(schedule: Schedule) -> list[Edge]:
@@ -85,7 +86,7 @@ def main() -> None:
             with_edges(schedule, program_order(schedule) + [(u, v) for v, srcs in waits.items() for u in srcs]))
         all_max = simulate_plan(real, profile, max_frequency_plan(real, profile))
         for label, edges in (("data flow", data_flow(schedule)), ("v4", version_4(schedule)),
-                             ("current", schedule.dependencies())):
+                             ("current", dependencies(schedule))):
             frontier = plan_frontier(with_edges(schedule, edges), profile)
             point = frontier.default_point()
             slow = simulate_plan(real, profile, point.freqs_mhz).time_s / all_max.time_s - 1

@@ -45,12 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_frontier_file import synthetic_points  # noqa: E402
 
-from perseus.cache import RunCache  # noqa: E402
-from perseus.frontier import Frontier, frontier_from_json_dict  # noqa: E402
+from perseus.store.cache import RunCache  # noqa: E402
+from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict  # noqa: E402
 from perseus.runtime.collective import decode_frontier, encode_frontier  # noqa: E402
 from perseus.runtime.planner_process import hand_over, planned_stages  # noqa: E402
 from perseus.runtime.stage_plan import decode_stage, encode_stage  # noqa: E402
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
 
 CLOCKS_MHZ = np.arange(210, 1981, 15)  # H100 SM clocks: 119 values
 
@@ -91,7 +91,7 @@ def measure(front: Frontier, dp: int) -> dict:
 def rank0_at_hand_over(front: Frontier, cache_dir: Path) -> dict:
     """Seconds of rank 0's training-thread work (and the planner process's) when the plan arrives."""
     sched = front.schedule
-    reply = pickle.dumps(("ok", front.to_json_dict()), pickle.HIGHEST_PROTOCOL)  # the planner process's, before
+    reply = pickle.dumps(("ok", encode_frontier_json(front)), pickle.HIGHEST_PROTOCOL)  # the planner process's, before
     t0 = time.perf_counter()
     whole = frontier_from_json_dict(pickle.loads(reply)[1], "frontier from the planner process")
     slices = [encode_stage(whole, s) for s in range(sched.num_stages)]

@@ -57,16 +57,16 @@ def worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     from perseus.profile import load_profile
-    from perseus.schedule import build_schedule
+    from perseus.schedules import build_schedule
 
     profile = load_profile(args.profile)
     schedule = build_schedule(args.schedule, args.stages, args.microbatches, args.chunks)
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.worker == "lp":
-        from perseus.dag import InstructionDAG
+        from perseus.schedules.dag import InstructionDAG
         from perseus.planner.choices import build_node_choices
         from perseus.planner.flow_lp import FlowRelaxation
-        from perseus.simulator import max_frequency_plan, simulate_plan
+        from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 
         # The LP through its dual circulation: its value is a valid lower bound (docs/planner.md).
         dag = InstructionDAG.from_schedule(schedule)

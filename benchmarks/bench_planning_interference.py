@@ -60,7 +60,7 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 def _plan_inputs(stages: int, microbatches: int):
     from perseus.profile import load_profile
-    from perseus.schedule import build_schedule
+    from perseus.schedules import build_schedule
 
     return build_schedule("1f1b", stages, microbatches), load_profile(DATA / "gpt3-175b+a100_sxm_bf16.csv", 83.64)
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 
 from noise_trace import TRACE, load_trace, replay  # noqa: E402
+from perseus.frontier import save_frontier
 
 SETTINGS = [  # (name, threshold, recover, patience)
     ("default (5 % / 2 %, patience 2)", 0.05, 0.02, 2),
@@ -42,7 +43,7 @@ def record(path: Path, steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ToyConfig(num_stages=2, num_microbatches=4, dp_size=2, steps=steps)
         frontier = Path(tmp) / "frontier.json"
-        stage_uniform_frontier(cfg, [1410, 1260, 1110, 960]).save(frontier)
+        save_frontier(stage_uniform_frontier(cfg, [1410, 1260, 1110, 960]), frontier)
         cfg.perseus = {"frontier_path": str(frontier), "warmup_steps": 2, "cache_dir": None,
                        "straggler_period_steps": 0, "log_every_steps": 0}
         results = launch(cfg, Path(tmp) / "run", timeout_s=900)

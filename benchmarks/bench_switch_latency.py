@@ -20,7 +20,7 @@ Printed per shape and latency, median and spread (min..max) over runs, deployed 
   ``clock_trace.kernel_on_model``), the iteration as the kernels' longest path through the
   schedule, blocking power while a stage waits;
 - model, plan: the deployed plan on the GPU model with switches landing as the runtime times them
-  (``perseus.switch_lag``; what the planner promises), and the share of instructions that started
+  (``perseus.timeline.switch_lag``; what the planner promises), and the share of instructions that started
   below (late switch up) or above (late switch down) their planned clock.
 
 Then whether the targets hold (median wall slowdown at most +1 %, saving within 2 points of the
@@ -47,10 +47,10 @@ import numpy as np  # noqa: E402
 from demo_ab import DemoRun, run_demo  # noqa: E402
 from demo_checks import cached_profile, traced_on_model, traced_steps, true_profile  # noqa: E402
 
-from perseus.dag import InstructionDAG  # noqa: E402
+from perseus.schedules.dag import InstructionDAG  # noqa: E402
 from perseus.runtime.clock_trace import Breakdown, breakdown, from_dict  # noqa: E402
-from perseus.simulator import longest_path_finish, max_frequency_plan, simulate_plan  # noqa: E402
-from perseus.switch_lag import simulate_with_latency  # noqa: E402
+from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan  # noqa: E402
+from perseus.timeline.switch_lag import simulate_with_latency  # noqa: E402
 
 DEPLOYED, BASELINE = "deployed", "stopped"  # the clock trace's phase labels (stopped: default clocks again)
 SLOWDOWN_TARGET, SAVING_POINTS = 0.01, 0.02

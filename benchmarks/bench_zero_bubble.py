@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.examples import load_example_profile
 from perseus.planner import plan_frontier
 from perseus.profile import Profile, load_profile, split_backward, split_into_chunks
-from perseus.schedule import build_schedule
-from perseus.simulator import max_frequency_plan, plan_costs
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import max_frequency_plan, plan_costs
 
 # (label, build_schedule name, chunks)
 SCHEDULES = [

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.profile import Profile
-from perseus.schedule import Schedule
-from perseus.simulator import simulate_plan
+from perseus.schedules import Schedule
+from perseus.timeline.simulator import simulate_plan
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ from perseus import __version__
 from perseus.errors import ConfigError, PerseusError
 from perseus.examples import EXAMPLE_MICROBATCHES, example_profile_path, load_example_profile
 from perseus.profile import Profile, load_profile, split_backward, split_into_chunks
-from perseus.schedule import SCHEDULES, SPLIT_BACKWARD, Schedule, build_schedule
+from perseus.schedules import SCHEDULES, SPLIT_BACKWARD, Schedule, build_schedule
+from perseus.frontier import save_frontier
 
 if TYPE_CHECKING:
-    from perseus.emulator import DataParallelJob
+    from perseus.timeline.emulator import DataParallelJob
     from perseus.frontier import Frontier, FrontierPoint
 
 SWEEP_MICROBATCHES = (12, 24, 48, 96)
@@ -206,7 +207,7 @@ def select_point(frontier: Frontier, selector: str) -> tuple[FrontierPoint, str]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from perseus.tables import plan_summary
+    from perseus.output.tables import plan_summary
 
     out = _output_file(args.out)
     profile, source = _load_profile_arg(args)
@@ -218,7 +219,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.split_backward is not None:
         frontier.metadata["split_backward"] = args.split_backward
     try:
-        frontier.save(out, args.max_points)
+        save_frontier(frontier, out, args.max_points)
     except OSError as exc:
         raise PerseusError(f"{out}: cannot write frontier ({exc.strerror or exc})") from None
     written = len(frontier.points) if args.max_points is None else min(args.max_points, len(frontier.points))
@@ -228,7 +229,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from perseus.frontier import load_frontier
-    from perseus.tables import frontier_table
+    from perseus.output.tables import frontier_table
 
     frontier = load_frontier(args.frontier)
     print(frontier_table(frontier, None if args.all else args.rows))
@@ -252,7 +253,7 @@ def _timeline_profile(args: argparse.Namespace, frontier: Frontier) -> Profile:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from perseus import plot  # matplotlib is imported only by commands that draw
+    from perseus.output import plot  # matplotlib is imported only by commands that draw
     from perseus.frontier import load_frontier
 
     out = _output_file(args.out)
@@ -272,7 +273,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from perseus.export import export_zeus
+    from perseus.output.export import export_zeus
     from perseus.frontier import load_frontier
 
     frontier = load_frontier(args.frontier)
@@ -283,7 +284,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _job(args: argparse.Namespace, num_stages: int) -> DataParallelJob:
-    from perseus.emulator import DataParallelJob
+    from perseus.timeline.emulator import DataParallelJob
 
     if args.dp is not None:
         return DataParallelJob.from_gpus(args.dp * args.tp * num_stages, args.tp, num_stages)
@@ -291,9 +292,9 @@ def _job(args: argparse.Namespace, num_stages: int) -> DataParallelJob:
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
-    from perseus.emulator import emulate
+    from perseus.timeline.emulator import emulate
     from perseus.frontier import load_frontier
-    from perseus.tables import emulation_report
+    from perseus.output.tables import emulation_report
 
     if args.gpus is None and args.dp is None:
         raise UsageError("give the job size: --gpus N (total GPUs) or --dp D (number of pipelines)")
@@ -326,8 +327,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def _emulate_sweep(args: argparse.Namespace) -> int:
-    from perseus.emulator import cached_frontier, sweep
-    from perseus.tables import sweep_report
+    from perseus.timeline.emulator import cached_frontier, sweep
+    from perseus.output.tables import sweep_report
 
     if args.frontier is not None:
         raise UsageError("--sweep plans one frontier per microbatch count; give --profile or --example, not --frontier")

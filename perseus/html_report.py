@@ -14,7 +14,7 @@ the run actually deployed, the per-stage clock timeline of the deployed plan and
 baseline-vs-deployed table with the saving and its spread. Figures are PNG files written next to
 the page and embedded in it as data URIs, so the page alone can be mailed or attached.
 
-matplotlib is imported only when drawing (``perseus.plot`` is imported inside functions).
+matplotlib is imported only when drawing (``perseus.output.plot`` is imported inside functions).
 """
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ def plot_iterations(data: RunData, out: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from perseus.plot import save_figure
+    from perseus.output.plot import save_figure
 
     steps = data.steps
     xs = [s.step for s in steps]
@@ -466,7 +466,7 @@ def plot_frontier_used(data: RunData, used: list[tuple[FrontierPoint, int, bool]
     """The planned frontier with the baseline, the no-slowdown point and the points the run deployed."""
     import matplotlib.pyplot as plt
 
-    from perseus.plot import save_figure
+    from perseus.output.plot import save_figure
 
     fr = data.frontier
     assert fr is not None
@@ -618,7 +618,7 @@ def _cards(cmp: dict[str, Any] | None, data: RunData) -> str:
 
 def write_report(data: RunData, out: Path) -> list[Path]:
     """Write the HTML page and its PNG figures (``<stem>-*.png`` next to it); returns every file."""
-    from perseus import plot
+    from perseus.output import plot
 
     out = Path(out)
     if out.is_dir():

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from perseus.atomic import write_atomic
+from perseus.store.atomic import write_atomic
 from perseus.errors import ProfileError
-from perseus.schedule import KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
+from perseus.schedules import KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
 
 PROFILE_FORMAT = "perseus-profile"
 PROFILE_VERSION = 1

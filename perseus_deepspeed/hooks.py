@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from perseus.errors import PerseusError
 from perseus.runtime import InstructionListener
-from perseus.schedule import InstructionKind
+from perseus.schedules import InstructionKind
 from perseus_deepspeed.compat import UnsupportedDeepSpeedFeature, check_engine, deepspeed_version, load_pipe_modules
 
 _HANDLE_ATTRIBUTE = "_perseus_hook_handle"

@@ -32,7 +32,7 @@ def _framework_demo(framework: str):
 
 def draw_pictures(cache_dir: Path, out_dir: Path) -> list[Path]:
     """Frontier and deployed-plan timeline pictures from the runtime's cached frontier and profile."""
-    from perseus import plot
+    from perseus.output import plot
 
     frontiers = sorted(cache_dir.glob("*/frontier.json"))
     if not frontiers:

@@ -59,7 +59,7 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
         raise MegatronJobError("megatron-core parallel state is not initialized; call "
                                "parallel_state.initialize_model_parallel(...) before training")
     stages = ps.get_pipeline_model_parallel_world_size()
-    # megatron-core's microbatch_group_size_per_vp_stage changes the interleaved order (perseus.schedule
+    # megatron-core's microbatch_group_size_per_vp_stage changes the interleaved order (perseus.schedules
     # builds it for any group size, checked against megatron's own order oracle); the default (the
     # pipeline size) is recorded as None so that default jobs keep their cache keys and files.
     group = info.group_size if info.schedule == "interleaved" and info.group_size != stages else None

@@ -1,7 +1,7 @@
 """Which torch.distributed.pipelining schedules Perseus supports, and how a rank maps to Perseus.
 
 Identified by class name along the MRO (no torch import), so a subclass of a supported schedule
-is supported as its base. The Perseus name is a ``perseus.schedule.build_schedule`` name whose
+is supported as its base. The Perseus name is a ``perseus.schedules.build_schedule`` name whose
 per-rank orders equal what the torch class executes (``tests/torch`` checks both the unrun
 ``pipeline_order`` objects and real gloo runs).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from perseus.errors import PerseusError
-from perseus.schedule import UNSUPPORTED
+from perseus.schedules import UNSUPPORTED
 
 TESTED_VERSIONS = {"torch": "2.13"}
 

@@ -13,7 +13,7 @@ here are on what the run *decided and did*, and on the simulator's accounting of
   iteration executed exactly that plan's instructions, in order;
 - the simulated GPUs really ran at the planned clocks (``APPLIED_SHARE`` of the instructions; the
   clock switch is asynchronous, so an instruction may end before a late switch lands);
-- evaluated in ``perseus.simulator`` on the simulated GPU's own DVFS model (the ground truth the
+- evaluated in ``perseus.timeline.simulator`` on the simulated GPU's own DVFS model (the ground truth the
   measured profile approximates), the deployed plan uses less energy than all-max clocks, and it
   is no slower than its profile allows: a plan no slower than all-max on the measured profile is
   at most ``max(r) / min(r)`` slower on the true one, r being the true/measured time ratios of the
@@ -35,13 +35,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile, load_json
 from perseus.runtime.clock_trace import InstructionTrace, from_dict, kernel_on_model
 from perseus.runtime.straggler import StragglerPolicy
-from perseus.simulator import longest_path_finish, max_frequency_plan, simulate_plan
+from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan
 from perseus_demo.common import DEFAULT_PERSEUS, DemoSettings
 
 # Share of deployed instructions that must end at their planned clock: the switch is asynchronous,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 
 def random_frontier(schedule_args: tuple = ("interleaved", 4, 8, 2), num_points: int = 40, num_paced: int = 7, *,

@@ -1,7 +1,11 @@
 """The layers point one way: checked on the source, so a new import that breaks them fails here.
 
-- the data core and the planner never import torch, the runtime, the GPU layer or an adapter
-  (planning runs anywhere: a laptop, CI, a login node);
+- packages sit in layers (``LAYERS``, lowest first); a module imports only from its own layer or
+  lower ones, so planning code never reaches the runtime, the GPU layer or an adapter and runs
+  anywhere (a laptop, CI, a login node);
+- the data core and the planner never import torch or a framework;
+- the library's modules import each other without a cycle (imports inside functions and under
+  ``TYPE_CHECKING`` count);
 - nothing in the library (``perseus``, the adapters) imports the demo package;
 - the adapters reach the runtime only through ``perseus.runtime``'s public names.
 """
@@ -15,23 +19,33 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_CORE = ["perseus/schedule.py", "perseus/exchanges.py", "perseus/dag.py", "perseus/profile.py", "perseus/simulator.py",
-             "perseus/switch_timing.py", "perseus/switch_lag.py",
-             "perseus/frontier.py", "perseus/frontier_file.py", "perseus/frontier_v1.py", "perseus/errors.py",
-             "perseus/atomic.py", "perseus/cache.py", "perseus/planner", "perseus/emulator.py", "perseus/tables.py",
-             "perseus/export.py", "perseus/plot.py", "perseus/examples"]
-CORE_FORBIDDEN = ("torch", "perseus.runtime", "perseus.gpu", "perseus_megatron", "perseus_deepspeed", "perseus_torch", "perseus_demo",
-                  "megatron", "deepspeed")
 LIBRARY = ["perseus", "perseus_megatron", "perseus_deepspeed", "perseus_torch"]
 ADAPTERS = ["perseus_megatron", "perseus_deepspeed", "perseus_torch"]
 
+# Lowest first. A name is a package or module prefix; the longest matching prefix places a module.
+LAYERS: list[tuple[str, ...]] = [
+    ("perseus.errors", "perseus.store.atomic"),
+    ("perseus.schedules",),
+    ("perseus.profile", "perseus.frontier", "perseus.examples"),
+    ("perseus.timeline", "perseus.store"),
+    ("perseus.planner", "perseus.timeline.emulator"),
+    ("perseus.output",),
+    ("perseus.gpu",),
+    ("perseus.runtime",),
+    ("perseus_megatron", "perseus_deepspeed", "perseus_torch"),
+    ("perseus", "perseus.cli", "perseus_demo"),
+]
+DATA_CORE_LAYERS = 6  # errors .. output: pure computation and files
+FRAMEWORKS = ("torch", "megatron", "deepspeed")
 
-def _files(paths: list[str]) -> list[Path]:
-    out: list[Path] = []
-    for rel in paths:
-        path = ROOT / rel
-        out.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
-    return out
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _files(packages: list[str]) -> list[Path]:
+    return [p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py"))]
 
 
 def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
@@ -49,18 +63,112 @@ def _is_under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def _violations(paths: list[str], forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{path.relative_to(ROOT)}:{line} imports {module}"
-            for path in _files(paths) for line, module, _ in _imports(path)
-            if any(_is_under(module, f) for f in forbidden)]
+def _layer(module: str) -> int | None:
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if _is_under(module, name) and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
 
 
-def test_data_core_and_planner_import_no_torch_runtime_gpu_or_adapter():
-    assert _violations(DATA_CORE, CORE_FORBIDDEN) == []
+def _targets(module: str, names: list[str], known: set[str]) -> list[str]:
+    """The library modules an import statement loads: ``from pkg import sub`` is ``pkg.sub``."""
+    subs = [f"{module}.{n}" for n in names if f"{module}.{n}" in known]
+    if subs and len(subs) == len(names):
+        return subs
+    while module and module not in known:
+        module = module.rpartition(".")[0]
+    return ([module] if module else []) + subs
+
+
+def _graph(packages: list[str]) -> dict[str, list[tuple[int, str]]]:
+    files = {_module_name(p): p for p in _files(packages)}
+    known = set(files)
+    return {name: [(line, t) for line, module, names in _imports(path) for t in _targets(module, names, known) if t != name]
+            for name, path in files.items()}
+
+
+def _layer_violations(packages: list[str]) -> list[str]:
+    problems = []
+    for name, deps in _graph(packages).items():
+        mine = _layer(name)
+        for line, target in deps:
+            theirs = _layer(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                problems.append(f"{name}:{line} imports {target} (layer {theirs} above its own {mine})")
+    return problems
+
+
+def _cycles(graph: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(t for _, t in graph.get(root, [])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(t for _, t in graph.get(child, []))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_every_library_module_has_a_layer():
+    assert [m for m in _graph(LIBRARY + ["perseus_demo"]) if _layer(m) is None] == []
+
+
+def test_imports_point_down_the_layers():
+    assert _layer_violations(LIBRARY + ["perseus_demo"]) == []
+
+
+def test_the_library_import_graph_has_no_cycles():
+    assert _cycles(_graph(LIBRARY)) == []
+
+
+def test_data_core_and_planner_import_no_framework():
+    core = [p for p in _files(["perseus"]) if (_layer(_module_name(p)) or 0) < DATA_CORE_LAYERS]
+    assert core, "no data-core modules found"
+    problems = [f"{p.relative_to(ROOT)}:{line} imports {module}" for p in core for line, module, _ in _imports(p)
+                if any(_is_under(module, f) for f in FRAMEWORKS)]
+    assert problems == []
 
 
 def test_library_never_imports_the_demo_package():
-    assert _violations(LIBRARY, ("perseus_demo",)) == []
+    problems = [f"{p.relative_to(ROOT)}:{line} imports {module}" for p in _files(LIBRARY)
+                for line, module, _ in _imports(p) if _is_under(module, "perseus_demo")]
+    assert problems == []
 
 
 def test_adapters_use_only_the_runtimes_public_names():
@@ -82,11 +190,20 @@ def test_adapters_use_only_the_runtimes_public_names():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("import torch.distributed as dist\n", ["x.py:1 imports torch.distributed"]),
-    ("def f():\n    from perseus.runtime.engine import PerseusRuntime\n", ["x.py:2 imports perseus.runtime.engine"]),
-    ("import torchvision\nfrom perseus.schedule import Schedule\n", []),
+    ("def f():\n    from perseus.runtime.engine import PerseusRuntime\n", ["perseus.schedules.x:2 imports perseus.runtime.engine (layer 7 above its own 1)"]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from perseus.gpu.device import GPUDevice\n",
+     ["perseus.schedules.x:3 imports perseus.gpu.device (layer 6 above its own 1)"]),
+    ("from perseus.errors import ScheduleError\n", []),
 ])
-def test_the_checker_sees_local_imports_and_only_whole_package_names(tmp_path, monkeypatch, source, expected):
+def test_the_layer_checker_sees_local_and_type_checking_imports(tmp_path, monkeypatch, source, expected):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    (tmp_path / "x.py").write_text(source)
-    assert _violations(["x.py"], CORE_FORBIDDEN) == expected
+    for module in ("perseus/schedules/x.py", "perseus/runtime/engine.py", "perseus/gpu/device.py", "perseus/errors.py"):
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text(source if module.endswith("x.py") else "")
+    assert _layer_violations(["perseus"]) == expected
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function_local_import():
+    graph = {"a": [(1, "b")], "b": [(3, "c")], "c": [(9, "a")], "d": [(1, "a")]}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": [(1, "b")], "b": []}) == []

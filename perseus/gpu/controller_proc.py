@@ -19,7 +19,7 @@ Faults it reports on its own (JSON lines the trainer drains at step ends, ``noti
 Both come from ``clock_keeper.ClockKeeper``, which ``perseus clockd`` runs per GPU as well.
 
 Timed requests: a SET may carry a time (CLOCK_MONOTONIC, system-wide) at which to make it, so a
-clock switch with a latency lands when the plan needs it (``perseus.switch_timing``): this
+clock switch with a latency lands when the plan needs it (``perseus.timeline.switch_timing``): this
 process holds it until then (``TimedRequests``). A request without a time, a RESET or a CLOSE
 drops the timed ones still held (the trainer's latest word is "now"); a SYNC makes them at once.
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner.choices import build_node_choices
@@ -15,8 +15,8 @@ from perseus.planner.deadlines import Candidates, evaluate, own_pace, pareto, se
 from perseus.planner.latency import land_switches, late_plans, with_lag
 from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
-from perseus.schedule import Schedule
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import Schedule
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 
 ProgressCallback = Callable[[float], None]  # fraction done in [0, 1]
 _PACED_TOLERANCE = 1e-4  # relative to the baseline energy: see the thinning of paced points
@@ -58,7 +58,7 @@ def plan_frontier(
         landed = evaluate(dag, node_choices, held, p_blocking)
         found = pareto(with_lag(landed, late_plans(dag, node_choices, held, latency), dag, node_choices, profile, latency))
 
-    # Candidates were simulated (perseus.simulator.simulate_many) and cost-filtered in search_deadlines.
+    # Candidates were simulated (perseus.timeline.simulator.simulate_many) and cost-filtered in search_deadlines.
     kept, paced = _split_points(found, node_choices.node_freqs(found.choices), _PACED_TOLERANCE * base.energy_j)
     report(1.0)
     return Frontier(

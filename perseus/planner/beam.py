@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
 
 _FIT = 1 + 1e-12  # relative tolerance of the latest-finish check (see repair.FIT_TOLERANCE)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.profile import InstructionProfile, Profile
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
 from perseus.planner.potentials import _DEADLINE, _TOL, PotentialDescent
 

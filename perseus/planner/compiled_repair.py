@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perseus.dag import LevelGraph
+from perseus.schedules.dag import LevelGraph
 from perseus.planner.choices import NodeChoices
 from perseus.planner.repair import DEADLINE_MARGIN, FIT_TOLERANCE, LevelChooser
 

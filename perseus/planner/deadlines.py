@@ -13,7 +13,7 @@
 6. Exact window search on the anchor plans farthest above the LP bound (time-boxed; only where
    the beam did not run).
 7. Keep the plans of less cost than every faster plan over all candidates (simulated by
-   ``perseus.simulator.simulate_many``): the frontier's points and paced points.
+   ``perseus.timeline.simulator.simulate_many``): the frontier's points and paced points.
 
 Above ``lp_max_nodes`` instructions a price sweep (``planner.prices``) replaces step 1 and steps
 4–6 do not run (no LP bound). Anchor and deadline counts shrink with size, and repair and
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from perseus.dag import InstructionDAG, LevelGraph
+from perseus.schedules.dag import InstructionDAG, LevelGraph
 from perseus.planner.beam import beam_plans
 from perseus.planner.neighbourhood import WindowSearch
 from perseus.planner.choices import NodeChoices
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from perseus.planner.flow_lp import FlowRelaxation
 from perseus.planner.repair import DEADLINE_MARGIN, LevelChooser
 from perseus.planner.settings import PlannerOptions
-from perseus.simulator import simulate_many
+from perseus.timeline.simulator import simulate_many
 
 Progress = Callable[[float], None]
 

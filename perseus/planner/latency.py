@@ -2,7 +2,7 @@
 
 The planner's model switches the clock the instant an instruction starts. A real switch lands
 ``latency`` after it is requested, and the runtime requests each one so that it lands between
-its two instructions: at their boundary or in the wait between them (``perseus.switch_timing``;
+its two instructions: at their boundary or in the wait between them (``perseus.timeline.switch_timing``;
 there it costs neither time nor energy). That works for every switch of a stage only if
 consecutive landings can be ``latency`` (plus a margin) apart: a run of equal clocks shorter than
 that (with the waits around it) leaves its switches no room. ``land_switches`` finds such *late*
@@ -11,7 +11,7 @@ slower run to the faster one's clock (of the two merges that remove a late switc
 costs less energy), and repeats on the new timeline until every switch lands in time. Clocks only
 rise, so a plan never gets slower than before; the frontier is re-filtered on the changed plans.
 Where instructions share no useful clock to merge at, a plan keeps a late switch; ``with_lag``
-then accounts it as the GPU runs it (``perseus.switch_lag``), so the frontier's numbers stay true.
+then accounts it as the GPU runs it (``perseus.timeline.switch_lag``), so the frontier's numbers stay true.
 
 A second rule is about energy, not time: a switch down only pays off when what it saves on its
 instruction covers what the switch costs. ``switch_pays_off`` takes that cost as the latency spent
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
 from perseus.planner.deadlines import Candidates
 from perseus.profile import Profile
-from perseus.switch_lag import simulate_with_latency
-from perseus.switch_timing import Switch, late_switches
+from perseus.timeline.switch_lag import simulate_with_latency
+from perseus.timeline.switch_timing import Switch, late_switches
 
 MAX_PASSES = 64  # timeline re-simulations; each pass removes at least one late switch per stage that has one
 
@@ -95,7 +95,7 @@ def late_plans(dag: InstructionDAG, node_choices: NodeChoices, choices: np.ndarr
 def with_lag(found: Candidates, late: np.ndarray, dag: InstructionDAG, node_choices: NodeChoices, profile: Profile,
              latency_s: float) -> Candidates:
     """``found`` with the plans of ``late`` (a mask) accounted as a GPU with that latency runs them
-    under the runtime's timed requests (``perseus.switch_lag``): their late switches land inside
+    under the runtime's timed requests (``perseus.timeline.switch_lag``): their late switches land inside
     instructions, which the planner's model does not see."""
     if not late.any():
         return found

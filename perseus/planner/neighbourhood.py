@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
 
 _IMPROVEMENT = 1e-9  # relative: smaller changes are solver noise

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
 
 _TOL = 1e-12

@@ -16,7 +16,7 @@ from __future__ import annotations
 import highspy
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.planner.choices import NodeChoices
 

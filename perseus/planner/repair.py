@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perseus.dag import LevelGraph
+from perseus.schedules.dag import LevelGraph
 from perseus.planner.choices import NodeChoices
 
 # Relative slack allowed when comparing a budget with a choice's time, so that a target equal to

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 from perseus.errors import PerseusError
-from perseus.frontier import Frontier, frontier_from_json_dict
+from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict
 
 try:  # torch is optional for planning-only use of perseus
     import torch
@@ -171,7 +171,7 @@ class Collective:
 
 def encode_frontier(frontier: Frontier) -> dict[str, Any]:
     """Compact, picklable form of a frontier: its version 2 file document (clocks packed)."""
-    return frontier.to_json_dict()
+    return encode_frontier_json(frontier)
 
 
 def decode_frontier(data: dict[str, Any]) -> Frontier:

@@ -14,8 +14,8 @@ from collections import deque
 from statistics import median
 from typing import Sequence
 
-from perseus.schedule import Instruction
-from perseus.switch_timing import TimedRequest
+from perseus.schedules import Instruction
+from perseus.timeline.switch_timing import TimedRequest
 
 GAP_STEPS = 5  # steps whose time between steps sets the shift of requests made for the next step
 
@@ -23,7 +23,7 @@ GAP_STEPS = 5  # steps whose time between steps sets the shift of requests made 
 class TimedSwitches:
     """Which instruction hook asks for which clock switch, and when, on a GPU with a switch latency.
 
-    ``requests`` come from ``perseus.switch_timing.request_schedule`` on the plan's timeline: each
+    ``requests`` come from ``perseus.timeline.switch_timing.request_schedule`` on the plan's timeline: each
     hook sends its requests to be made ``delay`` after it (the controller holds them until then),
     so every switch lands between its two instructions. Requests for the next step's first
     instructions are made near the end of a step; between steps the host does work no plan knows

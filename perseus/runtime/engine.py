@@ -43,8 +43,8 @@ from perseus.runtime.sim_kernels import SimulatedKernels
 from perseus.runtime.sources import cache_key, open_cache, share_sources
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
-from perseus.schedule import InstructionKind
-from perseus.switch_timing import request_schedule
+from perseus.schedules import InstructionKind
+from perseus.timeline.switch_timing import request_schedule
 
 log = logging.getLogger("perseus.runtime")
 
@@ -530,7 +530,7 @@ class PerseusRuntime:
         return self._switch_ahead and self.config.planner_options.switch_latency_s > 0
 
     def _timed_switches(self, point: StagePoint, clocks: list[int]) -> TimedSwitches | None:
-        """The hooks' timed requests for ``point`` (``perseus.switch_timing``), or None: latency 0,
+        """The hooks' timed requests for ``point`` (``perseus.timeline.switch_timing``), or None: latency 0,
         ``switch_ahead`` off, a controller that makes every request at once (clockd), or a plan
         without its timeline (a frontier given without a profile); then each clock is asked for
         when the previous instruction ends."""

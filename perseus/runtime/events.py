@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 from perseus.errors import ConfigError
-from perseus.schedule import Instruction, InstructionKind, Schedule, build_schedule
+from perseus.schedules import Instruction, InstructionKind, Schedule, build_schedule
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class PipelineJob:
     # It changes the instruction order, so a plan made for one group size never runs under another.
     group_size: int | None = None
     # megatron-core's overlap_p2p_comm (interleaved only): the same order with other waits
-    # (perseus.exchanges), so it is part of the schedule, its plan and its cache key.
+    # (perseus.schedules.exchanges), so it is part of the schedule, its plan and its cache key.
     overlap_p2p: bool = False
     # What determines the measured profile besides the schedule (model size, hidden size, sequence
     # length, dtype, ...): the adapter fills it; the runtime hashes it into its cache key.

@@ -18,7 +18,7 @@ function by reference, schedule, profile, options, the cache entry to write, whe
 carry planned timelines, the parent's ``sys.path``). The child plans, then does all the work on
 the whole frontier itself: it encodes every stage's slice (``stage_plan.encode_stage``, with each
 point's simulated timeline when a switch latency is hidden) and writes the frontier to the cache (atomically,
-``perseus.cache``). It writes one pickled reply on a private copy of its stdout (stdout itself goes
+``perseus.store.cache``). It writes one pickled reply on a private copy of its stdout (stdout itself goes
 to stderr, so a solver's banner never corrupts the reply): ``("ok", hand-over)`` or ``("error", line)``,
 the hand-over being each stage's bytes ready to send, a few numbers and the cache file's fate
 (``PlannedStages``). So rank 0's training thread never holds or decodes the whole frontier: it
@@ -45,12 +45,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from perseus.cache import RunCache
+from perseus.store.cache import RunCache
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier
 from perseus.planner import PlannerOptions
 from perseus.profile import Profile
-from perseus.schedule import Schedule
+from perseus.schedules import Schedule
 
 # Planning status broadcast from rank 0 every step while a plan is pending.
 PENDING, READY, FAILED = 0, 1, 2

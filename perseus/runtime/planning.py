@@ -11,14 +11,14 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from perseus.cache import RunCache
+from perseus.store.cache import RunCache
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import Profile
 from perseus.runtime.collective import Collective
 from perseus.runtime.planner_process import (NICE, FAILED, PENDING, READY, PlannedStages, ProcessPlanner, start_child,
                                              stop_child)
 from perseus.runtime.stage_plan import StagePlan, distribute
-from perseus.schedule import Schedule
+from perseus.schedules import Schedule
 
 __all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "PlannedStages", "share_outcome",
            "start_child", "stop_child"]

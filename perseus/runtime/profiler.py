@@ -30,7 +30,7 @@ from typing import Sequence
 from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
 from perseus.gpu.timing import TimedInstruction
 from perseus.runtime.aggregate import Measurements
-from perseus.schedule import Instruction
+from perseus.schedules import Instruction
 
 Key = tuple[int, str]  # (chunk, kind)
 

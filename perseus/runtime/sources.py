@@ -19,7 +19,7 @@ from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.stage_plan import StagePlan, distribute, slices_of
-from perseus.schedule import Schedule
+from perseus.schedules import Schedule
 
 
 def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_version: str,

@@ -17,9 +17,9 @@ they were cut from (tests/runtime/test_stage_plan.py compares them).
 
 With a clock-switch latency to hide, a rank also needs each point's planned timeline of its
 stage (when each instruction begins and ends, ``StagePlan.timeline``), because the runtime times
-every switch on it (``perseus.switch_timing``). That needs the whole pipeline's plan and profile,
+every switch on it (``perseus.timeline.switch_timing``). That needs the whole pipeline's plan and profile,
 which only the planner process and rank 0 have, so whoever encodes the slices simulates every
-point (``frontier_timing``, ``perseus.simulator.plan_timelines``) and each stage receives its own
+point (``frontier_timing``, ``perseus.timeline.simulator.plan_timelines``) and each stage receives its own
 begins and ends with the clocks: 8 more bytes per instruction and point, only when a latency is
 hidden.
 """
@@ -36,11 +36,11 @@ from typing import Any, Callable
 import numpy as np
 
 from perseus.errors import FrontierError
-from perseus.dag import InstructionDAG
-from perseus.frontier import Frontier, FrontierPoint
+from perseus.schedules.dag import InstructionDAG
+from perseus.frontier import Frontier, FrontierPoint, clock_table
 from perseus.profile import Profile
-from perseus.schedule import Instruction, Schedule
-from perseus.simulator import plan_timelines
+from perseus.schedules import Instruction, Schedule
+from perseus.timeline.simulator import plan_timelines
 
 WIRE_VERSION = 1
 
@@ -187,7 +187,7 @@ def encode_stage(frontier: Frontier, stage: int, timing: np.ndarray | None = Non
     cut = stage_slice(frontier, stage)
     rows = frontier.points + frontier.paced_points
     clocks = np.stack([np.asarray(p.freqs_mhz[cut]) for p in rows]).astype(np.int64)
-    table, index = _clock_table(clocks)
+    table, index = clock_table(clocks)
     dtype = np.uint8 if len(table) <= 1 << 8 else np.uint16
     doc: dict[str, Any] = {
         "v": WIRE_VERSION,
@@ -208,15 +208,6 @@ def encode_stage(frontier: Frontier, stage: int, timing: np.ndarray | None = Non
                    if timing is not None else None),
     }
     return pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _clock_table(clocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted distinct clocks, index of every entry); linear time for MHz values (no sort)."""
-    if clocks.size and clocks.min() >= 0 and clocks.max() < 1 << 20:
-        present = np.bincount(clocks.ravel()) > 0
-        return np.flatnonzero(present), (np.cumsum(present) - 1)[clocks]
-    table, index = np.unique(clocks, return_inverse=True)
-    return table, index.reshape(clocks.shape)
 
 
 def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:

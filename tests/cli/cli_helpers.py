@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.examples.synthetic import CSV_HEADER, example_models, synthetic_rows
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
-from perseus.schedule import Schedule, build_schedule
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import Schedule, build_schedule
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 
 
 def hand_frontier(

@@ -14,7 +14,8 @@ from cli_helpers import P_BLOCKING, heuristic_frontier, write_profile_csv
 
 from perseus.frontier import Frontier
 from perseus.profile import load_csv
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 
 @pytest.fixture
@@ -32,5 +33,5 @@ def small_frontier(small_profile_csv: Path) -> Frontier:
 def small_frontier_file(tmp_path: Path, small_frontier: Frontier, small_profile_csv: Path) -> Path:
     small_frontier.metadata["profile"] = str(small_profile_csv)
     path = tmp_path / "frontier.json"
-    small_frontier.save(path)
+    save_frontier(small_frontier, path)
     return path

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import perseus.cli
 from perseus.cli import main
+from perseus.frontier import save_frontier
 
 from cli_helpers import hand_frontier
 
 
 def test_emulate_from_frontier_file_prints_hand_computed_savings(tmp_path, capsys):
     path = tmp_path / "f.json"
-    hand_frontier().save(path)
+    save_frontier(hand_frontier(), path)
     # see test_emulator: 832 J, 752 J (9.62%), 680 J (18.27%)
     assert main(["emulate", "--frontier", str(path), "--gpus", "16", "--tp", "2", "--straggler-factor", "1.2"]) == 0
     out = capsys.readouterr().out

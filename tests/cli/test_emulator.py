@@ -5,11 +5,11 @@ import logging
 
 import pytest
 
-from perseus.cache import DAG_MODEL_FIELD, FRONTIER_FILE, KEY_FILE
-from perseus.emulator import DataParallelJob, cached_frontier, emulate, frontier_cache_path, sweep
+from perseus.store.cache import DAG_MODEL_FIELD, FRONTIER_FILE, KEY_FILE
+from perseus.timeline.emulator import DataParallelJob, cached_frontier, emulate, frontier_cache_path, sweep
 from perseus.errors import ConfigError, FrontierError
 from perseus.profile import load_csv
-from perseus.schedule import DAG_MODEL_VERSION, build_schedule
+from perseus.schedules import DAG_MODEL_VERSION, build_schedule
 
 from cli_helpers import hand_frontier
 

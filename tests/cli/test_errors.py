@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from perseus.cli import main
+from perseus.frontier import save_frontier
 
 from cli_helpers import hand_frontier
 from cli_helpers import write_profile_csv
@@ -47,7 +48,7 @@ def _not_json(d: Path) -> Path:
 
 def _good_frontier(d: Path) -> Path:
     path = d / "good.json"
-    hand_frontier().save(path)
+    save_frontier(hand_frontier(), path)
     return path
 
 
@@ -55,7 +56,7 @@ def _frontier_from_missing_profile(d: Path) -> Path:
     frontier = hand_frontier()
     frontier.metadata["profile"] = str(d / "moved-away.csv")
     path = d / "orphan.json"
-    frontier.save(path)
+    save_frontier(frontier, path)
     return path
 
 

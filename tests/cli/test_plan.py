@@ -9,12 +9,12 @@ import pytest
 
 import perseus.cli
 from perseus.cli import main
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.examples import EXAMPLE_P_BLOCKING_W, load_example_profile
 from perseus.frontier import load_frontier
 from perseus.profile import load_csv
-from perseus.schedule import build_schedule
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 
 from cli_helpers import hand_frontier
 from cli_helpers import heuristic_frontier

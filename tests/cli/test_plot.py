@@ -6,7 +6,8 @@ import struct
 
 from perseus.cli import main
 from perseus.examples import load_example_profile
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 from cli_helpers import heuristic_frontier
 
@@ -39,7 +40,7 @@ def test_plot_timeline_of_the_example(tmp_path):
     frontier = heuristic_frontier(build_schedule("1f1b", 4, 8), load_example_profile())
     frontier.metadata["profile"] = "example"
     path = tmp_path / "f.json"
-    frontier.save(path)
+    save_frontier(frontier, path)
     out = tmp_path / "t.png"
     assert main(["plot", str(path), "--timeline", "--point", "slowest", "--out", str(out)]) == 0
     width, _ = _png_size(out)

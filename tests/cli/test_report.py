@@ -21,7 +21,8 @@ from perseus.examples import load_example_profile
 from perseus.frontier import Frontier
 from perseus.html_report import load_run, used_points
 from perseus.planner import PlannerOptions, plan_frontier
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WARMUP_E = [100.0, 104.0, 98.0, 101.0]
@@ -42,7 +43,7 @@ def frontier() -> Frontier:
 def _write_cache(root: Path, frontier: Frontier) -> Path:
     entry = root / "cache" / "0123456789abcdef"
     entry.mkdir(parents=True)
-    frontier.save(entry / "frontier.json")
+    save_frontier(frontier, entry / "frontier.json")
     load_example_profile().save_json(entry / "profile.json")
     return entry
 
@@ -243,7 +244,7 @@ def test_a_shared_cache_gives_the_frontier_that_holds_the_runs_planned_times(run
 
     other = run_dir / "cache" / "fedcba9876543210"
     other.mkdir()
-    hand_frontier().save(other / "frontier.json")  # another job's, and newer
+    save_frontier(hand_frontier(), other / "frontier.json")  # another job's, and newer
     os.utime(other / "frontier.json", (4e9, 4e9))
     data = load_run(run_dir)
     assert data.frontier_path.parent.name == "0123456789abcdef" and not data.notes

@@ -7,9 +7,10 @@ import csv
 import json
 
 from perseus.cli import main
-from perseus.export import zeus_file_name
+from perseus.output.export import zeus_file_name
 from perseus.frontier import load_frontier
-from perseus.frontier_v1 import encode_v1
+from perseus.frontier.v1 import encode_v1
+from perseus.frontier import save_frontier
 
 from cli_helpers import hand_frontier
 
@@ -23,7 +24,7 @@ def _table_rows(text: str) -> list[str]:
 
 def test_show_prints_slowdown_and_saving_against_baseline(tmp_path, capsys):
     path = tmp_path / "f.json"
-    hand_frontier(baseline=(1.0, 120.0)).save(path)
+    save_frontier(hand_frontier(baseline=(1.0, 120.0)), path)
     assert main(["show", str(path)]) == 0
     rows = _table_rows(capsys.readouterr().out)
     assert len(rows) == 3
@@ -38,7 +39,7 @@ def test_show_thins_to_about_twenty_rows_unless_all(tmp_path, capsys):
     times = [1.0 + 0.01 * i for i in range(n)]
     energies = [100.0 - 0.5 * i for i in range(n)]
     path = tmp_path / "f.json"
-    hand_frontier(times=times, energies=energies).save(path)
+    save_frontier(hand_frontier(times=times, energies=energies), path)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
     rows = _table_rows(out)
@@ -81,7 +82,7 @@ def test_export_into_existing_empty_directory(tmp_path, small_frontier_file):
 def test_show_plot_and_export_read_version_1_files_like_version_2(tmp_path, small_frontier, capsys):
     v1, v2 = tmp_path / "v1.json", tmp_path / "v2.json"
     v1.write_text(json.dumps(encode_v1(small_frontier)))
-    small_frontier.save(v2)
+    save_frontier(small_frontier, v2)
     outputs = {}
     for name, path in (("v1", v1), ("v2", v2)):
         assert main(["show", str(path), "--all"]) == 0

@@ -16,11 +16,12 @@ import pytest
 
 import perseus.cli
 from perseus.cli import BUILTIN_COMMANDS, build_parser, main
+from perseus.frontier import save_frontier
 
 from cli_helpers import hand_frontier
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("scipy.optimize", "highspy", "matplotlib", "torch", "perseus.planner", "perseus.emulator")
+HEAVY = ("scipy.optimize", "highspy", "matplotlib", "torch", "perseus.planner", "perseus.timeline.emulator")
 
 
 def _python(code: str, *, extra_path: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -44,7 +45,7 @@ def test_importing_the_cli_loads_no_solver_plotting_or_torch():
 
 def test_show_loads_no_solver_plotting_or_torch(tmp_path):
     path = tmp_path / "f.json"
-    hand_frontier().save(path)
+    save_frontier(hand_frontier(), path)
     heavy, result = _heavy_after(f"from perseus.cli import main\nassert main(['show', {str(path)!r}]) == 0")
     assert heavy == [] and "no-slowdown point" in result.stdout
 
@@ -68,7 +69,7 @@ def test_help_lists_plugin_commands_and_builtins_skip_the_lookup(tmp_path, monke
 
     monkeypatch.setattr(importlib.metadata, "entry_points", no_lookup)
     path = tmp_path / "f.json"
-    hand_frontier().save(path)
+    save_frontier(hand_frontier(), path)
     assert main(["show", str(path)]) == 0
     assert "no-slowdown point" in capsys.readouterr().out
 

@@ -9,11 +9,12 @@ import stat
 import numpy as np
 import pytest
 
-import perseus.atomic as atomic
-from perseus.atomic import atomic_output, write_atomic
+import perseus.store.atomic as atomic
+from perseus.store.atomic import atomic_output, write_atomic
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.profile import InstructionProfile, load_json, uniform_profile
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 
 class _DiskFullAfter:
@@ -94,13 +95,13 @@ def test_disk_full_while_saving_a_frontier_or_profile_keeps_the_old_one(tmp_path
     new = Frontier(schedule, 50.0, 1.0, 10.0, [FrontierPoint(2.0, 8.0, np.full(schedule.num_instructions, 900))])
     ip = InstructionProfile((1000, 900), (0.01, 0.012), (1.0, 0.9))
     profile = uniform_profile(2, {"forward": ip, "backward": ip}, 50.0)
-    old.save(tmp_path / "frontier.json")
+    save_frontier(old, tmp_path / "frontier.json")
     profile.save_json(tmp_path / "profile.json")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
     request.getfixturevalue("disk_full")
     with pytest.raises(OSError):
-        new.save(tmp_path / "frontier.json")
+        save_frontier(new, tmp_path / "frontier.json")
     with pytest.raises(OSError):
         profile.with_p_blocking(60.0).save_json(tmp_path / "profile.json")
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from perseus.exchanges import megatron_interleaved_waits
-from perseus.schedule import Instruction as I
-from perseus.schedule import build_schedule
+from perseus.schedules.exchanges import megatron_interleaved_waits
+from perseus.schedules import Instruction as I
+from perseus.schedules import build_schedule
+from perseus.schedules import dependencies
 
 
 def _at(schedule, stage: int, inst: I) -> tuple[int, int]:
@@ -21,7 +22,7 @@ def test_a_steady_forwards_output_leaves_after_its_paired_backward():
     edges = set(megatron_interleaved_waits(s))
     assert ((1, f2[1] + 1), _at(s, 0, I("forward", 2, 1))) in edges
     assert (f2, _at(s, 0, I("forward", 2, 1))) not in edges  # the bare data-flow edge is implied
-    assert set(s.dependencies()) >= edges
+    assert set(dependencies(s)) >= edges
 
 
 
@@ -52,7 +53,7 @@ def test_the_first_stage_receives_from_the_last_one_pp_virtual_microbatches_late
 def test_schedules_without_megatron_exchanges_keep_the_data_flow():
     for name, chunks in (("1f1b", 1), ("torch-interleaved", 2), ("gpipe", 1)):
         s = build_schedule(name, 4, 8, chunks)
-        cross = [(u, v) for u, v in s.dependencies() if u[0] != v[0]]
+        cross = [(u, v) for u, v in dependencies(s) if u[0] != v[0]]
         for u, v in cross:  # each edge is one tensor from its producer to its consumer
             a, b = s.stages[u[0]][u[1]], s.stages[v[0]][v[1]]
             assert a.microbatch == b.microbatch and a.kind == b.kind, (name, a, b)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from perseus.errors import FrontierError
-from perseus.frontier import Frontier, FrontierPoint, load_frontier, thin_points
-from perseus.frontier_v1 import encode_v1
-from perseus.schedule import build_schedule
+from perseus.frontier import Frontier, FrontierPoint, encode_frontier_json, load_frontier, save_frontier, thin_points
+from perseus.frontier.v1 import encode_v1
+from perseus.schedules import build_schedule
 
 
 def make_frontier(times=(10.0, 11.0, 12.5), energies=(100.0, 90.0, 85.0)):
@@ -33,7 +33,7 @@ def test_points_are_fastest_first_and_lookup_never_exceeds_the_target():
 def test_json_round_trip_follows_documented_layout(tmp_path):
     f = make_frontier()
     path = tmp_path / "frontier.json"
-    f.save(path)
+    save_frontier(f, path)
     data = json.loads(path.read_text())
     assert data["version"] == 2 and data["order"] == "fastest_first"
     assert data["baseline"] == {"time_s": 10.0, "energy_j": 120.0}
@@ -56,7 +56,7 @@ def test_thinning_keeps_both_ends():
 def test_malformed_frontier_files_are_clear_errors(tmp_path):
     path = tmp_path / "f.json"
     f = make_frontier()
-    data = f.to_json_dict()
+    data = encode_frontier_json(f)
     data["instructions"][0][0][1] = 7
     path.write_text(json.dumps(data))
     with pytest.raises(FrontierError, match="stage 0 do not follow the 1f1b order"):
@@ -88,7 +88,7 @@ def test_paced_points_round_trip_and_are_optional(tmp_path):
     f = make_frontier()
     slow = FrontierPoint(12.5, 95.0, np.full(f.schedule.num_instructions, 900, dtype=np.int64))
     g = Frontier(f.schedule, 80.0, 10.0, 120.0, f.points[:2], paced_points=[slow])
-    g.save(tmp_path / "g.json")
+    save_frontier(g, tmp_path / "g.json")
     back = load_frontier(tmp_path / "g.json")
     assert [p.time_s for p in back.paced_points] == [12.5]
     assert back.paced_lookup(13.0).energy_j == 95.0

@@ -11,9 +11,10 @@ import pytest
 
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
-from perseus.frontier_file import encode_frontier_json, frontier_from_json_dict
-from perseus.frontier_v1 import encode_v1
-from perseus.schedule import build_schedule
+from perseus.frontier.codec import encode_frontier_json, frontier_from_json_dict
+from perseus.frontier.v1 import encode_v1
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import random_frontiers  # noqa: E402
@@ -62,7 +63,7 @@ def assert_same(a: Frontier, b: Frontier) -> None:
 @pytest.mark.parametrize("clocks", [None, np.arange(200, 2200, 2)], ids=["uint8", "uint16"])
 def test_round_trip_keeps_every_point_exactly(tmp_path, clocks):
     f = random_frontier(clocks=clocks)
-    f.save(tmp_path / "f.json")
+    save_frontier(f, tmp_path / "f.json")
     data = json.loads((tmp_path / "f.json").read_text())
     assert data["version"] == 2
     assert data["points"]["clock_index"]["dtype"] == ("uint8" if clocks is None else "uint16")
@@ -109,7 +110,7 @@ def test_a_version_1_literal_loads(tmp_path):
     assert f.stage_plan(f.points[1], 1)[0][1] == 1200
     assert [p.time_s for p in f.paced_points] == [1.3] and f.paced_points[0].freqs_mhz.tolist() == [900] * 8
     assert f.metadata == {"created_by": "perseus 0.1.0 plan", "profile": "example"}
-    f.save(tmp_path / "v2.json")  # and it converts to version 2 losslessly
+    save_frontier(f, tmp_path / "v2.json")  # and it converts to version 2 losslessly
     assert json.loads((tmp_path / "v2.json").read_text())["version"] == 2
     assert_same(f, load_frontier(tmp_path / "v2.json"))
 
@@ -170,7 +171,7 @@ def test_unknown_version_is_named(tmp_path, version):
 
 def test_truncated_file_says_so(tmp_path):
     path = tmp_path / "f.json"
-    random_frontier().save(path)
+    save_frontier(random_frontier(), path)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(FrontierError, match="truncated"):
         load_frontier(path)

@@ -6,7 +6,7 @@ import pytest
 
 from perseus.errors import ProfileError
 from perseus.profile import load_csv, load_json, load_profile
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 HEADER = "stage,instruction,frequency,time,energy\n"
 

@@ -2,9 +2,10 @@
 
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import ScheduleError
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.schedules import dependencies
 
 
 def labels(schedule, stage):
@@ -50,15 +51,15 @@ def test_every_instruction_appears_once_and_dag_is_acyclic(name, stages, mbs, ch
 
 def test_dependencies_chain_forward_and_backward_across_virtual_stages():
     s = build_schedule("interleaved", 2, 4, 2)
-    edges = set(s.dependencies())
+    edges = set(dependencies(s))
     pos = {(st, inst): i for st, insts in enumerate(s.stages) for i, inst in enumerate(insts)}
-    from perseus.schedule import Instruction as I
+    from perseus.schedules import Instruction as I
 
     # F(m) on virtual stage 1 (stage 1, chunk 0) feeds virtual stage 2 (stage 0, chunk 1).
     assert _reaches(edges, (1, pos[(1, I("forward", 2, 0))]), (0, pos[(0, I("forward", 2, 1))]))
     # B(m) on virtual stage 2 (stage 0, chunk 1) feeds virtual stage 1 (stage 1, chunk 0).
     assert _reaches(edges, (0, pos[(0, I("backward", 2, 1))]), (1, pos[(1, I("backward", 2, 0))]))
-    # megatron's exchanges (perseus/exchanges.py) carry the data flow: an edge, or a path through
+    # megatron's exchanges (perseus/schedules/exchanges.py) carry the data flow: an edge, or a path through
     # the instruction after which the tensor is sent and the one before which it is received
     assert not _reaches(edges, (0, pos[(0, I("forward", 2, 1))]), (1, pos[(1, I("forward", 2, 0))]))
 
@@ -84,13 +85,13 @@ def test_interleaved_steady_forwards_also_wait_for_the_next_backwards_input():
     # send_forward_backward_recv_forward_backward: the next forward starts only once the next
     # backward's gradient has arrived too. Stage 0 (warm-up 4): F2 waits for B0.c1's input,
     # which stage 1 produces (virtual stage 3 → 2).
-    from perseus.schedule import Instruction as I
+    from perseus.schedules import Instruction as I
 
     s = build_schedule("interleaved", 2, 4, 2)
     assert s.joint_receives[0] == ((4, 5), (6, 7), (8, 9), (10, 11))
     assert s.joint_receives[1] == ((2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13))
     pos = {(st, inst): i for st, insts in enumerate(s.stages) for i, inst in enumerate(insts)}
-    edges = set(s.dependencies())
+    edges = set(dependencies(s))
     assert ((1, pos[(1, I("backward", 0, 1))]), (0, pos[(0, I("forward", 2, 0))])) in edges
     # stage 1's F1.c1 waits for B1.c1's input, which it computes itself after its own forward
     # (last virtual stage): no extra edge

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
-from perseus.schedule import build_schedule
-from perseus.simulator import simulate
+from perseus.schedules.dag import InstructionDAG
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import simulate
 
 
 def test_two_stage_iteration_by_hand():
@@ -53,7 +53,7 @@ def _reference_finish(dag, durations):
     ids=["1f1b", "interleaved", "gpipe"],
 )
 def test_vectorised_simulator_equals_reference_on_random_durations(schedule):
-    from perseus.simulator import longest_path_finish, simulate_many
+    from perseus.timeline.simulator import longest_path_finish, simulate_many
 
     dag = InstructionDAG.from_schedule(schedule)
     rng = np.random.default_rng(42)
@@ -75,7 +75,7 @@ def test_vectorised_simulator_equals_reference_on_random_durations(schedule):
 
 def test_simulate_many_rejects_mismatched_shapes():
     from perseus.errors import ProfileError
-    from perseus.simulator import simulate_many
+    from perseus.timeline.simulator import simulate_many
 
     dag = InstructionDAG.from_schedule(build_schedule("1f1b", 2, 2))
     with pytest.raises(ProfileError, match="shape"):

@@ -1,16 +1,16 @@
-"""A plan on GPUs whose clock switches land late (perseus.switch_lag), against the planner's model."""
+"""A plan on GPUs whose clock switches land late (perseus.timeline.switch_lag), against the planner's model."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.profile import InstructionProfile, Profile
-from perseus.schedule import build_schedule
-from perseus.simulator import simulate_plan
-from perseus.switch_lag import POLICIES, simulate_with_latency
-from perseus.switch_timing import late_switches, request_schedule
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import simulate_plan
+from perseus.timeline.switch_lag import POLICIES, simulate_with_latency
+from perseus.timeline.switch_timing import late_switches, request_schedule
 
 CLOCKS = (1410, 1200, 900)
 TIMES = {"forward": (0.010, 0.011, 0.014), "backward": (0.020, 0.022, 0.028)}

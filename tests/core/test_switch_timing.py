@@ -1,10 +1,10 @@
-"""Where a stage's clock switches land with a switch latency, and when they are asked for (perseus.switch_timing)."""
+"""Where a stage's clock switches land with a switch latency, and when they are asked for (perseus.timeline.switch_timing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from perseus.switch_timing import TimedRequest, late_switches, plan_switches, request_schedule, spacing_s
+from perseus.timeline.switch_timing import TimedRequest, late_switches, plan_switches, request_schedule, spacing_s
 
 # One stage: four 10 ms instructions, a 5 ms wait before the third; the iteration lasts 50 ms.
 BEGIN = [0.000, 0.010, 0.025, 0.035]

@@ -18,10 +18,11 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
 from perseus_deepspeed import get_handle, initialize  # noqa: E402
 from deepspeed_monitor_files import read_csv  # noqa: E402
 from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config  # noqa: E402
+from perseus.frontier import save_frontier
 
 SHAPE = TinyPipeShape(hidden_size=8, layers_per_stage=1, micro_batch_size=2)
 MICROBATCHES = 2
@@ -30,8 +31,8 @@ PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
 
 def test_monitor_csv_and_tensorboard_get_the_runtimes_records(dist_world, tmp_path, monkeypatch):
     monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
-    Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
-             [FrontierPoint(1.0, 1.5, np.array(PLAN))]).save(tmp_path / "f.json")
+    save_frontier(Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
+             [FrontierPoint(1.0, 1.5, np.array(PLAN))]), tmp_path / "f.json")
     section = {"gpu": "sim", "sim_gpu": {"energy_update_period_s": 0}, "warmup_steps": 2, "cache_dir": None,
                "log_every_steps": 0, "frontier_path": str(tmp_path / "f.json"), "straggler_period_steps": 2}
     config = deepspeed_config(MICROBATCHES, SHAPE, section)

@@ -13,7 +13,7 @@ pytest.importorskip("deepspeed")
 
 from deepspeed.runtime.pipe import schedule as ds_schedule  # noqa: E402
 
-from perseus.schedule import Instruction, build_schedule  # noqa: E402
+from perseus.schedules import Instruction, build_schedule  # noqa: E402
 from perseus_deepspeed.hooks import ScheduleMismatch, TrackedTrainSchedule  # noqa: E402
 
 KINDS = {ds_schedule.ForwardPass: "forward", ds_schedule.BackwardPass: "backward"}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from perseus.schedule import _interleaved_table, interleaved_warmup
+from perseus.schedules.orders import _interleaved_table, interleaved_warmup
 
 Node = tuple[int, int]  # (stage, index in the stage's order)
 

@@ -14,7 +14,8 @@ import pytest
 
 from megatron_p2p_model import megatron_waits, reaches
 from perseus.errors import ScheduleError
-from perseus.schedule import Schedule, build_schedule
+from perseus.schedules import Schedule, build_schedule
+from perseus.schedules import dependencies
 
 
 def cases() -> list[tuple[int, int, int, int]]:
@@ -38,7 +39,7 @@ def program_order(schedule: Schedule) -> list:
 
 def joint_edges(schedule: Schedule) -> set:
     """The DAG edges that only the joint receives add."""
-    return set(schedule.dependencies()) - set(dataclasses.replace(schedule, joint_receives=()).dependencies())
+    return set(dependencies(schedule)) - set(dependencies(dataclasses.replace(schedule, joint_receives=())))
 
 
 def test_the_grid_has_other_group_sizes_with_joint_receives_and_all_warmup_stages():
@@ -57,7 +58,7 @@ def test_every_dag_edge_is_a_wait_megatron_has(pp, chunks, microbatches, group, 
     waits = megatron_waits(pp, chunks, microbatches, group, overlap)
     real = reaches([len(order) for order in schedule.stages],
                    program_order(schedule) + [(u, v) for v, srcs in waits.items() for u in srcs])
-    edges = schedule.dependencies()
+    edges = dependencies(schedule)
     if overlap and group > pp:
         # With overlapped exchanges and a group larger than the pipeline, a ring-wrap receive (the
         # first stage's activations, the last stage's gradients) is waited for at the first
@@ -80,20 +81,20 @@ def test_every_wait_megatron_has_is_in_the_dag(pp, chunks, microbatches, group, 
     sent only after its paired backward; either way: the first / last stage receiving from the
     other end early), nor the data flow, so the planner sees no slack megatron does not have."""
     schedule = build_schedule("interleaved", pp, microbatches, chunks, group_size=group, overlap_p2p=overlap)
-    dag = reaches([len(order) for order in schedule.stages], schedule.dependencies())
+    dag = reaches([len(order) for order in schedule.stages], dependencies(schedule))
     waits = megatron_waits(pp, chunks, microbatches, group, overlap)
     missing = [(u, v) for v, srcs in waits.items() for u in srcs if not dag(u, v)]
     assert missing == []
-    data_flow = dataclasses.replace(schedule, joint_receives=()).dependencies()
+    data_flow = dependencies(dataclasses.replace(schedule, joint_receives=()))
     assert all(dag(u, v) for u, v in data_flow)
 
 
 def test_the_dag_has_the_waits_the_data_flow_lacks():
     """Both kinds megatron has beyond the data flow appear as edges (4 stages × 2 chunks, G = 4)."""
     schedule = build_schedule("interleaved", 4, 16, 2, group_size=4)
-    flow = dataclasses.replace(schedule, joint_receives=()).dependencies()
+    flow = dependencies(dataclasses.replace(schedule, joint_receives=()))
     flow_reaches = reaches([len(order) for order in schedule.stages], flow)
-    extra = [(u, v) for u, v in schedule.dependencies() if not flow_reaches(u, v)]
+    extra = [(u, v) for u, v in dependencies(schedule) if not flow_reaches(u, v)]
     inst = lambda n: schedule.stages[n[0]][n[1]]  # noqa: E731
     # (a) a steady forward's consumer waits for the backward paired with that forward
     assert any(inst(u).kind == "backward" and inst(v).kind == "forward" and u[0] + 1 == v[0] for u, v in extra)
@@ -109,13 +110,13 @@ def test_overlapped_p2p_drops_the_waits_of_blocking_pairs():
     overlapped = build_schedule("interleaved", 4, 16, 2, overlap_p2p=True)
     assert overlapped.stages == blocking.stages and overlapped != blocking
     inst = lambda n: overlapped.stages[n[0]][n[1]]  # noqa: E731
-    cross = [(u, v) for u, v in overlapped.dependencies() if u[0] != v[0]]
+    cross = [(u, v) for u, v in dependencies(overlapped) if u[0] != v[0]]
     assert not any(inst(u).kind == "backward" and inst(v).kind == "forward" for u, v in cross)
     # Every overlapped wait is one the blocking exchanges have too, not the other way round.
     sizes = [len(order) for order in blocking.stages]
-    in_blocking, in_overlapped = reaches(sizes, blocking.dependencies()), reaches(sizes, overlapped.dependencies())
-    assert all(in_blocking(u, v) for u, v in overlapped.dependencies())
-    assert not all(in_overlapped(u, v) for u, v in blocking.dependencies())
+    in_blocking, in_overlapped = reaches(sizes, dependencies(blocking)), reaches(sizes, dependencies(overlapped))
+    assert all(in_blocking(u, v) for u, v in dependencies(overlapped))
+    assert not all(in_overlapped(u, v) for u, v in dependencies(blocking))
     assert overlapped.variant_fields() == {"overlap_p2p": True} and blocking.variant_fields() == {}
     assert "overlapped p2p" in overlapped.describe()
     with pytest.raises(ScheduleError, match="interleaved schedule only"):

@@ -24,10 +24,11 @@ from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
 from perseus.runtime.metrics import StepMetrics  # noqa: E402
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
 from perseus_megatron.integration import enable  # noqa: E402
 from perseus_megatron.observability import IterationLogText, MegatronWritersSink, add_to_iteration_log  # noqa: E402
+from perseus.frontier import save_frontier
 from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
 from tensorboard_events import read_scalars  # noqa: E402
 
@@ -49,8 +50,8 @@ class Wandb:
 
 
 def test_megatron_writers_get_the_runtimes_records_at_megatrons_iteration(trainer, tmp_path, monkeypatch):
-    Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
-             [FrontierPoint(1.0, 3.0, np.array(PLAN))]).save(tmp_path / "f.json")
+    save_frontier(Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
+             [FrontierPoint(1.0, 3.0, np.array(PLAN))]), tmp_path / "f.json")
     writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
     wandb = Wandb()
     args = types.SimpleNamespace(curr_iteration=0)

@@ -1,4 +1,4 @@
-"""megatron-core's own schedule-order oracle agrees with ``perseus.schedule`` on its test grid.
+"""megatron-core's own schedule-order oracle agrees with ``perseus.schedules`` on its test grid.
 
 Megatron-LM's ``tests/unit_tests/pipeline_parallel/test_schedules.py::test_get_pipeline_parallel_order``
 builds each stage's order from ``get_pp_rank_microbatches`` (warm-up count),
@@ -17,7 +17,7 @@ import pytest
 
 from megatron_lm_archive import order_test_grid, read_member, schedule_oracle
 from perseus.errors import ScheduleError
-from perseus.schedule import Instruction, build_schedule
+from perseus.schedules import Instruction, build_schedule
 
 VERSIONS = ("0.16.1", "0.19.0")
 
@@ -116,7 +116,7 @@ def test_all_warmup_stages_have_no_joint_exchange_in_megatron(version):
 
 def test_interleaved_dags_are_acyclic_including_all_warmup_stages():
     """4 stages x 2 chunks x 4 microbatches (stages 0 and 1 all in warm-up) once built a cyclic DAG."""
-    from perseus.dag import InstructionDAG
+    from perseus.schedules.dag import InstructionDAG
 
     schedule = build_schedule("interleaved", 4, 4, 2)
     assert schedule.joint_receives[0] == () and schedule.joint_receives[1] == ()

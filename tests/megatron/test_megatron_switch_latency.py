@@ -26,7 +26,7 @@ def test_with_a_switch_latency_the_gpus_run_the_plan_as_planned(tmp_path):
     planner keeps plans whose switches can land between instructions and the runtime times each
     request, so the GPUs' own accounting of the traced clocks is the plan's. Asked for when the
     instruction before ends (no hiding), this plan's switches land inside instructions: +1.1 %
-    time and 0.9 points less saving on the same accounting (``perseus.switch_lag``)."""
+    time and 0.9 points less saving on the same accounting (``perseus.timeline.switch_lag``)."""
     cfg = DemoConfig(stages=2, microbatches=4, max_steps=1000, deployed_steps=6, startup_steps=1, rebaseline_steps=4)
     cfg.sim_gpu = {**cfg.sim_gpu, "switch_latency_s": 0.02}
     cfg.perseus.update(warmup_steps=3, cache_dir=str(tmp_path / "cache"), trace_clocks=True,

@@ -58,9 +58,10 @@ from megatron_p2p_model import megatron_waits  # noqa: E402
 from perseus.cli import main  # noqa: E402
 from perseus.html_report import load_run, used_points  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
 from perseus_demo.megatron_demo import DemoConfig  # noqa: E402
+from perseus.schedules import dependencies
 
 pytestmark = pytest.mark.distributed
 
@@ -169,10 +170,10 @@ def test_overlapped_p2p_runs_the_same_order_with_the_overlapped_dags_waits(launc
                         "steps": [{"step": n, "instruction_times": t} for n, t in enumerate(case["times"])]})
     (last,) = [result["i8-overlap"] for result in orders if result["i8-overlap"]["stage"] == stages - 1]
     assert last["losses"] == 2 * microbatches and last["finite_losses"]
-    assert edges_violated(results, overlapped, overlapped.dependencies()) == []
+    assert edges_violated(results, overlapped, dependencies(overlapped)) == []
     waits = megatron_waits(stages, chunks, microbatches, stages, overlap=True)
     assert edges_violated(results, overlapped, [(u, v) for v, srcs in waits.items() for u in srcs]) == []
-    blocking_only = set(blocking.dependencies()) - set(overlapped.dependencies())
+    blocking_only = set(dependencies(blocking)) - set(dependencies(overlapped))
     assert edges_violated(results, blocking, blocking_only) != []
 
 
@@ -259,8 +260,8 @@ def test_group_size_other_than_pipeline_size_is_planned_and_deployed_with_its_wa
     # run did not have; nor did the model of megatron's exchanges that
     # tests/megatron/test_megatron_dag_edges.py checks the DAG against
     joint = {(s, i) for s, pairs in enumerate(schedule.joint_receives) for i, _ in pairs}
-    assert any(v in joint for u, v in schedule.dependencies() if u[0] != v[0]), "joint-receive edges to check"
-    assert edges_violated(results, schedule, schedule.dependencies()) == []
+    assert any(v in joint for u, v in dependencies(schedule) if u[0] != v[0]), "joint-receive edges to check"
+    assert edges_violated(results, schedule, dependencies(schedule)) == []
     waits = megatron_waits(STAGES, CHUNKS, MICROBATCHES, GROUP)
     assert edges_violated(results, schedule, [(u, v) for v, srcs in waits.items() for u in srcs]) == []
 

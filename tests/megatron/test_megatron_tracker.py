@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from perseus.runtime.events import RecordingListener
-from perseus.schedule import Instruction
+from perseus.schedules import Instruction
 from perseus_megatron.tracker import HookStateError, ScheduleTracker, StepInfo
 
 TRAIN = StepInfo("interleaved", num_microbatches=2, num_chunks=2)

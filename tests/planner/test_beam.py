@@ -5,13 +5,13 @@ import itertools
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.beam import BeamSearch, _prefix_shortlists, _row_pareto, beam_plans
 from perseus.planner.choices import build_node_choices
 from perseus.planner.relaxation import HullRelaxation
 from perseus.planner.deadlines import evaluate
-from perseus.schedule import build_schedule
-from perseus.simulator import longest_path_finish
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import longest_path_finish
 from synthetic import synthetic_profile
 
 

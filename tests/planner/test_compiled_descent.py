@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.examples.synthetic import h100_like_profile
 from perseus.planner import compiled_descent
 from perseus.planner.choices import build_node_choices
@@ -11,7 +11,7 @@ from perseus.planner.compiled_descent import CompiledDescent
 from perseus.planner.potentials import PotentialDescent
 from perseus.planner.prices import price_anchors
 from perseus.planner.repair import LevelChooser
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.examples.synthetic import h100_like_profile
 from perseus.planner.choices import build_node_choices
 from perseus.planner.compiled_repair import CompiledChooser
 from perseus.planner.deadlines import _interpolate
 from perseus.planner.prices import price_anchors
 from perseus.planner.repair import LevelChooser
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 
 @pytest.mark.parametrize("kind,stages,microbatches,chunks", [("1f1b", 4, 8, 1), ("interleaved", 4, 8, 4)])

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.examples.synthetic import h100_like_profile
 from perseus.planner.choices import build_node_choices
 from perseus.planner.flow_lp import FlowRelaxation
 from perseus.planner.network_simplex import NetworkSimplex
 from perseus.planner.relaxation import HullRelaxation
-from perseus.schedule import build_schedule
-from perseus.simulator import longest_path_finish
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import longest_path_finish
 from synthetic import synthetic_profile
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.planner.choices import build_node_choices
 from perseus.planner.latency import land_switches
-from perseus.schedule import build_schedule
-from perseus.simulator import simulate_plan
-from perseus.switch_lag import simulate_with_latency
-from perseus.switch_timing import late_switches
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import simulate_plan
+from perseus.timeline.switch_lag import simulate_with_latency
+from perseus.timeline.switch_timing import late_switches
 
 from synthetic import synthetic_profile
 

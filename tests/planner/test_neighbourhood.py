@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.neighbourhood import WindowSearch, _depth_windows
 from perseus.planner.choices import NodeChoices, build_node_choices
-from perseus.schedule import build_schedule
-from perseus.simulator import simulate_many
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import simulate_many
 from synthetic import synthetic_profile
 
 

@@ -17,9 +17,9 @@ import os
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner import plan_frontier
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 from milp_oracle import exact_min_energy
 from synthetic import synthetic_profile
 

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError, ProfileError
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import InstructionProfile, Profile, uniform_profile
-from perseus.schedule import build_schedule
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 from synthetic import synthetic_profile
 
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import build_node_choices
 from perseus.planner.relaxation import HullRelaxation
-from perseus.schedule import build_schedule
-from perseus.simulator import longest_path_finish
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import longest_path_finish
 from synthetic import synthetic_profile
 
 

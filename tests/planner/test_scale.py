@@ -7,7 +7,7 @@ benchmarks/bench_planner_scale.py. These tests check what makes the speed safe.
 import numpy as np
 import pytest
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.examples.synthetic import h100_like_profile
 from perseus.planner import PlannerOptions, plan_frontier
@@ -15,8 +15,8 @@ from perseus.planner.choices import build_node_choices
 from perseus.planner.deadlines import evaluate, repair
 from perseus.planner.prices import price_anchors, price_grid, tangent_choices
 from perseus.planner.repair import FIT_TOLERANCE, LevelChooser
-from perseus.schedule import build_schedule
-from perseus.simulator import max_frequency_plan, simulate_plan
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 
 
 def test_scale_aware_settings_follow_the_pipeline_size_only():

@@ -4,7 +4,7 @@ no more energy than lowtime's, both simulated on the measured A100 profile."""
 import pytest
 
 from perseus.planner import plan_frontier
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 from planner_lowtime import best_at, lowtime_available, run_lowtime
 
 

@@ -7,8 +7,8 @@ import numpy as np
 
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import InstructionProfile, uniform_profile
-from perseus.cache import RunCache, key_hash
-from perseus.schedule import build_schedule
+from perseus.store.cache import RunCache, key_hash
+from perseus.schedules import build_schedule
 
 KEY = {"model": {"layers": 4}, "schedule": "1f1b", "stages": 2, "microbatches": 4, "chunks": 1,
        "gpu_name": "SimGPU", "driver_version": "sim-1"}
@@ -102,7 +102,7 @@ def test_frontier_planned_under_older_dependency_rules_is_replanned(tmp_path, ca
 
 
 def test_a_version_1_frontier_in_the_cache_is_still_used(tmp_path):
-    from perseus.frontier_v1 import encode_v1
+    from perseus.frontier.v1 import encode_v1
 
     sched = build_schedule("1f1b", 2, 4)
     cache = RunCache(tmp_path, KEY)

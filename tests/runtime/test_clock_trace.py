@@ -11,7 +11,8 @@ from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.clock_trace import InstructionTrace, StepTrace, breakdown, from_dict, lateness_s
 from perseus.runtime.gpu_port import GPUPort
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 PLAN = [1410, 900, 900, 1200]  # forward 0, backward 0, forward 1, backward 1
@@ -38,7 +39,7 @@ class LoggingDirectController(NullController):
 
 def run(tmp_path, steps: int, stop_after: int | None = None, **kw):
     schedule = build_schedule("1f1b", 1, 2)
-    Frontier(schedule, 80.0, 1.0, 2.0, [FrontierPoint(1.0, 1.0, np.array(PLAN))]).save(tmp_path / "f.json")
+    save_frontier(Frontier(schedule, 80.0, 1.0, 2.0, [FrontierPoint(1.0, 1.0, np.array(PLAN))]), tmp_path / "f.json")
     device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
     log: list = []
     cfg = PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(tmp_path / "cache"),
@@ -115,8 +116,8 @@ class TimedLoggingController(NullController):
 def test_with_the_plans_timeline_each_switch_is_asked_for_latency_before_it_lands(tmp_path):
     from perseus.profile import InstructionProfile, Profile
     from perseus.runtime.sources import cache_key
-    from perseus.cache import RunCache
-    from perseus.switch_timing import request_schedule
+    from perseus.store.cache import RunCache
+    from perseus.timeline.switch_timing import request_schedule
 
     # forward 10/12/15 ms, backward 20/24/30 ms at 1410/1200/900 MHz: the plan runs forward 0 at 0-10 ms,
     # backward 0 at 10-40, forward 1 at 40-55, backward 1 at 55-79

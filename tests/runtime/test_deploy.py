@@ -3,7 +3,7 @@
 import pytest
 
 from perseus.runtime.deploy import PlanFollower
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 
 def follower(stage=1):
@@ -56,7 +56,7 @@ def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
 
 def test_timed_switches_send_each_request_from_its_hook_after_its_delay():
     from perseus.runtime.deploy import TimedSwitches
-    from perseus.switch_timing import TimedRequest
+    from perseus.timeline.switch_timing import TimedRequest
 
     requests = [TimedRequest(0, False, 0.005, 900, 1), TimedRequest(2, True, 0.001, 1200, 3),
                 TimedRequest(3, False, 0.019, 1410, 0, next_step=True)]

@@ -19,7 +19,8 @@ from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.cache import RunCache
 from perseus.runtime.gpu_port import GPUPort
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 
@@ -132,10 +133,10 @@ def test_provided_frontier_for_another_job_is_rejected(tmp_path):
     import numpy as np
 
     from perseus.frontier import Frontier, FrontierPoint
-    from perseus.schedule import build_schedule
+    from perseus.schedules import build_schedule
 
     sched = build_schedule("1f1b", 1, 4)
-    Frontier(sched, 80.0, 1.0, 1.0, [FrontierPoint(1.0, 1.0, np.full(8, 1410))]).save(tmp_path / "f.json")
+    save_frontier(Frontier(sched, 80.0, 1.0, 1.0, [FrontierPoint(1.0, 1.0, np.full(8, 1410))]), tmp_path / "f.json")
     sim(tmp_path)
     with pytest.raises(ConfigError, match="plan for this job"):
         PerseusRuntime(JOB, config(tmp_path, mode="measure-only", frontier_path=str(tmp_path / "f.json")))
@@ -185,7 +186,7 @@ def test_switch_ahead_requests_the_next_clock_when_the_previous_instruction_ends
     schedule = build_schedule("1f1b", 1, 2)  # forward 0, backward 0, forward 1, backward 1
     clocks = np.array([1410, 900, 1200, 900])
     point = FrontierPoint(1.0, 1.0, clocks)
-    Frontier(schedule, 80.0, 1.0, 2.0, [point]).save(tmp_path / "f.json")
+    save_frontier(Frontier(schedule, 80.0, 1.0, 2.0, [point]), tmp_path / "f.json")
     log: list = []
     device = sim(tmp_path)
     port = GPUPort(device, RecordingController(log))

@@ -16,7 +16,7 @@ from perseus.runtime import PipelineJob, planning
 from perseus.runtime.collective import Collective
 from perseus.runtime.job_check import check_job
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
 import planner_stand_ins as stand_ins  # noqa: E402

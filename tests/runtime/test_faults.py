@@ -27,6 +27,7 @@ from toy_pipeline import ToyConfig, launch  # noqa: E402
 from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
 from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.runtime import planning  # noqa: E402
+from perseus.frontier import save_frontier
 
 pytestmark = pytest.mark.distributed
 HANG_S = 240  # hang guard per toy run
@@ -144,7 +145,7 @@ def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, mon
     log_dir, marker = install_fake_nvml(tmp_path, monkeypatch, code,
                                         [{"uuid": u} for u in UUIDS] if via == "clockd" else None)
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=12, target_slowdown=1.2)
-    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "gpu": "nvml", "straggler_period_steps": 2, "metrics_file": str(tmp_path / "m.jsonl"),
                    **({"device_index": 0} if via == "controller" else {})}  # clockd: GPU = rank
@@ -197,7 +198,7 @@ def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path, monkeypatc
     Through ``perseus clockd`` the ranks may not change clocks themselves; the daemon does all that."""
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, admin_reset_at_step=6,
                     sim_dir=str(tmp_path / "sim"))
-    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "clock_check_s": CLOCK_CHECK_S}
     if via == "clockd":
@@ -390,7 +391,7 @@ def test_controller_killed_while_a_plan_holds_a_clock(tmp_path):
     rank's controller process is SIGKILLed: the runtime notices at the next step end, says so in
     one line, resets the clock the dead controller left and falls back; training runs to the end."""
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, kill_controller_at_step=5)
-    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "straggler_period_steps": 2}
     results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)

@@ -13,16 +13,16 @@ import json
 import numpy as np
 import pytest
 
-from perseus.cache import RunCache
+from perseus.store.cache import RunCache
 from perseus.cli import main
 from perseus.errors import ConfigError, FrontierError, ScheduleError
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
-from perseus.frontier_file import encode_frontier_json, frontier_from_json_dict, save_frontier
-from perseus.frontier_v1 import encode_v1
+from perseus.frontier.codec import encode_frontier_json, frontier_from_json_dict, save_frontier
+from perseus.frontier.v1 import encode_v1
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.sources import _root_sources, cache_key
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 GROUPED = ("interleaved", 4, 12, 2)  # group 6 is not the default 4
 
@@ -113,7 +113,7 @@ def test_perseus_plan_takes_a_group_size(tmp_path, capsys):
 
 
 def test_the_emulators_cache_entry_differs_for_another_group_size(tmp_path):
-    from perseus.emulator import frontier_cache_path
+    from perseus.timeline.emulator import frontier_cache_path
     from perseus.examples import load_example_profile
     from perseus.profile import split_into_chunks
 

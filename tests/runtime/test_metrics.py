@@ -15,7 +15,8 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.metrics import PHASE_CODES, SCALARS, StepMetrics
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
+from perseus.frontier import save_frontier
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
@@ -24,7 +25,7 @@ PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
 def setup(tmp_path, **kw):
     device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
     schedule = build_schedule("1f1b", 1, 2)
-    Frontier(schedule, 80.0, 1.0, 2.0, [FrontierPoint(1.0, 1.5, np.array(PLAN))]).save(tmp_path / "f.json")
+    save_frontier(Frontier(schedule, 80.0, 1.0, 2.0, [FrontierPoint(1.0, 1.5, np.array(PLAN))]), tmp_path / "f.json")
     cfg = PerseusConfig.from_dict({
         "gpu": "sim", "device_index": 0, "cache_dir": None, "sim_gpu": {"state_dir": str(tmp_path / "sim")},
         "warmup_steps": 2, "frontier_path": str(tmp_path / "f.json"), "straggler_period_steps": 2, **kw})

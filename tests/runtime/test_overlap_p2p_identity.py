@@ -1,7 +1,7 @@
 """megatron-core's overlap_p2p_comm is part of a job's identity wherever a schedule is rebuilt.
 
 Megatron-LM runs interleaved pipelines with ``overlap_p2p_comm`` on unless told otherwise; the
-order is the same, the waits are not (perseus/exchanges.py), so a plan for one is not a plan for the
+order is the same, the waits are not (perseus/schedules/exchanges.py), so a plan for one is not a plan for the
 other. The job, the schedule, the runtime's cache key, the frontier file, the emulator's cache and
 ``perseus plan`` all carry it; off is recorded as nothing, so every key and file written before
 keeps its meaning.
@@ -14,16 +14,16 @@ import json
 import numpy as np
 import pytest
 
-from perseus.cache import RunCache
+from perseus.store.cache import RunCache
 from perseus.cli import main
 from perseus.errors import ConfigError, FrontierError
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
-from perseus.frontier_file import encode_frontier_json, frontier_from_json_dict, save_frontier
-from perseus.frontier_v1 import encode_v1
+from perseus.frontier.codec import encode_frontier_json, frontier_from_json_dict, save_frontier
+from perseus.frontier.v1 import encode_v1
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.sources import _root_sources, cache_key
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 SHAPE = ("interleaved", 4, 8, 2)
 
@@ -88,7 +88,7 @@ def test_perseus_plan_takes_overlap_p2p_and_plans_on_its_dag(tmp_path, capsys):
 
 
 def test_the_emulators_cache_entry_differs_with_overlapped_p2p(tmp_path):
-    from perseus.emulator import frontier_cache_path
+    from perseus.timeline.emulator import frontier_cache_path
     from perseus.examples import load_example_profile
     from perseus.profile import split_into_chunks
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.frontier_v1 import encode_v1
+from perseus.frontier.v1 import encode_v1
 from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
 from perseus.runtime.phases import Phase, PhaseMachine
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 
 def test_phase_history_and_illegal_transition():

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import planner_stand_ins as stand_ins  # noqa: E402
 
-from perseus.cache import RunCache  # noqa: E402
+from perseus.store.cache import RunCache  # noqa: E402
 from perseus.errors import FrontierError  # noqa: E402
 from perseus.planner import PlannerOptions, plan_frontier  # noqa: E402
 from perseus.profile import InstructionProfile, uniform_profile  # noqa: E402
@@ -24,7 +24,7 @@ from perseus.runtime.collective import Collective  # noqa: E402
 from perseus.runtime.planner_process import (FAILED, PENDING, READY, ProcessPlanner, hand_over,  # noqa: E402
                                              planned_stages, start_child, stop_child)
 from perseus.runtime.stage_plan import encode_stage  # noqa: E402
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
 
 SCHEDULE = build_schedule("1f1b", 2, 4)
 PROFILE = uniform_profile(2, {"forward": InstructionProfile((1400, 1000), (0.01, 0.012), (3.0, 2.5)),

@@ -14,7 +14,7 @@ from perseus.errors import FrontierError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.runtime.collective import Collective, encode_frontier
 from perseus.runtime.stage_plan import decode_stage, distribute, encode_stage, point_of, slices_of, stage_plan_of
-from perseus.schedule import build_schedule
+from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import random_frontiers  # noqa: E402
@@ -104,8 +104,8 @@ def _profile_for(front: Frontier):
 
 
 def test_with_the_profile_each_stage_receives_its_planned_timeline():
-    from perseus.dag import InstructionDAG
-    from perseus.simulator import simulate_plan
+    from perseus.schedules.dag import InstructionDAG
+    from perseus.timeline.simulator import simulate_plan
 
     front = random_frontier(num_points=12, num_paced=3)
     profile = _profile_for(front)

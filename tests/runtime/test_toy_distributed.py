@@ -18,7 +18,7 @@ from demo_checks import cached_frontier, find_point, replay_policy, slowdown_bou
 from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile  # noqa: E402
 import planner_stand_ins  # noqa: E402
 
-from perseus.dag import InstructionDAG  # noqa: E402
+from perseus.schedules.dag import InstructionDAG  # noqa: E402
 from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
 from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
@@ -26,7 +26,8 @@ from perseus.runtime import planning  # noqa: E402
 from perseus.runtime.clock_sweep import profiling_iterations  # noqa: E402
 from perseus.runtime.stage_plan import encode_stage  # noqa: E402
 from perseus.frontier import load_frontier  # noqa: E402
-from perseus.simulator import max_frequency_plan, simulate_plan  # noqa: E402
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan  # noqa: E402
+from perseus.frontier import save_frontier
 from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -145,7 +146,7 @@ def test_each_rank_receives_only_its_stage_and_follows_the_whole_frontier_clocks
     slice (rank 0 sends, point to point) and follows what the whole frontier prescribes."""
     cfg = ToyConfig(num_stages=2, num_microbatches=4, schedule="interleaved", num_chunks=2, dp_size=2, steps=6,
                     target_slowdown=1.2)
-    stage_uniform_frontier(cfg, FREQS).save(tmp_path / "frontier.json")
+    save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None}
     results = ok(launch(cfg, tmp_path / "run", timeout_s=HANG_S))
     whole = load_frontier(tmp_path / "frontier.json")
@@ -167,7 +168,7 @@ def test_straggler_slows_others_and_recovers(tmp_path):
     cfg = ToyConfig(num_stages=2, num_microbatches=4, dp_size=2, steps=30, slow_dp=1, slow_factor=1.3,
                     slow_from_step=0, slow_until_step=14)
     frontier = stage_uniform_frontier(cfg, FREQS)
-    frontier.save(tmp_path / "frontier.json")
+    save_frontier(frontier, tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "straggler_period_steps": 3, "straggler_patience": 2, "straggler_threshold": 0.15,
                    "straggler_recover_threshold": 0.08}
@@ -215,7 +216,7 @@ def test_cache_reuse_and_rejection(tmp_path, caplog):
 def test_plan_mismatch_warns_once_and_falls_back(tmp_path):
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, change_microbatches_at_step=6, target_slowdown=1.2)
     frontier = stage_uniform_frontier(cfg, FREQS)
-    frontier.save(tmp_path / "frontier.json")
+    save_frontier(frontier, tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "straggler_period_steps": 2}
     results = ok(launch(cfg, tmp_path / "run", timeout_s=HANG_S))
@@ -233,7 +234,7 @@ def test_plan_mismatch_warns_once_and_falls_back(tmp_path):
 def test_clocks_reset_when_trainer_dies(tmp_path, how):
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=40, target_slowdown=1.2)
     frontier = stage_uniform_frontier(cfg, FREQS)
-    frontier.save(tmp_path / "frontier.json")
+    save_frontier(frontier, tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None}
     out = tmp_path / "run"
     if how == "exception":

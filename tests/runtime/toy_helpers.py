@@ -12,13 +12,13 @@ import itertools
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile
 from toy_pipeline import ToyConfig
-from perseus.schedule import build_schedule
-from perseus.simulator import simulate_plan
+from perseus.schedules import build_schedule
+from perseus.timeline.simulator import simulate_plan
 
 
 def toy_profile(cfg: ToyConfig, freqs: list[int]) -> Profile:

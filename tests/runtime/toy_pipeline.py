@@ -29,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from perseus.schedule import Instruction, Schedule, build_schedule
+from perseus.schedules import Instruction, Schedule, build_schedule
 from perseus.runtime.phases import Phase
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.runtime import RecordingListener
-from perseus.schedule import Instruction
+from perseus.schedules import Instruction
 from perseus_torch import (
     HookStateError,
     HooksAlreadyInstalled,

@@ -11,10 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_orders import torch_compute_order  # noqa: E402
 
-from perseus.dag import InstructionDAG  # noqa: E402
+from perseus.schedules.dag import InstructionDAG  # noqa: E402
 from perseus.errors import ProfileError, ScheduleError  # noqa: E402
 from perseus.profile import InstructionProfile, profile_from_json_dict, uniform_profile  # noqa: E402
-from perseus.schedule import Instruction, build_schedule, torch_rank_order  # noqa: E402
+from perseus.schedules import Instruction, build_schedule, torch_rank_order  # noqa: E402
+from perseus.schedules import dependencies
 
 CASES = [(name, pp, chunks, m) for name in ("torch-interleaved", "zb-interleaved") for pp in (2, 3, 4)
          for chunks in (1, 2, 3) for m in (pp, pp + 1, 2 * pp, 3 * pp)
@@ -44,7 +45,7 @@ def test_zbv_places_chunks_in_a_v_and_its_turn_is_a_local_edge():
     assert [schedule.virtual_stage(0, c) for c in (0, 1)] == [0, 3]
     assert [schedule.virtual_stage(1, c) for c in (0, 1)] == [1, 2]
     assert all(schedule.locate(schedule.virtual_stage(s, c)) == (s, c) for s in (0, 1) for c in (0, 1))
-    edges = schedule.dependencies()
+    edges = dependencies(schedule)
     index = {(s, inst): i for s, st in enumerate(schedule.stages) for i, inst in enumerate(st)}
     # torch stage 1 -> 2 (both on rank 1): forward and input gradient stay on rank 1
     assert ((1, index[(1, Instruction("forward", 0, 0))]), (1, index[(1, Instruction("forward", 0, 1))])) in edges

@@ -30,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demo_checks import check_deployed_demo  # noqa: E402
 
-from perseus.schedule import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
 from perseus_demo.torch_demo import DemoConfig  # noqa: E402
 

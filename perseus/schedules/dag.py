@@ -12,7 +12,8 @@ from functools import cached_property
 
 import numpy as np
 
-from perseus.schedule import Instruction, Schedule
+from perseus.schedules.dependencies import dependencies
+from perseus.schedules.model import Instruction, Schedule
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,7 +34,7 @@ class InstructionDAG:
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         node_stage = np.repeat(np.arange(schedule.num_stages), sizes)
         instructions = tuple(inst for stage in schedule.stages for inst in stage)
-        edges = schedule.dependencies()
+        edges = dependencies(schedule)
         src = np.array([offsets[s] + i for (s, i), _ in edges], dtype=np.int64)
         dst = np.array([offsets[s] + i for _, (s, i) in edges], dtype=np.int64)
         topo = _topological_order(len(instructions), src, dst)

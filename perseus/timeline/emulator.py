@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from perseus.cache import RunCache
+from perseus.store.cache import RunCache
 from perseus.errors import ConfigError, FrontierError
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.profile import Profile
-from perseus.schedule import Schedule
+from perseus.schedules import Schedule
 
 
 @dataclass(frozen=True)

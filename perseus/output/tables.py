@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # types only: `perseus show` should not load the emulator
-    from perseus.emulator import EmulationResult, SweepRow
+    from perseus.timeline.emulator import EmulationResult, SweepRow
     from perseus.frontier import Frontier
 
 

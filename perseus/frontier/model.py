@@ -1,4 +1,4 @@
-"""The iteration time–energy Pareto frontier and its JSON file.
+"""The iteration time–energy Pareto frontier: the planner's output, the runtime's input.
 
 A ``Frontier`` is the planner's output and the runtime's input: points ordered fastest first,
 each an iteration time, its energy (both simulated on measured profile values) and the
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from perseus.errors import FrontierError
-from perseus.schedule import Instruction, Schedule
+from perseus.schedules import Instruction, Schedule
 
 
 @dataclass(frozen=True)
@@ -96,20 +96,6 @@ class Frontier:
         insts = self.schedule.stages[stage]
         return list(zip(insts, point.freqs_mhz[start : start + len(insts)].tolist()))
 
-    # ---------------------------------------------------------------- file (perseus.frontier_file)
-
-    def to_json_dict(self, max_points: int | None = None) -> dict[str, Any]:
-        """The version 2 JSON document (docs/frontier-format.md), at most ``max_points`` points each."""
-        from perseus.frontier_file import encode_frontier_json
-
-        return encode_frontier_json(self, max_points)
-
-    def save(self, path: str | Path, max_points: int | None = None) -> None:
-        """Write a version 2 file atomically, so a crash never leaves half a frontier."""
-        from perseus.frontier_file import save_frontier
-
-        save_frontier(self, path, max_points)
-
 
 def thin_points(points: list[FrontierPoint], max_points: int | None) -> list[FrontierPoint]:
     """At most ``max_points`` points spread evenly in time, always keeping both ends."""
@@ -131,17 +117,3 @@ def _paced_order(points: list[FrontierPoint], idle_w: float) -> list[FrontierPoi
         if not kept or point.energy_j - idle_w * point.time_s < (kept[-1].energy_j - idle_w * kept[-1].time_s):
             kept.append(point)
     return kept
-
-
-def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
-    """The frontier in a parsed version 1 or 2 document; errors name ``source``."""
-    from perseus.frontier_file import frontier_from_json_dict as decode
-
-    return decode(data, source)
-
-
-def load_frontier(path: str | Path) -> Frontier:
-    """Read a version 1 or 2 frontier file; every problem is one ``FrontierError`` line."""
-    from perseus.frontier_file import load_frontier as load
-
-    return load(path)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from perseus.schedule import Schedule
+    from perseus.schedules.model import Schedule
 
 Node = tuple[int, int]  # (stage, index in the stage's order)
 

@@ -2,7 +2,7 @@
 
 Each point carries one ``{kind, microbatch, chunk, freq_mhz}`` object per instruction, so a file
 grows as instructions × points (about 600 MB at 16,384 instructions and 300 points). Perseus
-writes version 2 (``perseus.frontier_file``); this module keeps version 1 files loadable and can
+writes version 2 (``perseus.frontier.codec``); this module keeps version 1 files loadable and can
 still write them, for tests and for the file-size benchmark.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from perseus.errors import FrontierError
-from perseus.frontier import Frontier, FrontierPoint, thin_points
-from perseus.schedule import Instruction, Schedule
+from perseus.frontier.model import Frontier, FrontierPoint, thin_points
+from perseus.schedules import Instruction, Schedule
 
 VERSION = 1
 

@@ -10,7 +10,7 @@ carries the hash, so a file copied between directories is caught, and a frontier
 version of the schedule-dependency model it was planned under, so a frontier planned under older
 rules is planned again. A cache entry that cannot be read, does not parse, or belongs to another
 key is reported as a warning naming the file and the problem, and is rebuilt; it is never used
-silently. Writes are atomic (``perseus.atomic``).
+silently. Writes are atomic (``perseus.store.atomic``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from perseus.atomic import write_atomic
+from perseus.store.atomic import write_atomic
 from perseus.errors import FrontierError, ProfileError
-from perseus.frontier import Frontier, load_frontier
+from perseus.frontier import Frontier, encode_frontier_json, load_frontier
 from perseus.profile import Profile, load_json
-from perseus.schedule import DAG_MODEL_VERSION, Schedule
+from perseus.schedules import DAG_MODEL_VERSION, Schedule
 
-log = logging.getLogger("perseus.cache")
+log = logging.getLogger("perseus.store.cache")
 
 KEY_FILE = "key.json"
 PROFILE_FILE = "profile.json"
@@ -144,6 +144,6 @@ class RunCache:
         self._prepare()
         frontier.metadata[CACHE_KEY_FIELD] = self.hash
         frontier.metadata[DAG_MODEL_FIELD] = DAG_MODEL_VERSION
-        data = frontier.to_json_dict()
+        data = encode_frontier_json(frontier)
         write_json_atomic(self.frontier_path, data, compact=True)
         return self.frontier_path

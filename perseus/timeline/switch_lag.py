@@ -1,6 +1,6 @@
 """A frequency plan run on GPUs whose clock switches land ``latency`` after they are requested.
 
-Why: the planner's model (``perseus.simulator``) switches the clock the instant an instruction
+Why: the planner's model (``perseus.timeline.simulator``) switches the clock the instant an instruction
 starts. Here every request takes ``latency`` to land, a newer request replaces one still on its
 way (as the simulated GPU does, ``perseus.gpu.sim``), and a switch that lands while a kernel runs
 changes the rest of it (the kernel progresses at ``1 / time(clock)`` of its work per second and
@@ -11,7 +11,7 @@ can ask for its clocks (``POLICIES``):
 - ``"ahead"``: the next instruction's clock when the previous one ends (``switch_ahead`` on, the
   latency unknown to the runtime);
 - ``"timed"``: each switch ``latency`` before its landing on the planned timeline
-  (``perseus.switch_timing.request_schedule``; the runtime's latency hiding).
+  (``perseus.timeline.switch_timing.request_schedule``; the runtime's latency hiding).
 
 Several iterations run one after the other (every stage starts the next ``between_steps_s``
 after the slowest has ended, as after an optimizer step), so requests made in one iteration for
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.profile import Profile
-from perseus.simulator import plan_costs, simulate
-from perseus.switch_timing import request_schedule
+from perseus.timeline.simulator import plan_costs, simulate
+from perseus.timeline.switch_timing import request_schedule
 
 POLICIES = ("at_begin", "ahead", "timed")
 

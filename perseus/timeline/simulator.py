@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.dag import InstructionDAG
+from perseus.schedules.dag import InstructionDAG
 from perseus.errors import ProfileError
 from perseus.profile import Profile
 
@@ -110,7 +110,7 @@ def plan_costs(dag: InstructionDAG, profile: Profile, freqs_mhz: np.ndarray) -> 
 
 def plan_timelines(dag: InstructionDAG, profile: Profile, plans_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start and finish (s) of every node of many per-node frequency plans ``(plans, n)`` on the
-    profile's measured values: what each instruction's clock switch is timed by (``perseus.switch_timing``)."""
+    profile's measured values: what each instruction's clock switch is timed by (``perseus.timeline.switch_timing``)."""
     plans = np.atleast_2d(np.asarray(plans_mhz, dtype=np.int64))
     if plans.shape[1] != dag.num_nodes:
         raise ProfileError(f"plans have {plans.shape[1]} frequencies but the pipeline has {dag.num_nodes} instructions")

@@ -17,12 +17,12 @@ from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from perseus.atomic import atomic_output  # noqa: E402
-from perseus.dag import InstructionDAG  # noqa: E402
+from perseus.store.atomic import atomic_output  # noqa: E402
+from perseus.schedules.dag import InstructionDAG  # noqa: E402
 from perseus.errors import PerseusError  # noqa: E402
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
 from perseus.profile import Profile  # noqa: E402
-from perseus.simulator import IterationTimeline, max_frequency_plan, simulate_plan  # noqa: E402
+from perseus.timeline.simulator import IterationTimeline, max_frequency_plan, simulate_plan  # noqa: E402
 
 IMAGE_FORMATS = ("png", "pdf", "svg")
 

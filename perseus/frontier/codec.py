@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from perseus.errors import FrontierError
-from perseus.frontier import Frontier, FrontierPoint, thin_points
-from perseus.schedule import Instruction, Schedule, build_schedule
+from perseus.frontier.v1 import decode_v1_points
+from perseus.store.atomic import write_atomic
+from perseus.frontier.model import Frontier, FrontierPoint, thin_points
+from perseus.schedules import Instruction, Schedule, build_schedule
 
 FORMAT = "perseus-frontier"
 VERSION = 2
@@ -40,7 +42,7 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
     sched = frontier.schedule
     points = thin_points(frontier.points, max_points)
     paced = thin_points(frontier.paced_points, max_points)
-    table, index = _clock_table(_whole_mhz(np.stack([np.asarray(p.freqs_mhz) for p in points + paced])))
+    table, index = clock_table(_whole_mhz(np.stack([np.asarray(p.freqs_mhz) for p in points + paced])))
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -72,7 +74,7 @@ def _whole_mhz(freqs: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64)
 
 
-def _clock_table(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def clock_table(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted distinct clocks, index of every entry in them) of an integer matrix."""
     if freqs.size and freqs.min() >= 0 and freqs.max() < 1 << 20:  # MHz: a linear-time lookup
         present = np.bincount(freqs.ravel(), minlength=1) > 0
@@ -99,7 +101,6 @@ def _encode_block(points: list[FrontierPoint], index: np.ndarray, num_clocks: in
 
 def save_frontier(frontier: Frontier, path: str | Path, max_points: int | None = None) -> None:
     """Write ``frontier`` as a version 2 file, atomically."""
-    from perseus.atomic import write_atomic
 
     write_atomic(path, json.dumps(encode_frontier_json(frontier, max_points), separators=(",", ":")))
 
@@ -143,7 +144,6 @@ def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
         schedule = build_schedule(str(data["schedule"]), int(data["stages"]), int(data["microbatches"]),
                                   int(data["chunks"]), None if group is None else int(group), overlap)
         if version == 1:
-            from perseus.frontier_v1 import decode_v1_points
 
             points = decode_v1_points(data["points"], "points", schedule, source)
             paced = decode_v1_points(data.get("paced_points") or [], "paced_points", schedule, source)

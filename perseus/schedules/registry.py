@@ -1,0 +1,131 @@
+"""The one table of schedules Perseus plans: names, CLI choices and validation derive from it.
+
+Each ``ScheduleSpec`` says which framework runs the schedule, how its chunks sit along the model,
+what shapes it accepts and how it orders a stage's instructions. ``build_schedule`` looks a name
+up here (as torch.distributed.pipelining's ``get_schedule_class`` does) and nowhere else, so
+adding a schedule is one order generator and one entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from perseus.errors import ScheduleError
+from perseus.schedules.model import Instruction, Placement, Schedule
+from perseus.schedules.orders import gpipe_order, interleaved_joint_receives, interleaved_order, interleaved_warmup, one_f_one_b_order
+from perseus.schedules.torch_orders import torch_order
+
+# (stage, stages, microbatches, chunks, microbatch group size or None) -> that stage's order
+OrderFn = Callable[[int, int, int, int, "int | None"], Sequence[Instruction]]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """One plannable schedule."""
+
+    name: str
+    runs_in: str  # the frameworks' own names for it, for help texts
+    order: OrderFn
+    placement: Placement = Placement.LOOP
+    # chunks: exactly this many (``exact_chunks``) or at least ``min_chunks``; errors say which flag
+    exact_chunks: int | None = None
+    min_chunks: int = 1
+    chunks_error: str = ""
+    # torch's interleaved schedules need at least as many microbatches as stages
+    microbatches_at_least_stages: bool = False
+    # megatron-core's interleaved 1F1B: joint receives, microbatch group size, overlapped p2p
+    megatron_exchanges: bool = False
+
+    def check(self, num_stages: int, num_microbatches: int, num_chunks: int) -> None:
+        """Raise ``ScheduleError`` where this schedule cannot take the shape."""
+        if self.exact_chunks is not None and num_chunks != self.exact_chunks:
+            raise ScheduleError(self.chunks_error.format(name=self.name, chunks=num_chunks))
+        if num_chunks < self.min_chunks:
+            raise ScheduleError(self.chunks_error.format(name=self.name, chunks=num_chunks))
+        if self.microbatches_at_least_stages and num_microbatches < num_stages:
+            raise ScheduleError(f"{self.name}: needs at least as many microbatches ({num_microbatches}) "
+                                f"as stages ({num_stages})")
+
+
+def _torch(name: str) -> OrderFn:
+    return lambda s, S, M, C, group: torch_order(name, s, S, M, C)
+
+
+REGISTRY: dict[str, ScheduleSpec] = {spec.name: spec for spec in (
+    ScheduleSpec("1f1b", "megatron-core (no virtual pipeline), DeepSpeed TrainSchedule, torch Schedule1F1B",
+                 lambda s, S, M, C, group: one_f_one_b_order(s, S, M), exact_chunks=1,
+                 chunks_error="schedule {name!r} has no virtual chunks; use --chunks 1 or 'interleaved'"),
+    ScheduleSpec("interleaved", "megatron-core with virtual pipeline chunks",
+                 lambda s, S, M, C, group: interleaved_order(s, S, M, C, group), min_chunks=2,
+                 chunks_error="interleaved schedule needs at least 2 chunks (--chunks)", megatron_exchanges=True),
+    ScheduleSpec("gpipe", "torch ScheduleGPipe", lambda s, S, M, C, group: gpipe_order(s, S, M), exact_chunks=1,
+                 chunks_error="schedule {name!r} has no virtual chunks; use --chunks 1 or 'interleaved'"),
+    ScheduleSpec("torch-interleaved", "torch ScheduleInterleaved1F1B", _torch("torch-interleaved"), min_chunks=2,
+                 chunks_error="torch-interleaved schedule needs at least 2 chunks (--chunks); use 1f1b for one",
+                 microbatches_at_least_stages=True),
+    ScheduleSpec("zb-interleaved", "torch ScheduleInterleavedZeroBubble", _torch("zb-interleaved"),
+                 microbatches_at_least_stages=True),
+    ScheduleSpec("zbv", "torch ScheduleZBVZeroBubble", _torch("zbv"), placement=Placement.V, exact_chunks=2,
+                 chunks_error="zbv places exactly 2 chunks per stage in a V; use --chunks 2, got {chunks}"),
+)}
+
+SCHEDULES: tuple[str, ...] = tuple(REGISTRY)
+# Schedules Perseus cannot plan, with the reason (one line each).
+UNSUPPORTED = {
+    "dualpipev": "DualPipeV overlaps a forward with a backward in one action (OVERLAP_F_B), so its "
+                 "instructions cannot be clocked one at a time; Perseus does not support it",
+}
+
+
+def get_schedule_spec(name: str) -> ScheduleSpec:
+    """The registry entry of ``name``; a one-line ``ScheduleError`` for unsupported or unknown names."""
+    spec = REGISTRY.get(name)
+    if spec is not None:
+        return spec
+    if name.lower() in UNSUPPORTED:
+        raise ScheduleError(UNSUPPORTED[name.lower()])
+    raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+def _check_sizes(num_stages: int, num_microbatches: int, num_chunks: int) -> None:
+    for what, value in (("stages", num_stages), ("microbatches", num_microbatches), ("chunks", num_chunks)):
+        if not isinstance(value, int) or value < 1:
+            raise ScheduleError(f"number of {what} must be a positive integer, got {value!r}")
+
+
+def build_schedule(
+    name: str,
+    num_stages: int,
+    num_microbatches: int,
+    num_chunks: int = 1,
+    group_size: int | None = None,
+    overlap_p2p: bool = False,
+) -> Schedule:
+    """Build a named schedule; raises ``ScheduleError`` for impossible configurations.
+
+    ``group_size``: megatron-core's ``microbatch_group_size_per_vp_stage`` (interleaved only;
+    None or the stage count is the default order). ``overlap_p2p``: megatron-core's
+    ``overlap_p2p_comm`` (interleaved only): the exchanges' waits, not the order.
+    """
+    _check_sizes(num_stages, num_microbatches, num_chunks)
+    if group_size is not None and name != "interleaved":
+        raise ScheduleError(f"a microbatch group size applies to the interleaved schedule only, not {name!r}")
+    if overlap_p2p and name != "interleaved":
+        raise ScheduleError(f"overlapped p2p (megatron-core's overlap_p2p_comm) applies to the interleaved schedule only, not {name!r}")
+    if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool)):
+        raise ScheduleError(f"microbatch group size must be an integer, got {group_size!r}")
+    spec = get_schedule_spec(name)
+    spec.check(num_stages, num_microbatches, num_chunks)
+    stages = tuple(tuple(spec.order(s, num_stages, num_microbatches, num_chunks, group_size)) for s in range(num_stages))
+    joint: tuple[tuple[tuple[int, int], ...], ...] = ()
+    group = num_stages if group_size is None else group_size
+    if spec.megatron_exchanges:
+        joint = tuple(
+            interleaved_joint_receives(
+                order, interleaved_warmup(s, num_stages, num_chunks, group) >= num_microbatches * num_chunks
+            )
+            for s, order in enumerate(stages)
+        )
+    return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint, spec.placement,
+                    None if group == num_stages else group, bool(overlap_p2p))
