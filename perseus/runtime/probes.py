@@ -21,11 +21,15 @@ around them; a slowly changing machine moves both sides alike. Probe blocks are 
 between two blocks at least one counted plan step runs.
 
 Role of deployed step ``i`` (``i`` counted from the first deployed step), defaults
-``every=50, first=2, settle=1``::
+``every=50, first=5, settle=1``::
 
-    i:     0      1     2       3      4      5 ... 51   52      53     54     55 ...
-    role:  plan~  plan  probe~  probe  plan~  plan    plan probe~  probe  plan~  plan
+    i:     0      1 ... 4   5       6      7      8 ... 54  55      56     57     58 ...
+    role:  plan~  plan      probe~  probe  plan~  plan      probe~  probe  plan~  plan
            (~: settle step, not counted; probe: default clocks, counted)
+
+The first probe comes a few steps after deployment so that the first check (``time_guard.py``)
+has a few plan steps to compare with it: a grossly wrong plan is caught within the first dozen
+steps, not after ``every``.
 
 Pure: the role is a function of the step index and the settings.
 """
@@ -70,7 +74,7 @@ class ProbeSchedule:
     """
 
     every: int = 50
-    first: int = 2
+    first: int = 5
     settle: int = 1
 
     def __post_init__(self) -> None:

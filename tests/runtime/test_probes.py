@@ -10,10 +10,10 @@ P, PS, D, DS = StepRole.PLAN, StepRole.PLAN_SETTLE, StepRole.PROBE, StepRole.PRO
 
 def test_default_layout_matches_the_documented_table():
     sched = ProbeSchedule()
-    roles = sched.roles(57)
-    assert roles[:6] == [PS, P, DS, D, PS, P]
-    assert roles[6:52] == [P] * 46
-    assert roles[52:56] == [DS, D, PS, P]
+    roles = sched.roles(60)
+    assert roles[:9] == [PS, P, P, P, P, DS, D, PS, P]
+    assert roles[9:55] == [P] * 46
+    assert roles[55:59] == [DS, D, PS, P]
 
 
 def test_every_counted_sample_follows_a_step_at_its_own_clocks():

@@ -56,20 +56,24 @@ def test_a_correct_plan_is_kept():
 
 
 def test_a_plan_five_percent_slower_moves_within_patience_checks():
-    """On 1 % noise (a GPU's), a 5 % slower plan moves faster after exactly ``patience`` checks."""
+    """On 1 % noise (a GPU's), a 5 % slower plan moves faster after ``patience`` slow checks: at the
+    3rd check, or the 4th when the first (4 plan steps against 1 probe, a wide margin) is within."""
     for seed in range(10):
         guard = TimeGuard()
         decisions = drive(guard, gauss_times(600, 0.01, seed), lambda i, m: 0.05 if m == 0 else 0.0,
                           ProbeSchedule(every=50))
         actions = [d.action for _, d in decisions]
-        assert actions[:3] == [Action.KEEP, Action.KEEP, Action.FASTER], (seed, [d.reason for _, d in decisions])
-        assert Action.FALLBACK not in actions and actions.count(Action.FASTER) == 1
-        assert [d.state for _, d in decisions[:2]] == [GuardState.SUSPECT, GuardState.SUSPECT]
-        move = decisions[2][1]
-        # the least change the evidence supports: about 1 / 1.05, not further
-        assert 1 / 1.07 < move.target_scale < 1 / 1.03
+        first = actions.index(Action.FASTER)
+        assert first in (2, 3), (seed, [d.reason for _, d in decisions])
+        assert set(actions[:first]) == {Action.KEEP} and Action.FALLBACK not in actions
+        assert [d.state for _, d in decisions[first - 2:first]] == [GuardState.SUSPECT, GuardState.SUSPECT]
+        move = decisions[first][1]
+        # the least change the evidence supports: a speed-up, never more than the slowdown measured
+        # (2 to 4 probes at this point, so the least of the 3 excesses can be 2.5 % or 7 %)
+        assert 1 / 1.08 < move.target_scale < 1 / 1.02
+        assert move.target_scale >= 1 / (1 + move.excess)
         assert "moving to a faster point" in move.reason and "\n" not in move.reason
-        assert all(d.action is Action.KEEP for _, d in decisions[3:])  # the faster point is on target
+        assert all(d.action is Action.KEEP for _, d in decisions[first + 1:])  # the faster point is on target
 
 
 def test_the_first_plan_step_after_a_move_is_not_counted():
@@ -92,11 +96,12 @@ def test_slower_even_at_the_fastest_point_falls_back_with_a_reason():
     guard = TimeGuard()
     decisions = drive(guard, gauss_times(1200, 0.01, 4), lambda i, m: 0.08, ProbeSchedule(every=50), fastest_after=1)
     actions = [d.action for _, d in decisions]
-    assert actions[:6] == [Action.KEEP, Action.KEEP, Action.FASTER, Action.KEEP, Action.KEEP, Action.FALLBACK]
-    fallback = decisions[5][1]
+    assert actions.count(Action.FASTER) == 1 and actions[-1] is Action.FALLBACK
+    assert actions.index(Action.FALLBACK) - actions.index(Action.FASTER) == 3  # patience checks at the fastest point
+    fallback = decisions[-1][1]
     assert fallback.state is GuardState.FALLEN_BACK and guard.state is GuardState.FALLEN_BACK
     assert "falling back to default clocks" in fallback.reason and "\n" not in fallback.reason
-    assert len(decisions) == 6  # terminal: no further decisions
+    assert decisions[-1][0] < 500  # terminal: no decisions after it
     assert guard.observe(StepRole.PROBE, 1.0) is None
 
 
@@ -114,7 +119,8 @@ def test_one_slow_window_decides_nothing():
     guard = TimeGuard()
     times = gauss_times(600, 0.01, 7)
     decisions = drive(guard, times, lambda i, m: 0.3 if 60 <= i < 100 else 0.0, ProbeSchedule(every=50))
-    assert [d.state for _, d in decisions][:3] == [GuardState.HOLDING, GuardState.SUSPECT, GuardState.HOLDING]
+    states = [d.state for _, d in decisions]
+    assert states.count(GuardState.SUSPECT) == 1 and decisions[states.index(GuardState.SUSPECT)][0] == 106, states
     assert all(d.action is Action.KEEP for _, d in decisions)
 
 
@@ -134,7 +140,7 @@ def test_targets_are_checked_against_their_own_time():
 
 def test_retarget_restarts_the_count():
     guard = TimeGuard()
-    sched = ProbeSchedule(every=50)
+    sched = ProbeSchedule(every=50, first=50)  # checks at steps 51, 101, 151, ...
     decisions = []
     for i, t in enumerate(gauss_times(400, 0.01, 5)):
         if i == 110:
