@@ -71,6 +71,19 @@ ALLOWED: dict[GuardState, frozenset[GuardState]] = {
 # HOLDING/WATCHING → FALLEN_BACK or a move straight to WATCHING only with patience 1.
 
 
+def target_ratio(target_time_s: float | None, default_time_s: float) -> float:
+    """A target's time in units of default clocks' (planned seconds over the default point's).
+
+    ``None`` (no straggler or external target) is the no-slowdown target, 1.0. A target faster
+    than the default point is held to the default point's time: no plan is promised faster.
+    """
+    if default_time_s <= 0:
+        raise ValueError(f"default point's planned time must be positive, got {default_time_s}")
+    if target_time_s is None:
+        return 1.0
+    return max(1.0, target_time_s / default_time_s)
+
+
 class Action(enum.Enum):
     KEEP = "keep"  # leave the deployed point as it is
     FASTER = "faster"  # look up the point for target time × target_scale

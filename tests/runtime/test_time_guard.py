@@ -17,7 +17,7 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.runtime.probes import ProbeSchedule, StepRole
-from perseus.runtime.time_guard import ALLOWED, Action, GuardSettings, GuardState, TimeGuard
+from perseus.runtime.time_guard import ALLOWED, Action, GuardSettings, GuardState, TimeGuard, target_ratio
 
 TRACE = Path(__file__).parents[1] / "data" / "straggler_noise.json"
 
@@ -136,6 +136,14 @@ def test_targets_are_checked_against_their_own_time():
             if d is not None and d.excess is not None:
                 actions.append(d.action)
         assert expect in actions and (expect is Action.FASTER or set(actions) == {Action.KEEP})
+
+
+def test_target_ratio_of_straggler_and_external_targets():
+    assert target_ratio(None, 2.0) == 1.0
+    assert target_ratio(2.6, 2.0) == pytest.approx(1.3)
+    assert target_ratio(1.5, 2.0) == 1.0  # never promised faster than the default point
+    with pytest.raises(ValueError):
+        target_ratio(1.0, 0.0)
 
 
 def test_retarget_restarts_the_count():
