@@ -27,9 +27,10 @@ Role of deployed step ``i`` (``i`` counted from the first deployed step), defaul
     role:  plan~  plan      probe~  probe  plan~  plan      probe~  probe  plan~  plan
            (~: settle step, not counted; probe: default clocks, counted)
 
-The first probe comes a few steps after deployment so that the first check (``time_guard.py``)
-has a few plan steps to compare with it: a grossly wrong plan is caught within the first dozen
-steps, not after ``every``.
+The first probe comes a few steps after deployment, so the first check (``time_guard.py``) comes
+within a dozen steps with a few plan steps to compare, not after ``every`` steps. With the
+guard's patience of 3, a plan slow at every check is acted on at the third probe (deployed step
+106 with the defaults).
 
 Pure: the role is a function of the step index and the settings.
 """
