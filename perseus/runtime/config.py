@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.planner.settings import PlannerOptions
+from perseus.runtime.probes import ProbeSchedule
+from perseus.runtime.time_guard import GuardSettings
 
 Mode = Literal["profile", "plan", "run", "measure-only"]
 GPUBackend = Literal["auto", "nvml", "sim"]
@@ -83,6 +85,16 @@ class PerseusConfig(BaseModel):
     straggler_recover_threshold: float = Field(default=0.02, ge=0)
     straggler_patience: int = Field(default=2, ge=1)
 
+    # The no-slowdown guard (docs/runtime.md, "No slowdown, checked while training"): every N
+    # deployed steps a default-clock probe (one settle step, one counted step) gives the same-run
+    # A/B; the plan moves to a faster point after ``guard_patience`` checks in a row slower than its
+    # target by more than ``guard_tolerance`` + ``guard_noise_z`` robust standard errors, and falls
+    # back to default clocks when even the fastest point is. 0 turns probes and the guard off.
+    probe_every_steps: int = Field(default=50, ge=0)
+    guard_tolerance: float = Field(default=0.01, ge=0, lt=0.5)
+    guard_patience: int = Field(default=3, ge=1)
+    guard_noise_z: float = Field(default=2.0, ge=0)
+
     # Faults. Every collective with the other ranks gives up after this long (a rank died or
     # hung): the survivors continue at default clocks. The controller reads the applied clock back
     # this often and re-applies it when something else changed it (0: never).
@@ -109,6 +121,11 @@ class PerseusConfig(BaseModel):
                 f"straggler_recover_threshold ({self.straggler_recover_threshold}) must be below "
                 f"straggler_threshold ({self.straggler_threshold}) so the policy has a hysteresis band"
             )
+        if 0 < self.probe_every_steps < ProbeSchedule.min_every(ProbeSchedule.settle):
+            raise ValueError(
+                f"probe_every_steps ({self.probe_every_steps}) leaves no counted plan step between default-clock "
+                f"probes; use 0 (off) or at least {ProbeSchedule.min_every(ProbeSchedule.settle)}"
+            )
         if self.plan_wait_s >= self.collective_timeout_s:
             raise ValueError(
                 f"plan_wait_s ({self.plan_wait_s:g}) must be below collective_timeout_s ({self.collective_timeout_s:g}): "
@@ -129,6 +146,14 @@ class PerseusConfig(BaseModel):
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
+
+    def probe_schedule(self) -> ProbeSchedule:
+        """Which deployed steps run at default clocks (``probe_every_steps``; 0: none)."""
+        return ProbeSchedule(every=self.probe_every_steps)
+
+    def guard_settings(self) -> GuardSettings:
+        """The no-slowdown guard's tolerance, noise allowance and patience."""
+        return GuardSettings(tolerance=self.guard_tolerance, patience=self.guard_patience, noise_z=self.guard_noise_z)
 
     def replace(self, **changes: Any) -> PerseusConfig:
         """Validated copy with some fields changed."""

@@ -37,6 +37,12 @@ def test_from_dict_accepts_valid_values():
                                                   "num_anchors"]),
         ({"planner_options": {"beam_width": -1}}, ["planner_options", "beam_width", ">= 0"]),
         ({"planner_options": {"num_anchors": "8"}}, ["planner_options", "num_anchors", "'8'"]),
+        ({"probe_every_steps": 3}, ["probe_every_steps (3)", "no counted plan step", "0 (off) or at least 4"]),
+        ({"probe_every_steps": -1}, ["probe_every_steps"]),
+        ({"guard_tolerance": 0.5}, ["guard_tolerance"]),
+        ({"guard_tolerance": -0.01}, ["guard_tolerance"]),
+        ({"guard_patience": 0}, ["guard_patience"]),
+        ({"guard_noise_z": -1}, ["guard_noise_z"]),
     ],
 )
 def test_invalid_values_raise_one_line_config_error(bad, words):
@@ -75,3 +81,13 @@ def test_planner_options_default_overrides_nothing():
 
     assert PerseusConfig().planner_options.overrides() == {}
     assert PlannerOptions(num_anchors=8).overrides() == {"num_anchors": 8}
+
+
+def test_guard_settings_come_from_the_config():
+    cfg = PerseusConfig.from_dict({"probe_every_steps": 20, "guard_tolerance": 0.02, "guard_patience": 2,
+                                   "guard_noise_z": 1.5})
+    assert cfg.probe_schedule().every == 20 and cfg.probe_schedule().default_fraction == 0.1
+    g = cfg.guard_settings()
+    assert (g.tolerance, g.patience, g.noise_z) == (0.02, 2, 1.5)
+    assert PerseusConfig.from_dict({"probe_every_steps": 0}).probe_schedule().enabled is False
+    assert PerseusConfig().probe_every_steps == 50 and PerseusConfig().guard_tolerance == 0.01
