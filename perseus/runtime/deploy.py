@@ -17,6 +17,10 @@ from collections import deque
 from statistics import median
 from typing import Sequence
 
+from perseus.runtime.collective import Collective
+from perseus.runtime.events import PipelineJob
+from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.job_check import JobCheck, check_job
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.schedule import Instruction
 from perseus.switch_timing import TimedRequest, request_schedule
@@ -198,8 +202,9 @@ class Deployment:
     hooks read), the (natural time, energy) of the deployed steps since the last job check, and
     why it fell back (the first problem only; one warning per run)."""
 
-    def __init__(self, stage: int, switches: SwitchTiming, check_every: int) -> None:
+    def __init__(self, stage: int, switches: SwitchTiming, check_every: int, gpu: GPUPort) -> None:
         self.stage = stage
+        self.gpu = gpu
         self.switches = switches
         self.check_every = check_every  # deployed steps between job checks (0: none)
         self.follower: PlanFollower | None = None
@@ -214,19 +219,25 @@ class Deployment:
         self.steps = 0
         self.window = []
 
-    def follow(self, plan: StagePlan, point: StagePoint) -> int | None:
-        """Follow ``point``'s clocks of this stage from the next instruction on. Returns the clock to
-        request at once when switches are timed (the new plan's first: the requests for a step's
-        first instructions are made in the step before), else None."""
+    def follow(self, plan: StagePlan, point: StagePoint) -> None:
+        """Follow ``point``'s clocks of this stage from the next instruction on."""
         pairs = plan.stage_plan(point, self.stage)
         self.follower = PlanFollower(pairs, self.stage)
         self.timed = self.switches.for_point(plan, point, [f for _, f in pairs])
-        return pairs[0][1] if self.timed is not None and pairs else None
+        if self.timed is not None and pairs:
+            # The new plan's first clock at once (and no request of the old plan still held): the
+            # requests for a step's first instructions are made in the step before.
+            self.gpu.request_now(pairs[0][1])
+
+    def fall_back(self, problem: str) -> None:
+        """Default clocks from now on (without waiting: also from a hook), for ``problem``."""
+        self.problem = problem
+        self.gpu.release()
 
     def diverged(self) -> None:
         """The executed instructions left the plan (the follower says where): noted, warned once."""
         assert self.follower is not None
-        self.problem = self.follower.problem
+        self.fall_back(self.follower.problem)
         if not self._warned:
             self._warned = True
             log.warning(
@@ -235,14 +246,15 @@ class Deployment:
                 self.problem,
             )
 
-    def end_step(self, natural_s: float, energy_j: float) -> bool:
-        """After a deployed (or fallen back) step; True when the job check is due."""
+    def end_step(self, natural_s: float, energy_j: float, collective: Collective, job: PipelineJob,
+                 step: int) -> JobCheck | None:
+        """After a deployed (or fallen back) step: every ``check_every`` of them, the periodic job
+        check of the steps since the last (a collective: every rank at the same step), else None."""
         if self.timed is not None:
             self.timed.end_step()
         self.window.append((natural_s, energy_j))
         self.steps += 1
-        return bool(self.check_every) and self.steps % self.check_every == 0
-
-    def take_window(self) -> list[tuple[float, float]]:
+        if not self.check_every or self.steps % self.check_every:
+            return None
         window, self.window = self.window, []
-        return window
+        return check_job(collective, job, step, window, self.problem is not None)

@@ -1,12 +1,9 @@
 """``PerseusRuntime``: the stateful engine adapters drive with step and instruction events.
 
-One object per training process. It keeps the hot path and the phase transitions (``phases.py``):
-warm-up at default clocks (baseline), online profiling (``profiling.py``), planning on rank 0 in
-a niced child process while training continues (``planning.py``), then deployment
-(``deploy.py``) of the point that ``targeting.py`` chooses from the targets in force (no
-slowdown, a straggler's pace from ``job_check.py``, external targets). Where the plan comes from
-(``sources.py``), what a rank shows of its run (``observe.py``: records, sinks, summary) and
-closing at process exit (``lifecycle.py``) are rooms of their own.
+One object per training process. It keeps the hot path and the phase transitions (``phases.py``);
+each phase's work is a room of its own: getting a plan (``supply.py``: sources, profiling,
+planning), which frontier point runs (``targeting.py``), following it (``deploy.py``), what the
+rank shows of its run (``observe.py``) and closing at process exit (``lifecycle.py``).
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
 non-blocking request to the frequency controller. On a simulated GPU they also make each
@@ -23,24 +20,22 @@ from time import monotonic, perf_counter
 from typing import Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime.clock_sweep import profiling_iterations
 from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming, TimedSwitches
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort, open_port
-from perseus.runtime.job_check import check_job
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
 from perseus.runtime.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe import Observer
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
 from perseus.runtime.profiler import instruction_keys
-from perseus.runtime.report import RunFacts, summary_line
+from perseus.runtime.report import summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
-from perseus.runtime.supply import PlanSupply
+from perseus.runtime.supply import PlanSupply, ready_line
 from perseus.runtime.targeting import PacedTarget, Targeting, TimeTarget
 from perseus.schedule import InstructionKind
 
@@ -53,24 +48,17 @@ _HOT_IDLE, _HOT_PROFILE, _HOT_DEPLOY = 0, 1, 2
 class PerseusRuntime:
     """Implements ``InstructionListener``; see docs/runtime.md for phases, protocol and config."""
 
-    def __init__(
-        self,
-        job: PipelineJob,
-        config: PerseusConfig | None = None,
-        *,
-        process_group: Any = None,
-        gpu: GPUPort | None = None,
-    ) -> None:
+    def __init__(self, job: PipelineJob, config: PerseusConfig | None = None, *, process_group: Any = None,
+                 gpu: GPUPort | None = None) -> None:
         self.job = job
         self.config = c = config if config is not None else PerseusConfig()
         self._closed = False
         self._stopped = False
         self._hot = _HOT_IDLE
-        # On a simulated GPU every observed instruction is one of its kernels; None on real GPUs.
-        self.sim_kernels: SimulatedKernels | None = None
+        self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
         self._switch_ahead = c.switch_ahead
-        # Per-instruction clock events (clock_trace.py); None unless trace_clocks: one test per hook.
-        self.clock_trace: ClockTrace | None = None
+        self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
+        self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
         self.enabled = c.enabled
         if not self.enabled:
             return
@@ -89,11 +77,10 @@ class PerseusRuntime:
             self.clock_trace = ClockTrace(self.gpu.device if self.gpu.is_simulated else None,
                                           getattr(self.gpu.controller, "pid", None))
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
-        self.reporter = self.observe.reporter
+        self.reporter, self.events = self.observe.reporter, self.observe.events
         self.phases = PhaseMachine()
         self.step = 0
         self._stage_instructions = self.schedule.stages[job.stage]
-        self._keys = instruction_keys(self._stage_instructions)
         self.timer = self.gpu.instruction_timer()
         switches = SwitchTiming(c.planner_options.switch_latency_s, self._switch_ahead, self.gpu.timed_requests,
                                 self.is_root)
@@ -105,18 +92,17 @@ class PerseusRuntime:
         # Which of its points runs, from the targets in force (targeting.py).
         self.targeting = Targeting(StragglerPolicy(c.straggler_threshold, c.straggler_recover_threshold,
                                                    c.straggler_patience))
-        self.deployment = Deployment(job.stage, switches, c.straggler_period_steps)
+        self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
         # The hooks' view of the deployment: the point's follower and its timed switches (or None).
         self._follower: PlanFollower | None = None
         self._timed: TimedSwitches | None = None
-        self.events: list[tuple[int, str, Any]] = []
         self.job_numbers: dict[str, Any] = {}
         self._step_t0 = self._step_e0 = self._last_end = 0.0
         self._in_step = False
         track(self)
         try:
             self._load_sources()
-            self.observe.start_prometheus(c.prometheus_port, self.collective)
+            self.prometheus = self.observe.start_prometheus(c.prometheus_port, self.collective)
         except PerseusError:
             self.close()
             raise
@@ -124,16 +110,10 @@ class PerseusRuntime:
     def _load_sources(self) -> None:
         """Rank 0 finds a provided or cached frontier/profile; every rank learns the outcome."""
         sources = self.supply.load()
-        self.frontier = sources.plan
         if sources.plan is not None:
-            self._plan_received(sources.plan, sources.received_bytes)
+            self._take_plan(sources.plan, sources.received_bytes)
         if sources.origin:
             self._event("source", sources.origin)
-
-    @property
-    def p_blocking_w(self) -> float | None:
-        """This rank's P_blocking (W), once profiling measured or was given it."""
-        return self.supply.p_blocking_w if self.enabled else None
 
     # ================================================================ hooks (hot path)
 
@@ -143,8 +123,8 @@ class PerseusRuntime:
             trace.step_begin("stopped" if self._stopped else self.phases.phase.value)
         if not self.enabled or self._closed or self._stopped:
             return
-        if self.targeting.due and self.phases.phase is Phase.DEPLOYED:
-            self._retarget()
+        if self.targeting.due and self.phases.phase is Phase.DEPLOYED:  # the targets changed (targeting.py)
+            self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
         if self._follower is not None:
             self._follower.start_step()
         self._in_step = True
@@ -227,12 +207,9 @@ class PerseusRuntime:
         step_time = t1 - self._step_t0
         span = max(self._last_end - self._step_t0, 1e-9)
         phase = self.phases.phase
-        point = self.targeting.point if phase is Phase.DEPLOYED else None
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
-        record = self.observe.record(
-            self.step, phase, step_time, energy, freq_mhz=profiling.sweep.current_mhz if profiling else None,
-            target_time_s=point.time_s if point is not None else None,
-            slowdown=self.targeting.slowdown if point is not None else 1.0)
+        record = self.observe.record(self.step, phase, step_time, energy, point=self.targeting.point,
+                                     slowdown=self.targeting.slowdown, sweep=profiling.sweep if profiling else None)
         self.step += 1
         self._check_notices()
         try:
@@ -260,14 +237,9 @@ class PerseusRuntime:
     def _end_warmup(self) -> None:
         self.reporter.set_baseline([r for r in self.reporter.records if r.phase is Phase.WARMUP])
         phase, why = after_warmup(self.frontier is not None, self.supply.have_profile, self.config.mode)
-        if phase is Phase.DEPLOYED:
-            self._deploy()
-        elif phase is Phase.PLANNING:
-            self._start_planning()
-        elif phase is Phase.PROFILING:
-            self._start_profiling()
-        else:
-            self._steady(why or "")
+        start = {Phase.DEPLOYED: self._deploy, Phase.PLANNING: self._start_planning,
+                 Phase.PROFILING: self._start_profiling}.get(phase, lambda: self._steady(why or ""))
+        start()
 
     def _check_notices(self) -> None:
         """What the clock controller reported since the last step (``GPUPort.take_notices``)."""
@@ -280,8 +252,7 @@ class PerseusRuntime:
         """Default clocks from now on, if a deployed plan runs and did not fall back already."""
         if self.phases.phase is Phase.DEPLOYED and self.deployment.problem is None:
             self._hot = _HOT_IDLE
-            self.deployment.problem = problem
-            self.gpu.release()
+            self.deployment.fall_back(problem)
 
     def _detach(self, exc: CollectiveError) -> None:
         """Another rank died or hung in a collective: make no further collective (each would wait
@@ -301,17 +272,17 @@ class PerseusRuntime:
         self._enter(Phase.STEADY)
 
     def _start_profiling(self) -> None:
-        self.supply.start_profiling(self._keys)
+        self.supply.start_profiling(instruction_keys(self._stage_instructions))
         self._enter(Phase.PROFILING)
         self.timer.resolve()
         self.supply.begin_profiling()
 
     def _finish_profiling(self) -> None:
-        if not self.supply.finish_profiling(self.gpu.clock_failure is None):
+        visited = self.supply.finish_profiling(self.gpu.clock_failure is None)
+        if visited is None:
             self._steady("clock control failed on a rank while profiling; the profile is discarded, default clocks")
             return
-        assert self.supply.profiling is not None
-        self._event("profiled", list(self.supply.profiling.sweep.visited))
+        self._event("profiled", visited)
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
@@ -329,21 +300,15 @@ class PerseusRuntime:
         if outcome.plan is None:
             self._steady("no plan")
             return
-        self.frontier = outcome.plan
-        self._plan_received(outcome.plan, outcome.received_bytes)
+        self._take_plan(outcome.plan, outcome.received_bytes)
         if self.config.mode == "run":
             self._deploy()
         else:
-            point = self.frontier.default_point()
-            self._steady(
-                f"plan ready (default point: {point.time_s:.4f} s, {point.energy_j:.1f} J vs baseline "
-                f"{self.frontier.baseline_energy_j:.1f} J); mode {self.config.mode!r} keeps default clocks"
-            )
+            self._steady(ready_line(outcome.plan, self.config.mode))
 
-    def _plan_received(self, plan: StagePlan, received_bytes: int) -> None:
-        self._event("plan_received", {"stage": plan.stage, "instructions": len(plan.instructions),
-                                      "points": len(plan.points), "paced_points": len(plan.paced_points),
-                                      "bytes": received_bytes})
+    def _take_plan(self, plan: StagePlan, received_bytes: int) -> None:
+        self.frontier = plan
+        self._event("plan_received", {**plan.describe(), "bytes": received_bytes})
 
     # ---------------------------------------------------------------- deployment
 
@@ -357,31 +322,23 @@ class PerseusRuntime:
         if self.is_root:
             log.info("perseus: plan deployed at step %d (%d frontier points)", self.step, len(self.frontier.points))
 
-    def _retarget(self) -> None:
-        """The targets changed (targeting.py): follow the point they choose now, if it is another."""
+    def _follow(self, point: StagePoint | None, changed: bool = True) -> None:
+        """The hooks follow ``point``'s clocks of this stage from the next instruction on (None: the
+        point being run stays)."""
+        if point is None:
+            return
         assert self.frontier is not None
-        point = self.targeting.retarget(self.frontier)
-        if point is not None:
-            self._follow(point, True)
-            if self.is_root:
-                log.info("perseus: switching to the frontier point at %.4f s (slowdown x%.3f)", point.time_s,
-                         self.targeting.slowdown)
-
-    def _follow(self, point: StagePoint, changed: bool) -> None:
-        """The hooks follow ``point``'s clocks of this stage from the next instruction on."""
-        assert self.frontier is not None
-        first = self.deployment.follow(self.frontier, point)
+        self.deployment.follow(self.frontier, point)
         self._follower, self._timed = self.deployment.follower, self.deployment.timed
-        if first is not None:  # timed switches: the new plan's first clock at once, no old request held
-            self.gpu.request_now(first)
         if changed:
-            self._event("point", {"time_s": point.time_s, "energy_j": point.energy_j,
-                                  "slowdown": self.targeting.slowdown})
+            slowdown = self.targeting.slowdown
+            self._event("point", {"time_s": point.time_s, "energy_j": point.energy_j, "slowdown": slowdown})
+            if self.is_root:
+                log.info("perseus: switching to the frontier point at %.4f s (slowdown x%.3f)", point.time_s, slowdown)
 
     def _mismatch(self) -> None:
         """First divergence from the plan: one warning, default clocks from now on."""
         self._hot = _HOT_IDLE
-        self.gpu.release()
         self.deployment.diverged()
 
     def _after_deployed_step(self, natural_s: float, energy: float) -> None:
@@ -390,14 +347,11 @@ class PerseusRuntime:
         if self.deployment.problem is not None and self.phases.phase is Phase.DEPLOYED:
             self._enter(Phase.FALLBACK)
             self._event("fallback", self.deployment.problem)
-        if self.deployment.end_step(natural_s, energy):
-            self._periodic_check()
-
-    def _periodic_check(self) -> None:
-        """Every K steps: all-gather per-rank numbers (``job_check.check_job``); straggler policy;
-        spread a plan mismatch."""
         dep = self.deployment
-        check = check_job(self.collective, self.job, self.step, dep.take_window(), dep.problem is not None)
+        # Every K steps: all-gather per-rank numbers (``job_check``); spread a fallback; straggler policy.
+        check = dep.end_step(natural_s, energy, self.collective, self.job, self.step)
+        if check is None:
+            return
         self.job_numbers = check.numbers
         if check.diverged:
             if self.phases.phase is Phase.DEPLOYED:
@@ -416,8 +370,7 @@ class PerseusRuntime:
         self.targeting.set_external(TimeTarget(seconds))
 
     def set_target_slowdown(self, ratio: float) -> None:
-        """Iterations will last ``ratio`` × the default plan's time anyway (e.g. 1.2 behind a straggler):
-        run the plan of least energy when paced to that time."""
+        """Iterations last ``ratio`` × the default plan's time anyway (behind a straggler): least energy at that pace."""
         self.targeting.set_external(PacedTarget(ratio))
 
     def clear_target(self) -> None:
@@ -425,14 +378,8 @@ class PerseusRuntime:
         self.targeting.set_external(None)
 
     def stop(self) -> None:
-        """Leave the training to itself from now on, at default clocks; waits until they are in effect.
-
-        For A/B comparisons (the demo re-measures default clocks after the plan). Afterwards the
-        hooks change no clock and time nothing, steps are neither recorded nor checked (no phase
-        change, no straggler check, no collective), and on a simulated GPU each instruction is
-        still one of its kernels, now at default clocks. The requests already sent reach the
-        controller first, so no planned clock lands after this returns. Only ``close`` follows.
-        """
+        """Leave the training to itself from now on, at default clocks; waits until they are in effect
+        (A/B comparisons; docs/runtime.md, first paragraph). Only ``close`` follows."""
         self._hot = _HOT_IDLE
         self._stopped = True
         if self.enabled and not self._closed:
@@ -441,30 +388,22 @@ class PerseusRuntime:
     def stage_clocks(self) -> list[int] | None:
         """The clocks (MHz) this rank follows, one per instruction of its stage, or None before a
         plan is deployed: the current point's clocks from this rank's own stage plan."""
-        follower = self.deployment.follower if self.enabled else None
-        return follower.frequencies if follower is not None else None
+        return self._follower.frequencies if self.enabled and self._follower is not None else None
 
     @property
     def phase(self) -> Phase:
         return self.phases.phase if self.enabled else Phase.STEADY
 
     def _event(self, what: str, data: Any) -> None:
-        self.events.append((self.step, what, data))
-        if self.enabled:
-            self.observe.event(what, self.step, data)
+        self.observe.event(what, self.step, data)
 
-    # ================================================================ observation (step end only)
+    # ================================================================ observation and shutdown
 
     def add_metrics_sink(self, sink: MetricsSink) -> None:
         """Give every step's ``StepMetrics`` to ``sink`` (``write(step, metrics)`` at step end;
         ``close()`` when the runtime closes). See perseus/runtime/metrics.py."""
         if self.enabled and not self._closed:
             self.observe.add_sink(sink)
-
-    @property
-    def prometheus(self) -> Any:
-        """The ``PrometheusExporter`` when ``prometheus_port`` is set, else None."""
-        return self.observe.prometheus if self.enabled else None
 
     def _publish(self, record: StepMetrics) -> None:
         job = self.job_numbers
@@ -478,18 +417,10 @@ class PerseusRuntime:
         """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
         if not self.enabled:
             return {"enabled": False}
-        c, run = self.config, self.supply.profiling
-        sweep = run.sweep if run is not None else None
-        return self.observe.summary(RunFacts(
-            rank=self.rank, job=self.job, mode=c.mode, phase=self.phases.phase, steps=self.step,
-            phase_history=list(self.phases.history), p_blocking_w=self.p_blocking_w,
-            fallback=self.deployment.problem, slowdown=self.targeting.slowdown, clock_mhz=self.gpu.current_mhz,
-            events=self.events, job_numbers=self.job_numbers, sweep=sweep,
-            profiling_iterations=profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited))
-            if sweep else None, frontier=self.frontier, point=self.targeting.point,
-        ))
-
-    # ================================================================ shutdown
+        return self.observe.summary(self.observe.facts(
+            job=self.job, phases=self.phases, steps=self.step, supply=self.supply, deployment=self.deployment,
+            targeting=self.targeting, frontier=self.frontier, clock_mhz=self.gpu.current_mhz,
+            job_numbers=self.job_numbers))
 
     def close(self) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths."""

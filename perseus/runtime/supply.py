@@ -24,6 +24,7 @@ from perseus.runtime.planning import BackgroundPlanner, PlanOutcome, log_planned
 from perseus.runtime.profiler import Key
 from perseus.runtime.profiling import ProfilingRun, measure_p_blocking
 from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources
+from perseus.runtime.stage_plan import StagePlan
 from perseus.schedule import Schedule
 
 log = logging.getLogger("perseus.runtime")
@@ -80,15 +81,15 @@ class PlanSupply:
             except Exception:  # noqa: BLE001
                 self._child = None
 
-    def finish_profiling(self, usable: bool) -> bool:
+    def finish_profiling(self, usable: bool) -> list[int] | None:
         """Collective: the sweep is over; ``usable`` is False where clock control failed on this
-        rank. False (the profile discarded) if it failed on any rank; else rank 0 aggregates the
-        ranks' measurements into the profile and caches it."""
+        rank. None (the profile discarded) if it failed on any rank; else rank 0 aggregates the
+        ranks' measurements into the profile and caches it, and every rank gets the profiled clocks."""
         run = self.profiling
         assert run is not None
         if not self.collective.all_true(usable):
             self.have_profile = False
-            return False
+            return None
         gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.collective.is_root:
             assert gathered is not None
@@ -97,7 +98,7 @@ class PlanSupply:
             if self.cache is not None:
                 save_quietly("profile", self.cache.save_profile, self.profile)
         self.have_profile = True
-        return True
+        return list(run.sweep.visited)
 
     # ---------------------------------------------------------------- planning
 
@@ -145,3 +146,10 @@ class PlanSupply:
         child, self._child = self._child, None
         if child is not None:
             stop_child(child)
+
+
+def ready_line(plan: StagePlan, mode: str) -> str:
+    """Rank 0's line for a plan that is ready in a mode that does not run it."""
+    point = plan.default_point()
+    return (f"plan ready (default point: {point.time_s:.4f} s, {point.energy_j:.1f} J vs baseline "
+            f"{plan.baseline_energy_j:.1f} J); mode {mode!r} keeps default clocks")
