@@ -19,7 +19,7 @@ import logging
 from time import monotonic, perf_counter
 from typing import Any
 
-from perseus.errors import ConfigError, PerseusError
+from perseus.errors import PerseusError
 from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
