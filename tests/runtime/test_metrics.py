@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import urllib.error
@@ -167,3 +168,23 @@ def test_prometheus_port_is_offset_by_the_local_rank_and_a_busy_port_is_an_error
         device.close()
     finally:
         busy.close()
+
+
+def test_the_metrics_file_keeps_its_step_lines_with_one_record_type(tmp_path):
+    """The one record type writes the metrics file's step lines as they always were: the same keys
+    in the same order, the phase as its name; event lines stay between them, after their step."""
+    device, cfg = setup(tmp_path, metrics_file=str(tmp_path / "m.jsonl"))
+    with PerseusRuntime(JOB, cfg) as rt:
+        for _ in range(4):
+            step(rt, device)
+        records = list(rt.reporter.records)
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "event" not in line]
+    assert [list(line) for line in steps] == [["step", "phase", "time_s", "energy_j", "freq_mhz", "target_time_s",
+                                               "slowdown", "baseline_time_s", "baseline_energy_j", "saving"]] * 4
+    assert [line["phase"] for line in steps] == ["warmup", "warmup", "deployed", "deployed"]
+    assert [r.file_row() for r in records] == [{k: line[k] for k in list(line)[:7]} for line in steps]
+    assert steps[2]["target_time_s"] == 1.0 and steps[2]["slowdown"] == 1.0 and steps[0]["target_time_s"] is None
+    # the phase change to deployed (at the end of step 1) follows step 1's line
+    order = [line.get("event", line.get("step")) for line in lines]
+    assert order.index("phase") > order.index(1) and order.index(2) > order.index("phase")
