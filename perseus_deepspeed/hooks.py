@@ -17,17 +17,18 @@ Why it is done this way:
 A DeepSpeed patched with ``patches/deepspeed-pipe-engine.patch`` makes these calls in its own
 source; on such an engine the hooks only set the listener on the instance.
 
-Everything is installed as instance attributes and removed by ``HookHandle.remove()``, which
+Everything is installed as instance attributes and removed by ``HookHandle.uninstall()``, which
 restores what the instance had before (normally: nothing, so the class methods show through).
 """
 
 from __future__ import annotations
 
+import warnings
 from types import MethodType
 from typing import Any, Callable, Iterator
 
 from perseus.errors import PerseusError
-from perseus.runtime import InstructionListener
+from perseus.runtime import HooksAlreadyInstalled, InstructionListener
 from perseus.schedules import InstructionKind
 from perseus_deepspeed.compat import UnsupportedDeepSpeedFeature, check_engine, deepspeed_version, load_pipe_modules
 
@@ -36,9 +37,6 @@ _PATCHED = ("_INSTRUCTION_MAP", "_exec_schedule", "train_batch")
 _SOURCE_LISTENER = "_perseus_listener"  # set on engines patched with patches/deepspeed-pipe-engine.patch
 _MISSING = object()
 
-
-class HooksAlreadyInstalled(PerseusError):
-    """A second hook installation on the same engine while one is active."""
 
 
 class ScheduleMismatch(PerseusError):
@@ -79,7 +77,7 @@ class TrackedTrainSchedule:
 
 
 class HookHandle:
-    """Installed hooks on one engine; ``remove()`` undoes them (idempotent)."""
+    """Installed hooks on one engine; ``uninstall()`` undoes them (idempotent), as in every adapter."""
 
     def __init__(self, engine: Any, listener: InstructionListener, saved: dict[str, Any]) -> None:
         self.engine = engine
@@ -94,7 +92,7 @@ class HookHandle:
     def installed(self) -> bool:
         return self.engine is not None
 
-    def remove(self) -> None:
+    def uninstall(self) -> None:
         """Restore the engine's own attributes; the class-level methods and map show through again."""
         engine = self.engine
         if engine is None:
@@ -107,6 +105,12 @@ class HookHandle:
                 engine.__dict__[name] = value
         if engine.__dict__.get(_HANDLE_ATTRIBUTE) is self:
             del engine.__dict__[_HANDLE_ATTRIBUTE]
+
+    def remove(self) -> None:
+        """Deprecated name of ``uninstall`` (the other adapters' handles never had it)."""
+        warnings.warn("perseus_deepspeed: HookHandle.remove() is deprecated; call uninstall()", DeprecationWarning,
+                      stacklevel=2)
+        self.uninstall()
 
 
 def installed_handle(engine: Any) -> HookHandle | None:
@@ -140,7 +144,7 @@ def install_hooks(engine: Any, listener: InstructionListener) -> HookHandle:
     check_engine(engine, engine_module)
     if installed_handle(engine) is not None:
         raise HooksAlreadyInstalled(
-            "Perseus hooks are already installed on this engine; call remove() on the existing handle first"
+            "Perseus hooks are already installed on this engine; call uninstall() on the existing handle first"
         )
     if not isinstance(listener, InstructionListener):
         raise PerseusError(

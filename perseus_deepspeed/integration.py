@@ -110,7 +110,7 @@ def attach(
     try:
         listener = listener_wrapper(runtime) if listener_wrapper is not None else runtime
         handle.hooks = install_hooks(engine, listener)
-        handle.on_close(handle.hooks.remove)
+        handle.on_close(handle.hooks.uninstall)
         handle._close_with_engine(engine)
         add_sink = getattr(runtime, "add_metrics_sink", None)
         if callable(add_sink) and monitor_enabled(engine):  # whatever monitors the DeepSpeed config enables

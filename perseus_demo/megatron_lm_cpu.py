@@ -245,7 +245,7 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
                 summary = {**handle.summary(), "hooks_from_patched_source": hooks.patched_source if hooks else None}
                 runtime = handle.runtime
                 if runtime is not None and getattr(runtime, "enabled", False):  # every step, for tests
-                    summary["step_records"] = [vars(r) for r in runtime.reporter.records]
+                    summary["step_records"] = [r.file_row() for r in runtime.reporter.records]
                 (summary_dir / f"rank{rank}.json").write_text(json.dumps(summary, default=str))
             try:
                 close()

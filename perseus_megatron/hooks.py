@@ -18,7 +18,7 @@ import warnings
 from typing import Any, Callable, TypeVar
 
 from perseus.errors import PerseusError
-from perseus.runtime import InstructionListener
+from perseus.runtime import HooksAlreadyInstalled, InstructionListener
 from perseus_megatron.tracker import ListenerForStep, ScheduleTracker, StepInfo
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,9 +28,6 @@ _lock = threading.Lock()
 _active: ScheduleTracker | None = None
 _active_handle: HookHandle | None = None
 
-
-class HooksAlreadyInstalled(PerseusError):
-    """A second hook installation while one is active."""
 
 
 def _model_config(model: Any) -> Any:

@@ -27,7 +27,7 @@ import logging
 import sys
 from typing import Any, Callable
 
-from perseus.runtime import StepMetrics
+from perseus.runtime import Phase, StepMetrics
 
 log = logging.getLogger("perseus.megatron")
 
@@ -104,11 +104,11 @@ class IterationLogText:
             return ""
         energy = sum(r.energy_j for r in new)
         seconds = sum(r.time_s for r in new)
-        text = (f" perseus phase: {new[-1].phase} | perseus energy this GPU (J/iter): {energy / len(new):.1f} |"
+        text = (f" perseus phase: {new[-1].phase.value} | perseus energy this GPU (J/iter): {energy / len(new):.1f} |"
                 f" perseus power this GPU (W): {energy / seconds if seconds > 0 else 0.0:.1f} |")
         baseline = runtime.reporter.baseline_energy_j
         if baseline:
-            saved = sum(baseline - r.energy_j for r in records if r.phase != "warmup")
+            saved = sum(baseline - r.energy_j for r in records if r.phase is not Phase.WARMUP)
             text += f" perseus saved this GPU (J): {saved:.1f} |"
         job = getattr(runtime, "job_numbers", {}) or {}
         if job.get("energy_per_iteration_j") is not None:

@@ -16,8 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
-from perseus.errors import PerseusError
-from perseus.runtime import InstructionListener
+from perseus.runtime import HookStateError, InstructionListener
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,9 +39,6 @@ class StepInfo:
 
 ListenerForStep = Callable[[StepInfo], InstructionListener]
 
-
-class HookStateError(PerseusError):
-    """The schedule called the hooks in an order they cannot interpret."""
 
 
 class ScheduleTracker:

@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Callable
 
 from perseus.errors import PerseusError
-from perseus.runtime import InstructionListener
+from perseus.runtime import HooksAlreadyInstalled, InstructionListener
 from perseus_torch.compat import (
     HOOK_METHODS,
     UnsupportedTorchSchedule,
@@ -29,9 +29,6 @@ from perseus_torch.tracker import PipelineTracker
 _MARK = "__perseus_torch_hook__"
 _HANDLE = "_perseus_torch_hooks"
 
-
-class HooksAlreadyInstalled(PerseusError):
-    """A second installation on a schedule that already has Perseus hooks."""
 
 
 def _kind(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -15,14 +15,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, TypeVar
 
-from perseus.errors import PerseusError
-from perseus.runtime import InstructionListener
+from perseus.runtime import HookStateError, InstructionListener
 
 T = TypeVar("T")
 
-
-class HookStateError(PerseusError):
-    """The schedule called the hooks in an order they cannot interpret."""
 
 
 class PipelineTracker:

@@ -31,7 +31,7 @@ import weakref
 from typing import Any
 
 from perseus.gpu import clockd_wire as wire
-from perseus.gpu.controller import NOTICES, ControllerDiedWarning, ControllerStats, caller_stacklevel
+from perseus.gpu.controller import ControllerDiedWarning, ControllerStats, caller_stacklevel
 from perseus.gpu.errors import (
     GPUError,
     GPUInvalidArgumentError,
@@ -39,6 +39,7 @@ from perseus.gpu.errors import (
     GPUPermissionError,
 )
 from perseus.gpu.latest_writer import LatestWriter
+from perseus.gpu.notice import ClockNotice
 
 log = logging.getLogger(__name__)
 ENV_SOCKET = "PERSEUS_CLOCKD_SOCKET"
@@ -108,7 +109,7 @@ class ClockdController:
         self._sock: socket.socket | None = None
         self._rbuf = bytearray()
         self._writer: LatestWriter | None = None
-        self._notices: list[dict[str, Any]] = []
+        self._notices: list[ClockNotice] = []
         self._frames: dict[int, bytes] = {}
         self._reset_frame = wire.frame({"op": "reset", "gpu": 0})
         self._last = _DEFAULT
@@ -301,10 +302,10 @@ class ClockdController:
         """An error reply (logged once) or a notice (kept for ``notices()``)."""
         if reply.get("op") == "error":
             self._note_error(reply)
-        elif reply.get("event") in NOTICES:
-            self._notices.append({k: v for k, v in reply.items() if k not in ("op", "gpu")})
+        elif (notice := ClockNotice.from_wire(reply)) is not None:  # the edge: a dict on the socket
+            self._notices.append(notice)
 
-    def notices(self) -> list[dict[str, Any]]:
+    def notices(self) -> list[ClockNotice]:
         """Notices the daemon sent unasked since the last call (``override``: it re-applied a clock
         something else changed; ``failed``: the device refused a clock, or the daemon closed the
         connection: default clocks from now on). Never blocks: reads only what has arrived."""
@@ -327,10 +328,9 @@ class ClockdController:
                 # The daemon went away between requests (a plan holding one clock sends none). It
                 # resets a GPU when the connection ends; say so once, as the notice, not a warning.
                 self._dead = True
-                self._notices.append({"event": "failed", "reset": None,
-                                      "message": f"the perseus clock daemon at {self.socket_path} closed the "
-                                                 "connection (the daemon resets the GPU as it does; one killed "
-                                                 "outright does so when it starts again)"})
+                self._notices.append(ClockNotice.failed(
+                    f"the perseus clock daemon at {self.socket_path} closed the connection (the daemon resets "
+                    "the GPU as it does; one killed outright does so when it starts again)"))
         out, self._notices = self._notices, []
         return out
 

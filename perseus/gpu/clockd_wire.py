@@ -38,6 +38,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from perseus.errors import PerseusError
+
 VERSION = 2  # what this client speaks
 SUPPORTED_VERSIONS = (1, 2)  # what the daemon accepts in HELLO
 MAX_CHECK_S = 3600.0
@@ -58,8 +60,9 @@ E_TOO_BIG = "frame-too-large"
 E_OVERLOADED = "overloaded"  # too many clients
 
 
-class ProtocolError(Exception):
-    """A request the daemon cannot accept; ``code`` is sent back with the message."""
+class ProtocolError(PerseusError):
+    """A request the daemon cannot accept; ``code`` is sent back with the message. A ``PerseusError``
+    like every error a caller can cause (the daemon and client catch it by its own name)."""
 
     def __init__(self, message: str, code: str = E_BAD_REQUEST) -> None:
         super().__init__(message)

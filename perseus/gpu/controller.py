@@ -42,6 +42,7 @@ from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
 from perseus.gpu.factory import open_spec
 from perseus.gpu.latest_writer import LatestWriter
+from perseus.gpu.notice import ClockNotice
 from perseus.gpu.spec import GPUSpec
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,8 @@ class ClockController(Protocol):
 
     def close(self, timeout_s: float = 5.0) -> bool: ...
 
-    def notices(self) -> list[dict[str, Any]]: ...
+    def notices(self) -> list[ClockNotice]: ...
 
-
-NOTICES = ("override", "failed")  # controller events that arrive unasked (controller_proc.py)
 
 
 class NullController:
@@ -130,7 +129,7 @@ class NullController:
     def flush(self, timeout_s: float = 5.0) -> ControllerStats | None:
         return None
 
-    def notices(self) -> list[dict[str, Any]]:
+    def notices(self) -> list[ClockNotice]:
         return []
 
     @property
@@ -170,7 +169,7 @@ class FrequencyController:
     ) -> None:
         self.spec = spec
         self._check_s = clock_check_s
-        self._notices: list[dict[str, Any]] = []
+        self._notices: list[ClockNotice] = []
         self._install_handlers = install_signal_handlers
         self._start_timeout = start_timeout_s
         self._parent_poll = parent_poll_s
@@ -335,7 +334,7 @@ class FrequencyController:
         except Exception as exc:  # noqa: BLE001 - best effort, must never reach training code
             log.warning("Perseus could not reset GPU clocks after the controller died: %s", exc)
 
-    def notices(self) -> list[dict[str, Any]]:
+    def notices(self) -> list[ClockNotice]:
         """Notices the controller sent unasked since the last call (``override``: it re-applied a
         clock something else changed; ``failed``: the device refused a clock, default clocks from
         now on). Never blocks: one ``select`` when nothing is waiting (step ends only)."""
@@ -343,9 +342,8 @@ class FrequencyController:
             # Died between requests (a plan holding one clock sends none): reset now, not at the
             # next request. The caller gets the notice and says so; no second warning.
             self._on_dead(warn=False)
-            self._notices.append({"event": "failed", "reset": None,
-                                  "message": f"the controller process (pid {self.pid}) exited unexpectedly "
-                                             f"(exit code {self._proc.returncode})"})
+            self._notices.append(ClockNotice.failed(f"the controller process (pid {self.pid}) exited unexpectedly "
+                                                    f"(exit code {self._proc.returncode})"))
         if self._status_r >= 0 and not self._dead and not self._closed:
             try:
                 while select.select([self._status_r], [], [], 0)[0]:
@@ -362,8 +360,9 @@ class FrequencyController:
         return out
 
     def _keep_notice(self, event: dict[str, Any]) -> None:
-        if event.get("event") in NOTICES:
-            self._notices.append(event)
+        notice = ClockNotice.from_wire(event)  # the edge: a dict on the pipe, a value from here on
+        if notice is not None:
+            self._notices.append(notice)
 
     # -- synchronization --------------------------------------------------------------------
     def _read_event(self, timeout_s: float) -> dict[str, Any] | None:

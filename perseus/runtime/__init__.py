@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from perseus.runtime.attachment import Attachment
 from perseus.runtime.config import MODES, PerseusConfig
+from perseus.runtime.errors import HookStateError, HooksAlreadyInstalled
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
 from perseus.runtime.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
 from perseus.runtime.phases import Phase
@@ -15,8 +16,9 @@ from perseus.runtime.phases import Phase
 if TYPE_CHECKING:
     from perseus.runtime.engine import PerseusRuntime
 
-__all__ = ["MODES", "Attachment", "EventListSink", "InstructionListener", "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase",
-           "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink"]
+__all__ = ["MODES", "Attachment", "EventListSink", "HookStateError", "HooksAlreadyInstalled", "InstructionListener",
+           "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase", "PipelineJob", "RecordingListener", "ScalarWriterSink",
+           "StepMetrics", "WandbSink"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,7 @@
 """Following one stage's frequency plan, instruction by instruction, and noticing when it breaks;
-and the hooks that ask for its clock switches at planned times (``TimedSwitches``).
+and the hooks that ask for its clock switches at planned times (``TimedSwitches``, made for each
+deployed point by ``SwitchTiming``). ``Deployment`` holds both for the point being run, with what
+the deployed steps gather for the periodic job check.
 
 The plan is only valid for the instruction order it was made for. ``PlanFollower.next`` is called
 on every instruction (the hottest path in perseus): it compares the executed instruction with
@@ -10,12 +12,20 @@ count), after which the follower stays broken so the engine can fall back once.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from statistics import median
 from typing import Sequence
 
+from perseus.runtime.collective import Collective
+from perseus.runtime.events import PipelineJob
+from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.job_check import JobCheck, check_job
+from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.schedules import Instruction
-from perseus.timeline.switch_timing import TimedRequest
+from perseus.timeline.switch_timing import TimedRequest, request_schedule
+
+log = logging.getLogger("perseus.runtime")
 
 GAP_STEPS = 5  # steps whose time between steps sets the shift of requests made for the next step
 
@@ -69,6 +79,42 @@ class TimedSwitches:
     def end_step(self) -> None:
         if self._gaps:
             self.shift_s = median(self._gaps)
+
+
+class SwitchTiming:
+    """Whether a deployed point's switches are timed for a known switch latency
+    (``planner_options.switch_latency_s``), and their ``TimedSwitches``; says once why not."""
+
+    def __init__(self, latency_s: float, switch_ahead: bool, timed_requests: bool, speak: bool) -> None:
+        self.latency_s = latency_s
+        self.hides = switch_ahead and latency_s > 0  # the planner then keeps timelines too
+        self.timed_requests = timed_requests  # the controller holds a request until its time
+        self.speak = speak  # rank 0 logs the note
+        self.note: str | None = None  # why a known latency is not hidden
+
+    def for_point(self, plan: StagePlan, point: StagePoint, clocks: list[int]) -> TimedSwitches | None:
+        """The hooks' timed requests for ``point`` (``perseus.timeline.switch_timing``), or None: latency 0,
+        ``switch_ahead`` off, a controller that makes every request at once (clockd), or a plan
+        without its timeline (a frontier given without a profile); then each clock is asked for
+        when the previous instruction ends."""
+        if not self.hides or not clocks:
+            return None
+        timeline = plan.timeline(point)
+        why = None
+        if not self.timed_requests:
+            why = "the clock controller (perseus clockd) makes every request at once"
+        elif timeline is None:
+            why = "the plan came without its planned timeline (a frontier given without a profile)"
+        if why is not None:
+            if self.note is None and self.speak:
+                log.warning("perseus: switch latency %.1f ms not hidden: %s; each clock is requested when the "
+                            "previous instruction ends", 1e3 * self.latency_s, why)
+            self.note = why
+            return None
+        assert timeline is not None
+        begin, end = timeline
+        requests = request_schedule(begin, end, clocks, self.latency_s, point.time_s)
+        return TimedSwitches(requests, len(clocks), float(point.time_s + begin[0] - end[-1]))
 
 
 class PlanFollower:
@@ -149,3 +195,66 @@ class PlanFollower:
         if self.broken and rest:
             counts[default_mhz] = counts.get(default_mhz, 0) + rest
         return counts
+
+
+class Deployment:
+    """One rank's deployed plan: the follower and timed switches of the point it runs (what the
+    hooks read), the (natural time, energy) of the deployed steps since the last job check, and
+    why it fell back (the first problem only; one warning per run)."""
+
+    def __init__(self, stage: int, switches: SwitchTiming, check_every: int, gpu: GPUPort) -> None:
+        self.stage = stage
+        self.gpu = gpu
+        self.switches = switches
+        self.check_every = check_every  # deployed steps between job checks (0: none)
+        self.follower: PlanFollower | None = None
+        self.timed: TimedSwitches | None = None
+        self.window: list[tuple[float, float]] = []
+        self.steps = 0
+        self.problem: str | None = None  # why this rank runs default clocks; None while it follows
+        self._warned = False
+
+    def restart(self) -> None:
+        """A (new) deployment: the job check counts from here."""
+        self.steps = 0
+        self.window = []
+
+    def follow(self, plan: StagePlan, point: StagePoint) -> None:
+        """Follow ``point``'s clocks of this stage from the next instruction on."""
+        pairs = plan.stage_plan(point, self.stage)
+        self.follower = PlanFollower(pairs, self.stage)
+        self.timed = self.switches.for_point(plan, point, [f for _, f in pairs])
+        if self.timed is not None and pairs:
+            # The new plan's first clock at once (and no request of the old plan still held): the
+            # requests for a step's first instructions are made in the step before.
+            self.gpu.request_now(pairs[0][1])
+
+    def fall_back(self, problem: str) -> None:
+        """Default clocks from now on (without waiting: also from a hook), for ``problem``."""
+        self.problem = problem
+        self.gpu.release()
+
+    def diverged(self) -> None:
+        """The executed instructions left the plan (the follower says where): noted, warned once."""
+        assert self.follower is not None
+        self.fall_back(self.follower.problem)
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "perseus: executed instructions no longer match the plan (%s); the schedule or microbatch count "
+                "changed. Falling back to default clocks until replanned (restart to re-profile this configuration)",
+                self.problem,
+            )
+
+    def end_step(self, natural_s: float, energy_j: float, collective: Collective, job: PipelineJob,
+                 step: int) -> JobCheck | None:
+        """After a deployed (or fallen back) step: every ``check_every`` of them, the periodic job
+        check of the steps since the last (a collective: every rank at the same step), else None."""
+        if self.timed is not None:
+            self.timed.end_step()
+        self.window.append((natural_s, energy_j))
+        self.steps += 1
+        if not self.check_every or self.steps % self.check_every:
+            return None
+        window, self.window = self.window, []
+        return check_job(collective, job, step, window, self.problem is not None)

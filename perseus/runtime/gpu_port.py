@@ -15,15 +15,17 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from perseus.errors import ConfigError
+from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.errors import GPUError
 
 if TYPE_CHECKING:
     from perseus.gpu.controller import ClockController
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
+    from perseus.gpu.notice import ClockNotice
     from perseus.gpu.timing import InstructionTimer
     from perseus.runtime.collective import Collective
+    from perseus.runtime.config import PerseusConfig
 
 log = logging.getLogger("perseus.runtime")
 
@@ -48,6 +50,7 @@ class GPUPort:
         self._closed = False
         self._last_energy_j = 0.0
         self.energy_error: str | None = None  # set once reading the energy counter failed
+        self.clock_failure: str | None = None  # set by the first ``failed`` notice: default clocks for good
 
     # ---------------------------------------------------------------- opening
 
@@ -133,10 +136,26 @@ class GPUPort:
 
     # ---------------------------------------------------------------- energy
 
-    def notices(self) -> list[dict[str, Any]]:
+    def notices(self) -> list[ClockNotice]:
         """What the controller reported unasked since the last call (step ends; never blocks)."""
         notices = getattr(self.controller, "notices", None)  # a caller's own controller may have none
         return notices() if notices is not None else []
+
+    def take_notices(self, rank: int) -> list[tuple[str, Any]]:
+        """The notices since the last call (step ends) as the run's events, each logged once: an
+        ``override`` as ``clock_override``; the first ``failed`` as ``clock_failed``, which sets
+        ``clock_failure`` (later ones add nothing)."""
+        events: list[tuple[str, Any]] = []
+        for notice in self.notices():
+            if notice.kind == "override":
+                log.warning("perseus: rank %d: %s", rank, notice.describe())
+                events.append(("clock_override", notice.as_dict()))
+            elif notice.kind == "failed" and self.clock_failure is None:
+                self.clock_failure = str(notice.message)
+                log.warning("perseus: rank %d: clock control failed (%s); continuing at default clocks for the rest "
+                            "of the run", rank, self.clock_failure)
+                events.append(("clock_failed", self.clock_failure))
+        return events
 
     def energy_j(self) -> float:
         """The energy counter; after a device error (a lost GPU) the last value, with one warning."""
@@ -197,6 +216,36 @@ class GPUPort:
         finally:
             self.controller.close()
             self.device.close()
+
+
+def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPUPort | None = None) -> GPUPort:
+    """This rank's port (``gpu`` when the caller brings one), or an error on every rank: a rank
+    that cannot open its GPU or control its clocks stops them all at start-up, together."""
+    error: PerseusError | None = None
+    port = gpu
+    if port is None:
+        try:
+            port = GPUPort.open(config.gpu, device_index(config, rank), config.sim_gpu,
+                                control=config.mode != "measure-only", clock_check_s=config.clock_check_s)
+        except PerseusError as exc:
+            error = exc
+    if not collective.all_true(error is None):
+        if port is not None:
+            port.close()
+        raise error or ConfigError("perseus: another rank could not open its GPU or control its clocks (see its log)")
+    assert port is not None
+    return port
+
+
+def device_index(config: PerseusConfig, rank: int) -> int | None:
+    """The configured index; simulated GPUs default to the global ``rank`` (they are files named by
+    index, so every rank would otherwise share GPU 0). NVML's default, the current CUDA
+    device, is already right."""
+    from perseus.gpu.factory import resolve_kind
+
+    if config.device_index is None and resolve_kind(config.gpu) == "sim":
+        return rank
+    return config.device_index
 
 
 def _clockd_controller(device: GPUDevice, device_index: int | None, clock_check_s: float) -> ClockController:

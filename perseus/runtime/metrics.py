@@ -1,8 +1,9 @@
 """Per-step metrics: one snapshot built at step end, written to sinks (Prometheus, TensorBoard, wandb, DeepSpeed).
 
-``PerseusRuntime.on_step_end`` builds one ``StepMetrics`` from the state it already keeps (the
-step's record, the baseline, the deployed point, the straggler policy, the last job check) and
-hands it to every ``MetricsSink`` added with ``PerseusRuntime.add_metrics_sink``. Nothing here
+``StepMetrics`` is the runtime's one per-step record. ``PerseusRuntime.on_step_end`` builds it
+(through ``observe.Observer``) from the state it already keeps (the step's time and energy, the
+baseline, the deployed point, the straggler policy, the last job check) and hands it to every
+``MetricsSink`` added with ``PerseusRuntime.add_metrics_sink``. Nothing here
 runs on the per-instruction hot path: instruction counts per clock come from the plan being
 followed, not from counting instructions as they run.
 
@@ -15,8 +16,10 @@ steps where the runtime's periodic job check ran, the only time a rank learns th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
+
+from perseus.runtime.phases import Phase
 
 log = logging.getLogger("perseus.runtime")
 
@@ -48,33 +51,51 @@ def instructions_name(mhz: int) -> str:
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """Everything a sink may show about one step of one rank. ``None``: not known at this step."""
+    """One step of one rank, the runtime's one per-step record: ``Reporter`` keeps them (log line,
+    metrics file via ``file_row``), sinks get them. ``None``: not known at this step.
+
+    The engine builds it in two parts (``observe.Observer``): what the step measured, at once (the
+    log and file lines come before the phase change they may cause), then what holds at step end
+    (clock, straggler ratio, job check, totals), which is what sinks and ``Reporter.records`` see."""
 
     step: int
     rank: int
-    phase: str
+    phase: Phase
     time_s: float
     energy_j: float
-    clock_mhz: int
-    energy_j_total: float
-    saving_j_total: float
-    straggler_ratio: float
-    instructions: dict[int, int] = field(default_factory=dict)  # this step, per clock (MHz)
-    instructions_total: dict[int, int] = field(default_factory=dict)  # all steps so far, per clock
+    clock_mhz: int = 0  # requested at the end of the step
+    energy_j_total: float = 0.0
+    saving_j_total: float = 0.0
+    straggler_ratio: float = 1.0
+    instructions: dict[int, int] = field(default_factory=dict)  # this step, per clock (MHz); with sinks only
+    instructions_total: dict[int, int] = field(default_factory=dict)  # all steps so far, per clock; with sinks only
     saving_ratio: float | None = None
     point_slowdown: float | None = None
     point_energy_j: float | None = None
     job_energy_j: float | None = None
+    freq_mhz: int | None = None  # profiling clock, when sweeping
+    target_time_s: float | None = None  # planned iteration time of the deployed point
+    slowdown: float = 1.0  # deliberate slowdown ratio (straggler or external target)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
+            object.__setattr__(self, "phase", Phase(self.phase))
 
     @property
     def power_w(self) -> float:
         return self.energy_j / self.time_s if self.time_s > 0 else 0.0
 
+    def file_row(self) -> dict[str, Any]:
+        """The step's line of the JSONL metrics file (and the demo's ``step_records``), before the
+        reporter adds the baseline: the same keys as ever, the phase as its name."""
+        return {"step": self.step, "phase": self.phase.value, "time_s": self.time_s, "energy_j": self.energy_j,
+                "freq_mhz": self.freq_mhz, "target_time_s": self.target_time_s, "slowdown": self.slowdown}
+
     def scalars(self) -> dict[str, float]:
         """``{"perseus/energy_j": 12.3, ...}``: what scalar writers (TensorBoard, wandb, DeepSpeed) get."""
         out: dict[str, float] = {
             "energy_j": self.energy_j, "power_w": self.power_w, "time_s": self.time_s,
-            "phase": float(PHASE_CODES.index(self.phase)) if self.phase in PHASE_CODES else -1.0,
+            "phase": float(PHASE_CODES.index(self.phase.value)) if self.phase.value in PHASE_CODES else -1.0,
             "clock_mhz": float(self.clock_mhz), "energy_j_total": self.energy_j_total,
             "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
         }
@@ -90,7 +111,8 @@ class StepMetrics:
     def prometheus(self) -> dict[str, Any]:
         """The snapshot ``PrometheusExporter.update`` takes (see perseus/runtime/prometheus.py)."""
         return {
-            "phase": self.phase, "clock_mhz": self.clock_mhz, "energy_total_j": {str(self.rank): self.energy_j_total},
+            "phase": self.phase.value, "clock_mhz": self.clock_mhz,
+            "energy_total_j": {str(self.rank): self.energy_j_total},
             "instructions_total": dict(self.instructions_total), "point_slowdown": self.point_slowdown,
             "point_energy_j": self.point_energy_j, "straggler_ratio": self.straggler_ratio,
             "energy_saving": self.saving_ratio, "energy_saved_total_j": self.saving_j_total,
@@ -99,7 +121,7 @@ class StepMetrics:
 
 
 class MetricsBuilder:
-    """Keeps the running totals between steps; ``build`` is called once per step, at step end."""
+    """Keeps the running totals between steps; ``complete`` is called once per step, at step end."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -107,23 +129,25 @@ class MetricsBuilder:
         self.saving_j_total = 0.0
         self.instructions_total: dict[int, int] = {}
 
-    def build(self, *, step: int, phase: str, time_s: float, energy_j: float, clock_mhz: int,
-              instructions: dict[int, int], baseline_energy_j: float | None, straggler_ratio: float,
-              point_slowdown: float | None = None, point_energy_j: float | None = None,
-              job_energy_j: float | None = None) -> StepMetrics:
-        self.energy_j_total += energy_j
+    def complete(self, record: StepMetrics, *, clock_mhz: int, instructions: dict[int, int] | None,
+                 baseline_energy_j: float | None, straggler_ratio: float, point_slowdown: float | None = None,
+                 point_energy_j: float | None = None, job_energy_j: float | None = None) -> StepMetrics:
+        """``record`` with what holds at step end and the running totals (instruction counts only
+        when ``instructions`` is given: they are counted for sinks, not kept for every step)."""
+        self.energy_j_total += record.energy_j
         saving_ratio = None
-        if baseline_energy_j and phase != "warmup":
-            self.saving_j_total += baseline_energy_j - energy_j
-            saving_ratio = 1.0 - energy_j / baseline_energy_j
-        for mhz, count in instructions.items():
-            self.instructions_total[mhz] = self.instructions_total.get(mhz, 0) + count
-        return StepMetrics(
-            step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j, clock_mhz=int(clock_mhz),
-            energy_j_total=self.energy_j_total, saving_j_total=self.saving_j_total, straggler_ratio=straggler_ratio,
-            instructions=dict(instructions), instructions_total=dict(self.instructions_total),
-            saving_ratio=saving_ratio, point_slowdown=point_slowdown, point_energy_j=point_energy_j,
-            job_energy_j=job_energy_j,
+        if baseline_energy_j and record.phase is not Phase.WARMUP:
+            self.saving_j_total += baseline_energy_j - record.energy_j
+            saving_ratio = 1.0 - record.energy_j / baseline_energy_j
+        counted: dict[str, Any] = {}
+        if instructions is not None:
+            for mhz, count in instructions.items():
+                self.instructions_total[mhz] = self.instructions_total.get(mhz, 0) + count
+            counted = {"instructions": dict(instructions), "instructions_total": dict(self.instructions_total)}
+        return replace(
+            record, clock_mhz=int(clock_mhz), energy_j_total=self.energy_j_total, saving_j_total=self.saving_j_total,
+            straggler_ratio=straggler_ratio, saving_ratio=saving_ratio, point_slowdown=point_slowdown,
+            point_energy_j=point_energy_j, job_energy_j=job_energy_j, **counted,
         )
 
 

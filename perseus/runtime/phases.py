@@ -14,7 +14,7 @@
   plan can be had, or when another rank died or hung and no collective is made any more).
 
 Transitions happen only at step boundaries, on all ranks together (the engine drives them with
-the same step counts and gloo-agreed flags everywhere).
+the same step counts and gloo-agreed flags everywhere). Where warm-up leads is ``after_warmup``.
 """
 
 from __future__ import annotations
@@ -59,3 +59,21 @@ class PhaseMachine:
     def entered_at(self, phase: Phase) -> int | None:
         """Step at which ``phase`` was first entered, or None."""
         return next((step for step, p in self.history if p == phase), None)
+
+
+def after_warmup(has_plan: bool, has_profile: bool, mode: str) -> tuple[Phase, str | None]:
+    """The phase warm-up leads to, from what the sources gave (a plan: this rank's stage of a
+    frontier; a profile) and the mode; with the line saying why, for ``STEADY``."""
+    if has_plan:
+        if mode == "run":
+            return Phase.DEPLOYED, None
+        return Phase.STEADY, "frontier available; mode %r keeps default clocks" % mode
+    if has_profile and mode in ("run", "plan", "measure-only"):
+        return Phase.PLANNING, None
+    if has_profile:
+        return Phase.STEADY, "profile already available (cached or provided); nothing to profile"
+    if mode == "measure-only":
+        return Phase.STEADY, ("measure-only: no clock control, so no frequency sweep; give profile_path or "
+                              "frontier_path (or a cache from a privileged run) to get a plan. Reporting measured "
+                              "time and energy only")
+    return Phase.PROFILING, None

@@ -8,6 +8,7 @@ the planner process encoded, so rank 0's training thread only passes them on.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from dataclasses import dataclass
 
@@ -18,10 +19,13 @@ from perseus.runtime.collective import Collective
 from perseus.runtime.planner_process import (NICE, FAILED, PENDING, READY, PlannedStages, ProcessPlanner, start_child,
                                              stop_child)
 from perseus.runtime.stage_plan import StagePlan, distribute
+from perseus.runtime.sources import log_saved
 from perseus.schedules import Schedule
 
-__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "PlannedStages", "share_outcome",
-           "start_child", "stop_child"]
+log = logging.getLogger("perseus.runtime")
+
+__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "PlannedStages", "log_planned",
+           "share_outcome", "start_child", "stop_child"]
 
 
 class BackgroundPlanner(ProcessPlanner):
@@ -69,3 +73,11 @@ def share_outcome(
     planned = planner.result if collective.is_root and planner is not None else None
     delivered = distribute(collective, planned.bytes_of if planned is not None else None, schedule, stage)
     return PlanOutcome(delivered.plan, planned=planned, received_bytes=delivered.received_bytes)
+
+
+def log_planned(planned: PlannedStages, cached: bool) -> None:
+    """Rank 0's lines for a plan that is ready: its size and solve time, and where the planner
+    process saved it (``planner_process.hand_over``) when there is a cache."""
+    log.info("perseus: frontier with %d points planned in %.1f s", planned.num_points, planned.solve_time_s)
+    if cached:
+        log_saved("frontier", planned.saved_to, planned.save_error)

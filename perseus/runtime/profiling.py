@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from perseus.errors import PerseusError
 from perseus.runtime.aggregate import RankMeasurements
-from perseus.runtime.clock_sweep import ClockSweep, energy_rose, select_frequencies
-from perseus.runtime.collective import Collective
+from perseus.runtime.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
@@ -36,12 +37,18 @@ class ProfilingRun:
         self._gpu = gpu
         self._collective = collective
         self._poll_s = c.energy_poll_s
+        self._warmup_steps = c.warmup_steps
         self._poller: EnergyPoller | None = None
         self._prev_energies: dict[Any, float] | None = None
 
     def start(self, p_blocking_w: float) -> None:
         """Counter poller on, first clock set (waiting until it is in effect)."""
         self.p_blocking_w = p_blocking_w
+        freqs, iters = self.sweep.frequencies, self.sweep.iters_per_freq
+        if self._collective.is_root:
+            log.info("perseus: profiling %d clocks %d..%d MHz, %d iterations each (at most %d iterations incl. "
+                     "warm-up); P_blocking %.1f W", len(freqs), freqs[0], freqs[-1], iters,
+                     profiling_iterations(self._warmup_steps, iters, len(freqs)), p_blocking_w)
         self._poller = self._gpu.energy_poller(self._poll_s)
         self._gpu.apply(self.sweep.current_mhz)
 
@@ -83,3 +90,19 @@ class ProfilingRun:
     def measurements(self, job: PipelineJob, gpu_name: str) -> RankMeasurements:
         """This rank's share of the profile, for the gather to rank 0."""
         return RankMeasurements(job.stage, job.tp_rank, job.dp_rank, self.recorder.measurements, self.p_blocking_w, gpu_name)
+
+
+def measure_p_blocking(gpu: GPUPort, collective: Collective, seconds: float) -> float:
+    """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps (ranks in
+    pairs); the mean idle power if the measurement fails here, a ``CollectiveError`` if the peer
+    died or hung."""
+    rank = collective.rank
+    peer = rank ^ 1 if rank ^ 1 < collective.size else None
+    try:
+        return gpu.measure_p_blocking(seconds, collective, peer)
+    except RuntimeError as exc:  # gloo: the peer died or hung in the pair's send/recv
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CollectiveError(f"the P_blocking measurement with rank {peer} failed: {first}") from None
+    except PerseusError as exc:
+        log.warning("perseus: P_blocking measurement failed (%s); using mean instantaneous idle power", exc)
+        return gpu.sample_idle_power(seconds)

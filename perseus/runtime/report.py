@@ -2,18 +2,22 @@
 
 Energies are this rank's GPU energy (measured by NVML or integrated by the simulated GPU);
 job-wide totals come from the periodic job check (``job_check.py``) every K steps.
-``summarize`` builds ``PerseusRuntime.summary()`` from values only, so it is testable alone.
+The records are ``StepMetrics`` (``metrics.py``), the runtime's one per-step record.
+``summarize`` builds ``PerseusRuntime.summary()`` from values only (a ``RunFacts``), so it is
+testable alone.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
 
+from perseus.runtime.metrics import StepMetrics
 from perseus.runtime.metrics_file import MetricsFile
+from perseus.runtime.phases import Phase
 
 if TYPE_CHECKING:
     from perseus.frontier import Frontier, FrontierPoint
@@ -25,26 +29,13 @@ log = logging.getLogger("perseus.runtime")
 
 
 @dataclass
-class StepRecord:
-    """One training iteration as the runtime saw it."""
-
-    step: int
-    phase: str
-    time_s: float
-    energy_j: float
-    freq_mhz: int | None = None  # profiling clock, when sweeping
-    target_time_s: float | None = None  # planned iteration time of the deployed point
-    slowdown: float = 1.0  # deliberate slowdown ratio (straggler or external target)
-
-
-@dataclass
 class Reporter:
     """Accumulates step records; writes the log line (rank 0) and metrics lines."""
 
     rank: int = 0
     log_every_steps: int = 1
     metrics_path: str | None = None
-    records: list[StepRecord] = field(default_factory=list)
+    records: list[StepMetrics] = field(default_factory=list)
     baseline_time_s: float | None = None
     baseline_energy_j: float | None = None
     _metrics: MetricsFile | None = None
@@ -53,7 +44,7 @@ class Reporter:
         if self.metrics_path and self.rank == 0:
             self._metrics = MetricsFile(self.metrics_path)
 
-    def set_baseline(self, records: list[StepRecord]) -> None:
+    def set_baseline(self, records: list[StepMetrics]) -> None:
         """Median of the warm-up steps: robust to the slow first iteration."""
         if records:
             self.baseline_time_s = median(r.time_s for r in records)
@@ -64,11 +55,11 @@ class Reporter:
             return None
         return 1.0 - energy_j / self.baseline_energy_j
 
-    def add(self, record: StepRecord, extra: dict[str, Any] | None = None) -> None:
+    def add(self, record: StepMetrics, extra: dict[str, Any] | None = None) -> None:
         self.records.append(record)
         running = self.running_deployed()
         if self.rank == 0 and self.log_every_steps and record.step % self.log_every_steps == 0:
-            parts = [f"perseus step {record.step} [{record.phase}]", f"time {record.time_s * 1e3:.1f} ms",
+            parts = [f"perseus step {record.step} [{record.phase.value}]", f"time {record.time_s * 1e3:.1f} ms",
                      f"energy {record.energy_j:.2f} J"]
             if record.freq_mhz is not None:
                 parts.append(f"clock {record.freq_mhz} MHz")
@@ -78,13 +69,18 @@ class Reporter:
                 parts.append(f"saving {100 * (1 - running[1] / self.baseline_energy_j):.1f}% vs baseline")
             log.info(", ".join(parts))
         if self._metrics is not None:
-            row = asdict(record)
+            row = record.file_row()
             row["baseline_time_s"] = self.baseline_time_s
             row["baseline_energy_j"] = self.baseline_energy_j
             row["saving"] = self.saving(record.energy_j)
             if extra:
                 row.update(extra)
             self._metrics.write_line(json.dumps(row))
+
+    def complete(self, record: StepMetrics) -> None:
+        """Replace the last record (the same step) by its step-end form (``observe.Observer``)."""
+        if self.records and self.records[-1].step == record.step:
+            self.records[-1] = record
 
     def write_event(self, event: str, **data: Any) -> None:
         """A non-step line in the metrics file (phase change, plan deployed, straggler switch)."""
@@ -93,15 +89,15 @@ class Reporter:
 
     def running_deployed(self) -> tuple[float, float] | None:
         """Mean (time, energy) of the steps run with a deployed plan so far."""
-        deployed = [r for r in self.records if r.phase == "deployed"]
+        deployed = [r for r in self.records if r.phase is Phase.DEPLOYED]
         if not deployed:
             return None
         return fmean(r.time_s for r in deployed), fmean(r.energy_j for r in deployed)
 
     def phase_means(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        for phase in sorted({r.phase for r in self.records}):
-            rows = [r for r in self.records if r.phase == phase]
+        for phase in sorted({r.phase.value for r in self.records}):
+            rows = [r for r in self.records if r.phase.value == phase]
             out[phase] = {
                 "steps": len(rows),
                 "time_s": fmean(r.time_s for r in rows),
@@ -117,39 +113,43 @@ class Reporter:
             self._metrics = None
 
 
-def summarize(
-    reporter: Reporter,
-    *,
-    rank: int,
-    job: PipelineJob,
-    mode: str,
-    phase: str,
-    steps: int,
-    phase_history: list[tuple[int, str]],
-    p_blocking_w: float | None,
-    fallback: str | None,
-    slowdown: float,
-    clock_mhz: int,
-    events: list[tuple[int, str, Any]],
-    job_numbers: dict[str, Any],
-    sweep: ClockSweep | None,
-    profiling_iterations: int | None,
-    frontier: Frontier | StagePlan | None,
-    point: FrontierPoint | StagePoint | None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary says besides the step records: this rank's state when it is asked."""
+
+    rank: int
+    job: PipelineJob
+    mode: str
+    phase: Phase
+    steps: int
+    phase_history: list[tuple[int, Phase]]
+    p_blocking_w: float | None
+    fallback: str | None
+    slowdown: float
+    clock_mhz: int
+    events: list[tuple[int, str, Any]]
+    job_numbers: dict[str, Any]
+    sweep: ClockSweep | None = None
+    profiling_iterations: int | None = None
+    frontier: Frontier | StagePlan | None = None
+    point: FrontierPoint | StagePoint | None = None
+
+
+def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
     """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
     means = reporter.phase_means()
     recent = reporter.records[-5:]
     deployed = means.get("deployed")
+    f = facts
     out: dict[str, Any] = {
         "enabled": True,
-        "rank": rank,
-        "stage": job.stage,
-        "dp_rank": job.dp_rank,
-        "mode": mode,
-        "phase": phase,
-        "steps": steps,
-        "phase_history": list(phase_history),
+        "rank": f.rank,
+        "stage": f.job.stage,
+        "dp_rank": f.job.dp_rank,
+        "mode": f.mode,
+        "phase": f.phase.value,
+        "steps": f.steps,
+        "phase_history": [(step, phase.value) for step, phase in f.phase_history],
         "baseline": {"time_s": reporter.baseline_time_s, "energy_j": reporter.baseline_energy_j},
         "current": {
             "time_s": fmean(r.time_s for r in recent) if recent else None,
@@ -157,16 +157,17 @@ def summarize(
         },
         "phases": means,
         "saving": reporter.saving(deployed["energy_j"]) if deployed else None,
-        "p_blocking_w": p_blocking_w,
-        "fallback": fallback,
-        "slowdown": slowdown,
-        "clock_mhz": clock_mhz,
-        "events": list(events),
-        "job": dict(job_numbers),
+        "p_blocking_w": f.p_blocking_w,
+        "fallback": f.fallback,
+        "slowdown": f.slowdown,
+        "clock_mhz": f.clock_mhz,
+        "events": list(f.events),
+        "job": dict(f.job_numbers),
     }
+    sweep, frontier, point = f.sweep, f.frontier, f.point
     if sweep is not None:
         out["profiled_clocks_mhz"] = list(sweep.visited)
-        out["profiling_iterations"] = profiling_iterations
+        out["profiling_iterations"] = f.profiling_iterations
         out["sweep_stopped_early"] = sweep.stopped_early
     if frontier is not None:
         out["frontier"] = {

@@ -8,8 +8,9 @@ too once it has sent the others theirs.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, load_frontier
@@ -20,6 +21,8 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.stage_plan import StagePlan, distribute, slices_of
 from perseus.schedules import Schedule
+
+log = logging.getLogger("perseus.runtime")
 
 
 def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_version: str,
@@ -39,6 +42,23 @@ def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_versio
     }
     key.update(schedule.variant_fields())  # only what is not the default: existing caches keep their keys
     return key
+
+
+def save_quietly(what: str, save: Callable[[Any], Any], obj: Any) -> None:
+    """Cache writes are atomic (the old file or none stays); a full disk costs the cache, not the run."""
+    try:
+        log_saved(what, save(obj), None)
+    except OSError as exc:
+        log_saved(what, None, exc.strerror or str(exc))
+
+
+def log_saved(what: str, path: object, error: str | None) -> None:
+    """One line for a cache write, by the trainer (profile) or the planner process (frontier)."""
+    if error is None:
+        log.info("perseus: %s saved to %s", what, path)
+    else:
+        log.warning("perseus: could not save the %s to the cache (%s); training continues, the next run %s again",
+                    what, error, "profiles" if what == "profile" else "plans")
 
 
 def open_cache(config: PerseusConfig, key: dict[str, Any]) -> RunCache | None:

@@ -143,6 +143,11 @@ class StagePlan:
             raise FrontierError(f"this rank holds the plan of stage {self.stage}, not of stage {stage}")
         return list(zip(self.instructions, self.clocks(point).tolist()))
 
+    def describe(self) -> dict[str, int]:
+        """Its size, for the run's ``plan_received`` event."""
+        return {"stage": self.stage, "instructions": len(self.instructions), "points": len(self.points),
+                "paced_points": len(self.paced_points)}
+
     def nbytes(self) -> int:
         """Bytes of the arrays this plan holds (its clocks dominate)."""
         timing = self.timing.nbytes if self.timing is not None else 0

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from deepspeed.runtime.pipe import schedule as ds_schedule  # noqa: E402
 from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 
+import perseus.runtime  # noqa: E402
 from perseus.runtime.events import RecordingListener  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_deepspeed import compat  # noqa: E402
@@ -60,7 +61,7 @@ def _no_leftover_hooks(request):
         if name in request.fixturenames:
             handle = installed_handle(request.getfixturevalue(name))
             if handle is not None:
-                handle.remove()
+                handle.uninstall()
 
 
 def orders(recorder: RecordingListener) -> list[list[str]]:
@@ -85,7 +86,7 @@ def test_train_steps_report_the_schedule_and_eval_reports_nothing(engine):
     engine.train_batch(data)
     assert orders(recorder) == [expected(), expected()]
     assert handle.steps == 2
-    handle.remove()
+    handle.uninstall()
     engine.train_batch(data)
     assert len(recorder.steps) == 2
 
@@ -112,14 +113,14 @@ def test_step_events_wrap_the_instructions(engine):
     assert events[1:-1] == [e for i in expected() for e in (f"{i[0].lower()}{i[1:]}", f"/{i[0].lower()}{i[1:]}")]
 
 
-def test_remove_restores_the_engine_and_class_exactly(engine):
+def test_uninstall_restores_the_engine_and_class_exactly(engine):
     class_map = dict(PipelineEngine._INSTRUCTION_MAP)
     before = {k: v for k, v in engine.__dict__.items() if k in ("_INSTRUCTION_MAP", "_exec_schedule", "train_batch")}
     handle = install_hooks(engine, RecordingListener())
     assert engine._INSTRUCTION_MAP is not PipelineEngine._INSTRUCTION_MAP
     assert PipelineEngine._INSTRUCTION_MAP == class_map  # the class map is never edited
-    handle.remove()
-    handle.remove()  # idempotent
+    handle.uninstall()
+    handle.uninstall()  # idempotent
     after = {k: v for k, v in engine.__dict__.items() if k in ("_INSTRUCTION_MAP", "_exec_schedule", "train_batch")}
     assert after == before == {}
     assert engine._INSTRUCTION_MAP is PipelineEngine._INSTRUCTION_MAP
@@ -136,15 +137,23 @@ def test_other_engines_are_untouched(engine, other_engine):
     assert orders(mine) == [expected()] and theirs.steps == []
 
 
-def test_second_install_is_refused_and_reinstall_after_remove_works(engine):
+def test_second_install_is_refused_and_reinstall_after_uninstall_works(engine):
     handle = install_hooks(engine, RecordingListener())
-    with pytest.raises(HooksAlreadyInstalled, match="remove\\(\\)"):
+    with pytest.raises(HooksAlreadyInstalled, match="uninstall\\(\\)"):
         install_hooks(engine, RecordingListener())
-    handle.remove()
+    assert HooksAlreadyInstalled is perseus.runtime.HooksAlreadyInstalled, "one class for every adapter"
+    handle.uninstall()
     recorder = RecordingListener()
     install_hooks(engine, recorder)
     engine.train_batch(data_iterator(SHAPE))
     assert orders(recorder) == [expected()]
+
+
+def test_remove_is_a_deprecated_name_of_uninstall(engine):
+    handle = install_hooks(engine, RecordingListener())
+    with pytest.warns(DeprecationWarning, match="uninstall"):
+        handle.remove()
+    assert installed_handle(engine) is None and not handle.installed
 
 
 def test_activation_checkpointing_keeps_the_order(dist_world):
@@ -152,7 +161,7 @@ def test_activation_checkpointing_keeps_the_order(dist_world):
     recorder = RecordingListener()
     handle = install_hooks(checkpointed, recorder)
     checkpointed.train_batch(data_iterator(SHAPE))
-    handle.remove()
+    handle.uninstall()
     assert orders(recorder) == [expected(4)]
 
 

@@ -47,7 +47,7 @@ def test_monitor_csv_and_tensorboard_get_the_runtimes_records(dist_world, tmp_pa
     records = list(handle.runtime.reporter.records)
     baseline = handle.runtime.reporter.baseline_energy_j
     engine.destroy()
-    assert [r.phase for r in records] == ["warmup", "warmup", "deployed", "deployed", "deployed"]
+    assert [r.phase.value for r in records] == ["warmup", "warmup", "deployed", "deployed", "deployed"]
     samples = [SHAPE.micro_batch_size * MICROBATCHES * (i + 1) for i in range(5)]  # DeepSpeed's x: global_samples
     folder = tmp_path / "csv" / "job"
     assert read_csv(folder, "perseus/energy_j") == [(s, pytest.approx(r.energy_j, rel=1e-12))
@@ -79,6 +79,6 @@ def test_without_a_monitor_no_sink_is_added(dist_world, tmp_path, monkeypatch):
     engine, *_ = initialize(model=model, optimizer=client_optimizer(model),
                             config=deepspeed_config(MICROBATCHES, SHAPE, section))
     try:
-        assert get_handle(engine).runtime._sinks == []
+        assert get_handle(engine).runtime.observe.sinks == []
     finally:
         engine.destroy()

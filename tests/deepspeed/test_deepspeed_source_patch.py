@@ -93,7 +93,7 @@ def test_patched_engine_reports_through_the_same_listener(dist_world, patched_en
     engine.train_batch(data)
     want = list(build_schedule("1f1b", 1, MICROBATCHES).stages[0])
     assert recorder.steps == [want, want] and handle.steps == 2
-    handle.remove()
+    handle.uninstall()
     assert "_perseus_listener" not in engine.__dict__ and installed_handle(engine) is None
     engine.train_batch(data)
     assert len(recorder.steps) == 2

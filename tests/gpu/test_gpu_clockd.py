@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from clockd_process import connectable
 
+from perseus.errors import PerseusError
 from perseus.gpu import GPUError, GPUInvalidArgumentError, GPUNotFoundError, GPUPermissionError, SimulatedGPU, read_sim_state
 from perseus.gpu import clockd_wire as wire
 from perseus.gpu.clockd import ClockDaemon, DaemonOptions
@@ -114,6 +115,7 @@ def test_wire_frames_and_request_validation():
     with pytest.raises(wire.ProtocolError) as err:
         wire.split_frames(bytearray(struct.pack(">I", wire.MAX_REQUEST + 1)), wire.MAX_REQUEST)
     assert err.value.code == wire.E_TOO_BIG
+    assert isinstance(err.value, PerseusError), "a protocol error is a user-facing PerseusError (one line in the CLI)"
     assert wire.parse_request(b'{"op":"set","gpu":0,"mhz":1005}') == wire.SetClock(0, 1005)
     hello = wire.parse_request(json.dumps({"op": "hello", "v": 1, "pid": 7, "cuda_visible_devices": "2,3",
                                            "devices": [1], "uuids": None}).encode())
@@ -592,7 +594,7 @@ def test_a_refused_clock_is_a_failed_notice_and_that_claim_stays_at_default(cloc
         stats = c.flush()
         assert stats.errors == 1 and stats.current is None and not read_sim_state(0).locked
         (notice,) = c.notices()
-        assert notice["event"] == "failed" and "the driver said no" in notice["message"] and notice["reset"] is True
+        assert notice.kind == "failed" and "the driver said no" in notice.message and notice.reset is True
         assert c.errors == [], "reported once, as the notice"
         c.set_frequency(705)
         assert c.flush().current is None and not read_sim_state(0).locked, "ignored from now on"

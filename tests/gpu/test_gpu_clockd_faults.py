@@ -20,12 +20,13 @@ from fake_pynvml import read_clock_calls, write_shim
 from perseus.gpu import SimulatedGPU, read_sim_state
 from perseus.gpu.clock_keeper import MAX_OVERRIDES
 from perseus.gpu.clockd_client import ClockdController
+from perseus.gpu.notice import ClockNotice
 
 HANG_S = 30.0
 CLOCK_CHECK_S = 0.1
 
 
-def _next_notice(client: ClockdController, admin: SimulatedGPU, held: int) -> tuple[dict, float | None]:
+def _next_notice(client: ClockdController, admin: SimulatedGPU, held: int) -> tuple[ClockNotice, float | None]:
     """Poll like a trainer's step ends until a notice arrives; also when the lock was back."""
     t0 = time.monotonic()
     relocked = None
@@ -64,12 +65,11 @@ def test_clock_reset_under_a_clockd_client_is_reapplied_then_given_up(sim_dir, s
             notice, after = _next_notice(watched, admin, 705)
             events.append(notice)
             relocked.append(after)
-        assert [n["event"] for n in events] == ["override"] * MAX_OVERRIDES + ["failed"]
+        assert [n.kind for n in events] == ["override"] * MAX_OVERRIDES + ["failed"]
         for count, n in enumerate(events[:-1], 1):
-            assert (n["expected"], n["found"], n["reapplied"], n["count"], n["max"]) == (705, 1410, True, count,
-                                                                                         MAX_OVERRIDES)
+            assert (n.expected, n.found, n.reapplied, n.count, n.max) == (705, 1410, True, count, MAX_OVERRIDES)
             assert relocked[count - 1] is not None
-        assert "changed outside Perseus" in events[-1]["message"] and events[-1]["reset"] is True
+        assert "changed outside Perseus" in events[-1].message and events[-1].reset is True
         assert not read_sim_state(0).locked
         watched.set_frequency(900)  # ignored from now on, as by the local controller
         assert watched.flush().current is None and not read_sim_state(0).locked
@@ -113,7 +113,7 @@ def test_nvml_failing_for_one_clients_gpu_leaves_the_other_client_alone(sock_dir
         (notice,) = failing.notices()  # the step end
         told_s = time.monotonic() - t0
         assert stats.current is None and stats.errors == 1
-        assert notice["event"] == "failed" and what in notice["message"] and notice["reset"] is reset
+        assert notice.kind == "failed" and what in notice.message and notice.reset is reset
         failing.set_frequency(900)  # ignored from now on
         other.set_frequency(900)
         assert failing.flush().current is None
@@ -151,7 +151,7 @@ def test_daemon_stopped_while_a_plan_holds_a_clock_is_a_failed_notice(sim_dir, s
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the notice is the one report: no ControllerDiedWarning
         (notice,) = client.notices()
-        assert notice["event"] == "failed" and "closed the connection" in notice["message"]
+        assert notice.kind == "failed" and "closed the connection" in notice.message
         assert client.notices() == [] and not client.alive
         client.set_frequency(900)
         client.reset()

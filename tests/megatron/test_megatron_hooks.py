@@ -13,6 +13,7 @@ from megatron.core.pipeline_parallel import schedules  # noqa: E402
 from megatron.core.transformer.enums import CudaGraphScope  # noqa: E402
 
 from perseus.errors import PerseusError  # noqa: E402
+import perseus.runtime  # noqa: E402
 from perseus.runtime.events import RecordingListener  # noqa: E402
 from perseus_megatron import compat, hooks  # noqa: E402
 from perseus_megatron.compat import (  # noqa: E402
@@ -51,6 +52,7 @@ def test_a_second_install_is_rejected_until_the_first_is_removed():
     first = install_hooks(RecordingListener())
     with pytest.raises(HooksAlreadyInstalled, match="already installed"):
         install_hooks(RecordingListener())
+    assert HooksAlreadyInstalled is perseus.runtime.HooksAlreadyInstalled, "one class for every adapter"
     first.uninstall()
     install_hooks(RecordingListener()).uninstall()
 

@@ -73,7 +73,7 @@ def test_megatron_writers_get_the_runtimes_records_at_megatrons_iteration(traine
     finally:
         handle.close()
     writer.close()
-    assert [r.phase for r in records] == ["warmup", "warmup", "deployed", "deployed", "deployed"]
+    assert [r.phase.value for r in records] == ["warmup", "warmup", "deployed", "deployed", "deployed"]
     scalars = read_scalars(tmp_path / "tb")
     iterations = [first + 1 + i for i in range(5)]
     assert scalars["perseus/energy_j"] == [(it, pytest.approx(r.energy_j, rel=1e-6)) for it, r in zip(iterations, records)]

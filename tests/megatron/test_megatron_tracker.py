@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+import perseus.runtime
 from perseus.runtime.events import RecordingListener
 from perseus.schedules import Instruction
 from perseus_megatron.tracker import HookStateError, ScheduleTracker, StepInfo
@@ -69,6 +70,7 @@ def test_step_info_reaches_the_listener_factory():
 
 def test_backward_of_an_unknown_output_is_an_error():
     tracker = _tracker(RecordingListener())
+    assert HookStateError is perseus.runtime.HookStateError, "the runtime's one class, under its old name here"
     with pytest.raises(HookStateError, match="no forward_step of this iteration"):
         with tracker.step(TRAIN):
             tracker.backward(object(), lambda: None)

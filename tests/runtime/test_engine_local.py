@@ -269,7 +269,7 @@ def test_plain_cpu_work_is_stretched_by_the_clock_profiled_and_planned(tmp_path)
                 assert start == begin.busy_start and begin.busy
             rt.on_step_end()
         summary = rt.summary()
-        profile = rt._profile
+        profile = rt.supply.profile
         # Stopped (the demo's "baseline again"): default clocks, steps no longer counted or
         # checked, and the instructions are still kernels of the simulated GPU.
         rt.stop()

@@ -15,7 +15,9 @@ from perseus.profile import InstructionProfile, uniform_profile
 from perseus.runtime import PipelineJob, planning
 from perseus.runtime.collective import Collective
 from perseus.runtime.job_check import check_job
-from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
+from perseus.runtime.metrics import StepMetrics
+from perseus.runtime.phases import Phase
+from perseus.runtime.report import Reporter, RunFacts, summarize, summary_line
 from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,15 +62,17 @@ def test_job_check_alone_sees_no_straggler_and_sums_energy():
 def test_summary_is_built_from_values():
     reporter = Reporter(rank=1, log_every_steps=0)
     for step, phase, energy in ((0, "warmup", 10.0), (1, "warmup", 10.0), (2, "deployed", 8.0)):
-        reporter.add(StepRecord(step, phase, 0.1, energy))
+        reporter.add(StepMetrics(step=step, rank=1, phase=Phase(phase), time_s=0.1, energy_j=energy))
     reporter.set_baseline(reporter.records[:2])
     frontier = Frontier(SCHEDULE, 50.0, 0.1, 10.0, [FrontierPoint(0.1, 9.0, np.full(8, 1400))])
     job = PipelineJob(num_stages=2, num_microbatches=2, stage=1, dp_rank=0)
-    s = summarize(reporter, rank=1, job=job, mode="run", phase="deployed", steps=3,
-                  phase_history=[(0, "warmup"), (2, "deployed")], p_blocking_w=50.0, fallback=None, slowdown=1.0,
-                  clock_mhz=1400, events=[], job_numbers={}, sweep=None, profiling_iterations=None,
-                  frontier=frontier, point=frontier.points[0])
+    s = summarize(reporter, RunFacts(
+        rank=1, job=job, mode="run", phase=Phase.DEPLOYED, steps=3,
+        phase_history=[(0, Phase.WARMUP), (2, Phase.DEPLOYED)], p_blocking_w=50.0, fallback=None, slowdown=1.0,
+        clock_mhz=1400, events=[], job_numbers={}, frontier=frontier, point=frontier.points[0]))
     assert s["saving"] == pytest.approx(0.2) and s["stage"] == 1 and "profiled_clocks_mhz" not in s
+    assert s["phase"] == "deployed" and s["phase_history"] == [(0, "warmup"), (2, "deployed")]
+    assert set(s["phases"]) == {"warmup", "deployed"}, "phase names, as the summary always had them"
     assert s["frontier"]["points"] == 1 and s["point"] == {"time_s": 0.1, "energy_j": 9.0}
     assert summary_line(s) == ("perseus summary: 3 steps, phase deployed, baseline 100.0 ms / 10.00 J, "
                                "deployed 100.0 ms / 8.00 J, saving 20.0%")

@@ -243,14 +243,14 @@ def test_controller_gives_up_when_the_clock_keeps_being_changed(tmp_path, monkey
         ctl.set_frequency(low)
         ctl.flush()
         deadline = time.monotonic() + 60
-        while not any(n["event"] == "failed" for n in notices):
+        while not any(n.kind == "failed" for n in notices):
             assert time.monotonic() < deadline, f"no 'failed' notice: {notices}"
             if gpu.locked_sm_clock_mhz() == low:
                 gpu.reset_locked_sm_clock()  # the other tool, again
             time.sleep(0.01)
             notices += ctl.notices()
-        assert [n["event"] for n in notices] == ["override"] * MAX_OVERRIDES + ["failed"]
-        assert "changed outside Perseus" in notices[-1]["message"]
+        assert [n.kind for n in notices] == ["override"] * MAX_OVERRIDES + ["failed"]
+        assert "changed outside Perseus" in notices[-1].message
         ctl.set_frequency(low)  # ignored from now on
         ctl.flush()
         assert not gpu.is_clock_locked()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import urllib.error
@@ -15,6 +16,7 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.metrics import PHASE_CODES, SCALARS, StepMetrics
+from perseus.runtime.phases import Phase
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
@@ -74,25 +76,26 @@ def test_sinks_get_the_runtimes_own_numbers_each_step(tmp_path, caplog):
             records = list(rt.reporter.records)
             baseline = rt.reporter.baseline_energy_j
             job_numbers = dict(rt.job_numbers)
-            assert len(rt._sinks) == 1, "the failing sink is dropped, the others keep going"
+            assert len(rt.observe.sinks) == 1, "the failing sink is dropped, the others keep going"
     assert recorder.closed
     assert caplog.text.count("metrics sink Broken failed") == 1
     assert [s for s, _ in recorder.rows] == [r.step for r in records] == list(range(6))
     saved = 0.0
     for (_, m), r in zip(recorder.rows, records):
-        assert (m.phase, m.time_s, m.energy_j) == (r.phase, r.time_s, r.energy_j)
+        assert m is r, "one record per step: the reporter keeps what the sinks got"
+        assert isinstance(m.phase, Phase)
         assert m.power_w == pytest.approx(r.energy_j / r.time_s)
-        if r.phase != "warmup":
+        if r.phase is not Phase.WARMUP:
             saved += baseline - r.energy_j
             assert m.saving_ratio == pytest.approx(1 - r.energy_j / baseline)
         assert m.saving_j_total == pytest.approx(saved)
         assert m.energy_j_total == pytest.approx(sum(x.energy_j for x in records[: r.step + 1]))
         assert sum(m.instructions.values()) == 4
         scalars = m.scalars()
-        assert scalars["perseus/energy_j"] == r.energy_j and scalars["perseus/phase"] == PHASE_CODES.index(r.phase)
+        assert scalars["perseus/energy_j"] == r.energy_j and scalars["perseus/phase"] == PHASE_CODES.index(r.phase.value)
         assert {k.removeprefix("perseus/") for k in scalars} - set(SCALARS) == {
             f"instructions_at_{mhz}mhz" for mhz in m.instructions}
-    phases = [m.phase for _, m in recorder.rows]
+    phases = [m.phase.value for _, m in recorder.rows]
     assert phases == ["warmup", "warmup", "deployed", "deployed", "deployed", "deployed"]
     warm, deployed = recorder.rows[0][1], recorder.rows[-1][1]
     assert warm.instructions == {1410: 4} and warm.point_slowdown is None and warm.saving_ratio is None
@@ -166,3 +169,23 @@ def test_prometheus_port_is_offset_by_the_local_rank_and_a_busy_port_is_an_error
         device.close()
     finally:
         busy.close()
+
+
+def test_the_metrics_file_keeps_its_step_lines_with_one_record_type(tmp_path):
+    """The one record type writes the metrics file's step lines as they always were: the same keys
+    in the same order, the phase as its name; event lines stay between them, after their step."""
+    device, cfg = setup(tmp_path, metrics_file=str(tmp_path / "m.jsonl"))
+    with PerseusRuntime(JOB, cfg) as rt:
+        for _ in range(4):
+            step(rt, device)
+        records = list(rt.reporter.records)
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "event" not in line]
+    assert [list(line) for line in steps] == [["step", "phase", "time_s", "energy_j", "freq_mhz", "target_time_s",
+                                               "slowdown", "baseline_time_s", "baseline_energy_j", "saving"]] * 4
+    assert [line["phase"] for line in steps] == ["warmup", "warmup", "deployed", "deployed"]
+    assert [r.file_row() for r in records] == [{k: line[k] for k in list(line)[:7]} for line in steps]
+    assert steps[2]["target_time_s"] == 1.0 and steps[2]["slowdown"] == 1.0 and steps[0]["target_time_s"] is None
+    # the phase change to deployed (at the end of step 1) follows step 1's line
+    order = [line.get("event", line.get("step")) for line in lines]
+    assert order.index("phase") > order.index(1) and order.index(2) > order.index("phase")

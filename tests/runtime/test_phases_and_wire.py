@@ -8,7 +8,7 @@ import pytest
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.frontier.v1 import encode_v1
 from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
-from perseus.runtime.phases import Phase, PhaseMachine
+from perseus.runtime.phases import ALLOWED, Phase, PhaseMachine, after_warmup
 from perseus.schedules import build_schedule
 
 
@@ -21,6 +21,22 @@ def test_phase_history_and_illegal_transition():
     assert m.entered_at(Phase.DEPLOYED) == 9 and m.phase is Phase.FALLBACK
     with pytest.raises(RuntimeError, match="illegal phase change"):
         PhaseMachine().enter(Phase.FALLBACK, 1)
+
+
+@pytest.mark.parametrize("plan, profile, mode, phase, why", [
+    (True, False, "run", Phase.DEPLOYED, None),
+    (True, True, "plan", Phase.STEADY, "frontier available; mode 'plan' keeps default clocks"),
+    (False, True, "run", Phase.PLANNING, None),
+    (False, True, "measure-only", Phase.PLANNING, None),
+    (False, True, "profile", Phase.STEADY, "nothing to profile"),
+    (False, False, "measure-only", Phase.STEADY, "no frequency sweep"),
+    (False, False, "run", Phase.PROFILING, None),
+    (False, False, "profile", Phase.PROFILING, None),
+])
+def test_where_warmup_leads(plan, profile, mode, phase, why):
+    got, line = after_warmup(plan, profile, mode)
+    assert got is phase and got in ALLOWED[Phase.WARMUP]
+    assert (line is None) if why is None else (why in line)
 
 
 def test_frontier_encoding_roundtrip_is_compact():

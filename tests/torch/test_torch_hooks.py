@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import perseus.runtime
 from perseus.runtime import RecordingListener
 from perseus.schedules import Instruction
 from perseus_torch import (
@@ -118,8 +119,9 @@ def test_refusals():
         schedule_name(object())
     schedule, stages = zbv_rank0()
     install_hooks(schedule, RecordingListener())
-    with pytest.raises(HooksAlreadyInstalled):
+    with pytest.raises(perseus.runtime.HooksAlreadyInstalled):  # the one class every adapter raises
         install_hooks(schedule, RecordingListener())
+    assert HooksAlreadyInstalled is perseus.runtime.HooksAlreadyInstalled
     with pytest.raises(UnsupportedTorchSchedule, match="not the ones the schedule runs"):
         install_hooks(zbv_rank0()[0], RecordingListener(), stages=[Stage(0)])
 
@@ -134,5 +136,6 @@ def test_overlapping_compute_is_refused():
 
     stages[1].__class__ = type("Overlapping", (Stage,), {"forward_one_chunk": overlapping})
     install_hooks(schedule, RecordingListener())
-    with pytest.raises(HookStateError, match="overlaps compute"):
+    with pytest.raises(perseus.runtime.HookStateError, match="overlaps compute"):  # the runtime's one class
         schedule.step()
+    assert HookStateError is perseus.runtime.HookStateError

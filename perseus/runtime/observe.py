@@ -1,0 +1,149 @@
+"""What a rank shows of its run: per-step records, the metric sinks, Prometheus, events, the summary.
+
+Why a room of its own: the engine decides, this only reports, and reporting grows (dashboards,
+sinks per framework) without touching the hot path or the phase changes. ``Observer`` holds the
+``Reporter`` (log line, JSONL metrics file, the records), the sinks (``metrics.py``) and the
+Prometheus exporter; the engine hands it values at step end and gets ``StepMetrics`` back.
+
+A step's record is made in two parts, both at step end: ``record`` right after the step is
+measured (its log and file lines precede the phase change it may cause, as they always did), and
+``publish`` once the step's phase logic ran (the clock requested now, the straggler ratio and job
+check of this step, running totals): that form replaces the first in ``Reporter.records`` and
+goes to every sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from perseus.errors import ConfigError, PerseusError
+from perseus.runtime.clock_sweep import profiling_iterations
+from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
+from perseus.runtime.phases import Phase, PhaseMachine
+from perseus.runtime.report import Reporter, RunFacts, summarize
+
+if TYPE_CHECKING:
+    from perseus.runtime.clock_sweep import ClockSweep
+    from perseus.runtime.collective import Collective
+    from perseus.runtime.config import PerseusConfig
+    from perseus.runtime.deploy import Deployment, PlanFollower
+    from perseus.runtime.events import PipelineJob
+    from perseus.runtime.stage_plan import StagePlan, StagePoint
+    from perseus.runtime.supply import PlanSupply
+    from perseus.runtime.targeting import Targeting
+
+log = logging.getLogger("perseus.runtime")
+
+
+class Observer:
+    """One rank's records, events, sinks and exporter; ``close`` closes them all."""
+
+    def __init__(self, rank: int, config: PerseusConfig, is_root: bool) -> None:
+        self.rank = rank
+        self.config = config
+        self.reporter = Reporter(rank, config.log_every_steps, config.metrics_file if is_root else None)
+        self.events: list[tuple[int, str, Any]] = []  # (step, what, data): the run's events, in order
+        self.sinks: list[MetricsSink] = []  # written at step end
+        self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
+        self._totals = MetricsBuilder(rank)
+
+    def start_prometheus(self, port: int | None, collective: Collective) -> Any:
+        """One exporter per rank on 127.0.0.1 when ``port`` is set (N: N + LOCAL_RANK; 0: any free
+        port), returned. Every rank agrees: if one cannot start, all raise (the caller closes)."""
+        if port is None:
+            return None
+        from perseus.runtime.prometheus import PrometheusExporter
+
+        if port:
+            port += int(os.environ.get("LOCAL_RANK", "0") or 0)
+        error: PerseusError | None = None
+        try:
+            self.prometheus = PrometheusExporter(port, "127.0.0.1")
+        except PerseusError as exc:
+            error = exc
+        if not collective.all_true(error is None):
+            raise error or ConfigError("perseus: another rank could not start its Prometheus exporter (see its log)")
+        self.sinks.append(PrometheusSink(self.prometheus))
+        log.info("perseus: rank %d serves Prometheus metrics at %s", self.rank, self.prometheus.url)
+        return self.prometheus
+
+    def add_sink(self, sink: MetricsSink) -> None:
+        self.sinks.append(sink)
+
+    def event(self, what: str, step: int, data: Any) -> None:
+        """One of the run's events (phase change, plan deployed, straggler switch), kept and written
+        as a non-step line of the metrics file."""
+        self.events.append((step, what, data))
+        self.reporter.write_event(what, step=step, data=data)
+
+    # ---------------------------------------------------------------- per step (step end only)
+
+    def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, point: StagePoint | None = None,
+               slowdown: float = 1.0, sweep: ClockSweep | None = None) -> StepMetrics:
+        """The step as measured (a deployed step with its ``point``'s planned time and ``slowdown``;
+        a profiled one with its ``sweep``'s clock): kept, logged and written to the metrics file now."""
+        deployed = phase is Phase.DEPLOYED and point is not None
+        record = StepMetrics(step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
+                             freq_mhz=sweep.current_mhz if sweep is not None else None,
+                             target_time_s=point.time_s if deployed and point is not None else None,
+                             slowdown=slowdown if deployed else 1.0)
+        self.reporter.add(record)
+        return record
+
+    def publish(self, record: StepMetrics, *, clock_mhz: int, default_mhz: int, follower: PlanFollower | None,
+                point: StagePoint | None, slowdown: float, straggler_ratio: float, job_energy_j: float | None,
+                stage_instructions: int) -> StepMetrics:
+        """``record`` completed with what holds at step end (``point``: the one being run, if any),
+        kept in place of it and given to every sink. Instructions per clock are counted for sinks
+        only: the plan's (``follower``) on a deployed step, else all at the step's one clock."""
+        deployed = record.phase is Phase.DEPLOYED and point is not None
+
+        def instructions() -> dict[int, int]:
+            if record.phase is Phase.DEPLOYED and follower is not None:
+                return follower.step_clocks(default_mhz)
+            return {record.freq_mhz if record.freq_mhz is not None else default_mhz: stage_instructions}
+
+        full = self._totals.complete(
+            record, clock_mhz=clock_mhz, instructions=instructions() if self.sinks else None,
+            baseline_energy_j=self.reporter.baseline_energy_j, straggler_ratio=straggler_ratio,
+            point_slowdown=slowdown if deployed else None,
+            point_energy_j=point.energy_j if deployed and point is not None else None, job_energy_j=job_energy_j,
+        )
+        self.reporter.complete(full)
+        if self.sinks:
+            write_all(self.sinks, full.step, full)
+        return full
+
+    # ---------------------------------------------------------------- results
+
+    def summary(self, facts: RunFacts) -> dict[str, Any]:
+        """``summarize`` on this rank's records, plus where its Prometheus exporter serves."""
+        out = summarize(self.reporter, facts)
+        if self.prometheus is not None:
+            out["prometheus"] = {"addr": self.prometheus.addr, "port": self.prometheus.port, "url": self.prometheus.url}
+        return out
+
+    def facts(self, *, job: PipelineJob, phases: PhaseMachine, steps: int, supply: PlanSupply, deployment: Deployment,
+              targeting: Targeting, frontier: StagePlan | None, clock_mhz: int,
+              job_numbers: dict[str, Any]) -> RunFacts:
+        """The summary's facts, read off the engine's rooms."""
+        c, run = self.config, supply.profiling
+        sweep = run.sweep if run is not None else None
+        return RunFacts(
+            rank=self.rank, job=job, mode=c.mode, phase=phases.phase, steps=steps, phase_history=list(phases.history),
+            p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
+            clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
+            profiling_iterations=profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited))
+            if sweep else None, frontier=frontier, point=targeting.point)
+
+    def close_sinks(self) -> None:
+        """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            close_quietly(sink)
+
+    def close(self) -> None:
+        self.close_sinks()
+        self.reporter.close()

@@ -1,0 +1,155 @@
+"""Getting this rank its plan: the sources at start-up, the profiling run, the background planner.
+
+Why a room of its own: the engine decides the phases; getting a plan needs state between them
+(rank 0's profile, its cache entry, the planner and the process it runs in, P_blocking) and
+collectives at given steps. ``PlanSupply`` holds that state and does each step's work
+(``load``, ``start_profiling``, ``finish_profiling``, ``start_planning``, ``poll``); the
+engine only enters the phase each answer calls for. Every method that makes a collective is
+called by every rank at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from perseus.profile import Profile
+from perseus.runtime.aggregate import aggregate_profile
+from perseus.runtime.cache import RunCache
+from perseus.runtime.collective import Collective
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.events import PipelineJob
+from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.planning import BackgroundPlanner, PlanOutcome, log_planned, share_outcome, start_child, stop_child
+from perseus.runtime.profiler import Key
+from perseus.runtime.profiling import ProfilingRun, measure_p_blocking
+from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources
+from perseus.runtime.stage_plan import StagePlan
+from perseus.schedules import Schedule
+
+log = logging.getLogger("perseus.runtime")
+
+
+class PlanSupply:
+    """Where this rank's ``StagePlan`` comes from; ``close`` leaves no planner process behind."""
+
+    def __init__(self, job: PipelineJob, schedule: Schedule, config: PerseusConfig, collective: Collective,
+                 gpu: GPUPort, timelines: bool) -> None:
+        self.job = job
+        self.schedule = schedule
+        self.config = config
+        self.collective = collective
+        self.gpu = gpu
+        self.timelines = timelines  # plans carry their planned timelines (a switch latency is hidden)
+        self.profiling: ProfilingRun | None = None
+        self.p_blocking_w: float | None = None
+        self.profile: Profile | None = None  # rank 0's
+        self.have_profile = False  # every rank's
+        self._planner: BackgroundPlanner | None = None  # rank 0 only
+        self._child: Any = None  # rank 0: the planner process, started while profiling
+        self.cache: RunCache | None = open_cache(config, self.cache_key()) if collective.is_root else None
+
+    def cache_key(self) -> dict[str, Any]:
+        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config)
+
+    def load(self) -> Sources:
+        """Collective: a provided or cached frontier (this rank's stage of it) or profile."""
+        sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache,
+                                timing=self.timelines)
+        self.profile = sources.profile
+        self.have_profile = sources.have_profile
+        return sources
+
+    # ---------------------------------------------------------------- profiling
+
+    def start_profiling(self, keys: list[Key]) -> ProfilingRun:
+        """The sweep's clocks and P_blocking (configured, else measured: collective); the caller
+        enters the phase, then ``begin_profiling``."""
+        c = self.config
+        self.profiling = ProfilingRun(self.gpu, self.collective, c, keys)
+        self.p_blocking_w = c.p_blocking_w if c.p_blocking_w is not None else \
+            measure_p_blocking(self.gpu, self.collective, c.p_blocking_seconds)
+        return self.profiling
+
+    def begin_profiling(self) -> None:
+        """First clock set; rank 0 starts the planner process now, so its start-up overlaps profiling."""
+        assert self.profiling is not None and self.p_blocking_w is not None
+        self.profiling.start(self.p_blocking_w)
+        if self.collective.is_root and self.config.mode != "profile":
+            try:  # a failure here shows again when planning starts
+                self._child = start_child(self.config.planner_nice)
+            except Exception:  # noqa: BLE001
+                self._child = None
+
+    def finish_profiling(self, usable: bool) -> list[int] | None:
+        """Collective: the sweep is over; ``usable`` is False where clock control failed on this
+        rank. None (the profile discarded) if it failed on any rank; else rank 0 aggregates the
+        ranks' measurements into the profile and caches it, and every rank gets the profiled clocks."""
+        run = self.profiling
+        assert run is not None
+        if not self.collective.all_true(usable):
+            self.have_profile = False
+            return None
+        gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
+        if self.collective.is_root:
+            assert gathered is not None
+            fields = {"cache_key_fields": self.cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
+            self.profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields)
+            if self.cache is not None:
+                save_quietly("profile", self.cache.save_profile, self.profile)
+        self.have_profile = True
+        return list(run.sweep.visited)
+
+    # ---------------------------------------------------------------- planning
+
+    def start_planning(self) -> None:
+        """Rank 0 plans in the background (in the process started while profiling, if any)."""
+        if not self.collective.is_root:
+            return
+        log.info("perseus: planning in the background; training continues at default clocks")
+        assert self.profile is not None
+        child, self._child = self._child, None
+        c = self.config
+        self._planner = BackgroundPlanner(self.schedule, self.profile, c.planner_options, child, nice=c.planner_nice,
+                                          cache=self.cache, timelines=self.timelines)
+
+    def poll(self) -> PlanOutcome | None:
+        """Collective, every step of planning: None while rank 0 still plans, else this rank's
+        stage plan or why there is none (then the planner, which holds every stage, is dropped)."""
+        if self.collective.is_root and self._planner is not None and self.config.plan_wait_s > 0:
+            self._planner.wait(self.config.plan_wait_s)
+        outcome = share_outcome(self.collective, self._planner, self.schedule, self.job.stage)
+        if outcome is None:
+            return None
+        self._planner = None
+        if outcome.plan is None:
+            log.warning("perseus: planning failed (%s); keeping default clocks", outcome.error)
+        elif self.collective.is_root:
+            assert outcome.planned is not None
+            log_planned(outcome.planned, self.cache is not None)
+        return outcome
+
+    # ---------------------------------------------------------------- stopping
+
+    def detach(self) -> None:
+        """No more collectives (another rank died or hung): rank 0's planner result is never shared."""
+        self._planner = None
+        if self.profiling is not None:
+            self.profiling.stop()
+
+    def close(self) -> None:
+        if self.profiling is not None:
+            self.profiling.stop()
+        planner, self._planner = self._planner, None
+        if planner is not None:  # training ended before planning did: no orphan planner process
+            planner.close()
+        child, self._child = self._child, None
+        if child is not None:
+            stop_child(child)
+
+
+def ready_line(plan: StagePlan, mode: str) -> str:
+    """Rank 0's line for a plan that is ready in a mode that does not run it."""
+    point = plan.default_point()
+    return (f"plan ready (default point: {point.time_s:.4f} s, {point.energy_j:.1f} J vs baseline "
+            f"{plan.baseline_energy_j:.1f} J); mode {mode!r} keeps default clocks")
