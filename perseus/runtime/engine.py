@@ -35,7 +35,7 @@ from perseus.runtime.job_check import check_job
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
 from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
-from perseus.runtime.planning import BackgroundPlanner, share_outcome, start_child, stop_child
+from perseus.runtime.planning import BackgroundPlanner, finish_at_close, share_outcome, start_child, stop_child
 from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
@@ -757,8 +757,8 @@ class PerseusRuntime:
         if self._profiling is not None:
             self._profiling.stop()
         planner, self._planner = self._planner, None
-        if planner is not None:  # training ended before planning did: no orphan planner process
-            planner.close()
+        if planner is not None:  # training ended before planning did: keep the frontier, within a bound
+            finish_at_close(planner, self.config.close_plan_wait_s, self.cache is not None)
         child, self._planner_child = self._planner_child, None
         if child is not None:
             stop_child(child)
