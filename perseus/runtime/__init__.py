@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from perseus.runtime.attachment import Attachment
 from perseus.runtime.config import MODES, PerseusConfig
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
+from perseus.runtime.fingerprint import describe_value, stage_fingerprint, value_digest
 from perseus.runtime.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
 from perseus.runtime.phases import Phase
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
     from perseus.runtime.engine import PerseusRuntime
 
 __all__ = ["MODES", "Attachment", "EventListSink", "InstructionListener", "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase",
-           "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink"]
+           "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink", "describe_value",
+           "stage_fingerprint", "value_digest"]
 
 
 def __getattr__(name: str) -> Any:

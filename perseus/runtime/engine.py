@@ -40,7 +40,7 @@ from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.profiling import ProfilingRun
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
-from perseus.runtime.sources import cache_key, open_cache, share_sources
+from perseus.runtime.sources import cache_key, open_cache, share_sources, stage_models
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.schedule import InstructionKind
@@ -126,6 +126,12 @@ class PerseusRuntime:
         self.job_numbers: dict[str, Any] = {}
         self._step_t0 = self._step_e0 = self._last_end = 0.0
         self._in_step = False
+        # Every rank's stage parameters reach rank 0's cache key: a model changed on any stage misses.
+        try:
+            self._stage_models = stage_models(self.collective, job)
+        except CollectiveError:
+            self.close()
+            raise
         self.cache = open_cache(self.config, self._cache_key()) if self.is_root else None
         track(self)
         self._load_sources()
@@ -162,7 +168,8 @@ class PerseusRuntime:
         return self.config.device_index
 
     def _cache_key(self) -> dict[str, Any]:
-        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config)
+        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config,
+                         self._stage_models)
 
     def _load_sources(self) -> None:
         """Rank 0 finds a provided or cached frontier/profile; every rank learns the outcome."""
