@@ -30,7 +30,7 @@ KEY_VERSION = 2
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_DEPTH = 8
-_MEMO: weakref.WeakKeyDictionary[Any, list[list[Any]]] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def value_digest(value: Any) -> str:
@@ -40,24 +40,29 @@ def value_digest(value: Any) -> str:
 
 
 def parameter_signature(module: Any) -> list[list[Any]]:
-    """``[name, shape, dtype]`` of each of a module's parameters, in its own order (memoized per module:
-    Megatron's adapter asks at every step, and parameter shapes do not change after construction)."""
+    """``[name, shape, dtype]`` of each of a module's parameters, in its own order."""
+    return [[str(name), [int(d) for d in p.shape], str(p.dtype)] for name, p in module.named_parameters()]
+
+
+def module_digest(module: Any) -> str:
+    """``value_digest`` of a module's parameter signature, memoized per module object: Megatron's
+    adapter builds its job at every step, and parameter shapes do not change after construction."""
     try:
         return _MEMO[module]
     except (KeyError, TypeError):
         pass
-    signature = [[str(name), [int(d) for d in p.shape], str(p.dtype)] for name, p in module.named_parameters()]
+    found = value_digest(parameter_signature(module))
     try:
-        _MEMO[module] = signature
+        _MEMO[module] = found
     except TypeError:  # not weak-referenceable: computed each time
         pass
-    return signature
+    return found
 
 
 def stage_fingerprint(modules: Iterable[Any]) -> str:
     """The fingerprint of one rank's stage: every parameter's name, shape and dtype of ``modules``
     (its model chunks, in order). Goes in ``PipelineJob.stage_fingerprint``."""
-    return value_digest([parameter_signature(m) for m in modules])
+    return value_digest([module_digest(m) for m in modules])
 
 
 def is_module(value: Any) -> bool:

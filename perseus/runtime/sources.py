@@ -51,6 +51,7 @@ def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_versio
         "microbatches": schedule.num_microbatches,
         "chunks": schedule.num_chunks,
         "tp_size": job.tp_size,
+        "dp_size": job.dp_size,  # data-parallel gradient reduction overlaps the last backwards
         "gpu_name": gpu_name,
         "driver_version": driver_version,
         "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
