@@ -8,6 +8,7 @@ created at the first training step, on every rank at the same step.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
@@ -106,6 +107,16 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
     )
 
 
+def _close_without_waiting(runtime: Any) -> None:
+    """A mid-training restart (batch-size ramp-up) stops a planning run at once: a frontier for the
+    old shape is not worth stalling training for (``close_plan_wait_s`` is for the run's end)."""
+    close = runtime.close
+    if "plan_wait_s" in inspect.signature(close).parameters:
+        close(plan_wait_s=0.0)
+    else:  # a runtime factory's own object
+        close()
+
+
 def _default_runtime_factory() -> RuntimeFactory:
     from perseus.runtime import PerseusRuntime
 
@@ -141,7 +152,7 @@ class MegatronPerseus(Attachment):
                 "for the new shape", self.job.schedule if self.job else "?", self.job.num_microbatches if self.job else 0,
                 job.schedule, job.num_microbatches,
             )
-            self.runtime.close()
+            _close_without_waiting(self.runtime)
             self.runtime = None
         if self.runtime is None:
             factory = self._factory or _default_runtime_factory()

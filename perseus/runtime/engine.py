@@ -750,8 +750,11 @@ class PerseusRuntime:
             out["prometheus"] = {"addr": self.prometheus.addr, "port": self.prometheus.port, "url": self.prometheus.url}
         return out
 
-    def close(self) -> None:
-        """Reset clocks to default and release the GPU; idempotent, safe in error paths."""
+    def close(self, *, plan_wait_s: float | None = None) -> None:
+        """Reset clocks to default and release the GPU; idempotent, safe in error paths.
+
+        While planning, rank 0 first gives the planner up to ``plan_wait_s`` (default: the config's
+        ``close_plan_wait_s``) to write the frontier to the cache (``planning.finish_at_close``)."""
         if self._closed:
             return
         self._closed = True
@@ -765,7 +768,8 @@ class PerseusRuntime:
             self._profiling.stop()
         planner, self._planner = self._planner, None
         if planner is not None:  # training ended before planning did: keep the frontier, within a bound
-            finish_at_close(planner, self.config.close_plan_wait_s, self.cache is not None)
+            wait = self.config.close_plan_wait_s if plan_wait_s is None else plan_wait_s
+            finish_at_close(planner, wait, self.cache is not None)
         child, self._planner_child = self._planner_child, None
         if child is not None:
             stop_child(child)

@@ -123,3 +123,16 @@ def _gone(pid: int) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_close_can_be_told_not_to_wait(tmp_path, monkeypatch, caplog):
+    """What a mid-training restart (Megatron's batch-size ramp-up) uses: the planner is stopped at once."""
+    monkeypatch.setattr(planning, "plan_frontier", stand_ins.slow)
+    sim(tmp_path)
+    with caplog.at_level(logging.INFO, logger="perseus"):
+        rt = PerseusRuntime(JOB, config(tmp_path, close_plan_wait_s=240.0))
+        train_until_planning(rt)
+        pid = rt._planner.pid
+        rt.close(plan_wait_s=0)
+    assert "training ended while planning" not in caplog.text
+    assert not (entry(tmp_path) / "frontier.json").exists() and _gone(pid)
