@@ -84,6 +84,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--perseus-plan-wait", "plan_wait_s", float,
          "rank 0 waits up to this long at a step end for its planner (0: never); for short fixed-length runs",
          metavar="SECONDS"),
+    Flag("--perseus-close-plan-wait", "close_plan_wait_s", float,
+         "when training ends while planning, rank 0 waits up to this long for the planner to cache the frontier "
+         "(0: stop it at once)", metavar="SECONDS"),
     Flag("--perseus-switch-ahead", "switch_ahead", _on_off,
          "request each instruction's clock when the previous one ends, hiding the switch latency (default: on)",
          metavar="on|off"),

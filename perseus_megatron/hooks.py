@@ -18,7 +18,7 @@ import warnings
 from typing import Any, Callable, TypeVar
 
 from perseus.errors import PerseusError
-from perseus.runtime import HooksAlreadyInstalled, InstructionListener
+from perseus.runtime import HooksAlreadyInstalled, InstructionListener, stage_fingerprint
 from perseus_megatron.tracker import ListenerForStep, ScheduleTracker, StepInfo
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,7 +60,15 @@ def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
         seq_length=kwargs.get("seq_length"),
         micro_batch_size=kwargs.get("micro_batch_size"),
         model_config=config,
+        stage_fingerprint=_stage_fingerprint(model),
     )
+
+
+def _stage_fingerprint(model: Any) -> str:
+    """This rank's model chunks' parameters, for the cache key (memoized per chunk: every step asks)."""
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    chunks = [c for c in chunks if callable(getattr(c, "named_parameters", None))]
+    return stage_fingerprint(chunks) if chunks else ""
 
 
 def _schedule_wrapper(fn: F, point: str) -> F:

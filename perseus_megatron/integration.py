@@ -8,11 +8,12 @@ created at the first training step, on every rank at the same step.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob
+from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob, describe_value
 from perseus_megatron.hooks import install_hooks
 from perseus_megatron.observability import MegatronWritersSink, add_to_iteration_log
 from perseus_megatron.tracker import StepInfo
@@ -22,11 +23,33 @@ log = logging.getLogger("perseus.megatron")
 ListenerWrapper = Callable[[InstructionListener], InstructionListener]
 RuntimeFactory = Callable[..., Any]
 
-# TransformerConfig fields that change per-instruction time and energy: they key the runtime's cache.
+# TransformerConfig (and ModelParallelConfig) fields that change per-instruction time and energy or
+# the schedule: they key the runtime's cache (docs/megatron.md lists them). A field a megatron-core
+# line does not have is left out. Shapes the config does not hold (vocabulary, embeddings) are in
+# each rank's parameters (StepInfo.stage_fingerprint).
 _FINGERPRINT_FIELDS = (
+    # model shape
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-    "num_moe_experts", "moe_router_topk", "params_dtype", "fp16", "bf16", "fp8", "recompute_granularity",
-    "recompute_method", "recompute_num_layers", "sequence_parallel", "gated_linear_unit", "activation_func",
+    "gated_linear_unit", "activation_func", "normalization", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
+    "multi_latent_attention", "window_size", "attention_backend", "mtp_num_layers", "hidden_dropout",
+    "attention_dropout",
+    # dtype
+    "params_dtype", "pipeline_dtype", "fp16", "bf16", "fp8", "fp8_recipe", "fp8_param", "fp4",
+    # parallelism (TP/PP/VP/CP/EP) and how layers are split over stages
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "pipeline_model_parallel_layout",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    # recomputation and offloading
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+    "distribute_saved_activations", "cpu_offloading",
+    # mixture of experts
+    "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_layer_freq", "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_router_load_balancing_type",
+    "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+    # kernels and overlap that change an instruction's work
+    "bias_activation_fusion", "masked_softmax_fusion", "bias_dropout_fusion", "apply_rope_fusion",
+    "gradient_accumulation_fusion", "tp_comm_overlap", "deallocate_pipeline_outputs", "variable_seq_lengths",
 )
 
 
@@ -35,14 +58,15 @@ class MegatronJobError(PerseusError):
 
 
 def model_fingerprint(info: StepInfo) -> dict[str, Any]:
-    """What, besides the schedule, determines this job's profile (hashed into the cache key)."""
+    """What, besides the schedule, determines this job's profile (hashed into the cache key): the
+    call's sequence length and micro-batch size and the model config's ``_FINGERPRINT_FIELDS``."""
     config = info.model_config
     out: dict[str, Any] = {"framework": "megatron-core", "seq_length": info.seq_length,
                            "micro_batch_size": info.micro_batch_size}
     for name in _FINGERPRINT_FIELDS:
         value = getattr(config, name, None)
         if value is not None:
-            out[name] = value if isinstance(value, (int, float, str, bool)) else getattr(value, "__name__", str(value))
+            out[name] = describe_value(value)
     return out
 
 
@@ -79,7 +103,18 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
         rank=dist.get_rank() if dist.is_initialized() else 0,
         world_size=dist.get_world_size() if dist.is_initialized() else 1,
         model_config=model_fingerprint(info),
+        stage_fingerprint=info.stage_fingerprint,
     )
+
+
+def _close_without_waiting(runtime: Any) -> None:
+    """A mid-training restart (batch-size ramp-up) stops a planning run at once: a frontier for the
+    old shape is not worth stalling training for (``close_plan_wait_s`` is for the run's end)."""
+    close = runtime.close
+    if "plan_wait_s" in inspect.signature(close).parameters:
+        close(plan_wait_s=0.0)
+    else:  # a runtime factory's own object
+        close()
 
 
 def _default_runtime_factory() -> RuntimeFactory:
@@ -117,7 +152,7 @@ class MegatronPerseus(Attachment):
                 "for the new shape", self.job.schedule if self.job else "?", self.job.num_microbatches if self.job else 0,
                 job.schedule, job.num_microbatches,
             )
-            self.runtime.close()
+            _close_without_waiting(self.runtime)
             self.runtime = None
         if self.runtime is None:
             factory = self._factory or _default_runtime_factory()

@@ -35,6 +35,8 @@ class StepInfo:
     seq_length: int | None = None
     micro_batch_size: int | None = None
     model_config: Any = field(default=None, compare=False, repr=False)  # megatron TransformerConfig
+    # This rank's model chunks' parameters (names, shapes, dtypes): PipelineJob.stage_fingerprint.
+    stage_fingerprint: str = field(default="", compare=False, repr=False)
 
 
 ListenerForStep = Callable[[StepInfo], InstructionListener]

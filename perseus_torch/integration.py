@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob
+from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob, stage_fingerprint
 from perseus_torch.compat import schedule_name
 from perseus_torch.hooks import install_hooks, resolve_stages
 
@@ -41,13 +41,16 @@ def job_from_schedule(schedule: Any, stages: Any = None, *, dp_rank: int = 0, dp
             rank, world = dist.get_rank(), dist.get_world_size()
     except ImportError:  # pragma: no cover - torch is there whenever a schedule is
         pass
+    # The job as this rank sees it (rank 0's goes in the cache key). This rank's stage submodules'
+    # parameters (names, shapes, dtypes, in torch stage order) are its stage fingerprint, which
+    # rank 0 gathers from every rank into the key.
     fingerprint = {
         "framework": "torch.distributed.pipelining",
         "torch_stages": sorted(int(s.stage_index) for s in resolved),
         "num_torch_stages": int(first.num_stages),
-        "parameters": [sum(int(p.numel()) for p in s.submod.parameters()) for s in resolved
-                       if hasattr(getattr(s, "submod", None), "parameters")],
     }
+    submodules = [s.submod for s in sorted(resolved, key=lambda s: int(s.stage_index))
+                  if hasattr(getattr(s, "submod", None), "named_parameters")]
     return PipelineJob(
         num_stages=pp,
         num_microbatches=int(schedule._n_microbatches),
@@ -59,6 +62,7 @@ def job_from_schedule(schedule: Any, stages: Any = None, *, dp_rank: int = 0, dp
         rank=rank,
         world_size=world,
         model_config={**fingerprint, **dict(model_config or {})},
+        stage_fingerprint=stage_fingerprint(submodules) if submodules else "",
     )
 
 

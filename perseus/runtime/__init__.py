@@ -10,6 +10,7 @@ from perseus.runtime.attachment import Attachment
 from perseus.runtime.config import MODES, PerseusConfig
 from perseus.runtime.errors import HookStateError, HooksAlreadyInstalled
 from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
+from perseus.runtime.fingerprint import describe_value, stage_fingerprint, value_digest
 from perseus.runtime.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
 from perseus.runtime.phases import Phase
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MODES", "Attachment", "EventListSink", "HookStateError", "HooksAlreadyInstalled", "InstructionListener",
            "MetricsSink", "PerseusConfig", "PerseusRuntime", "Phase", "PipelineJob", "RecordingListener", "ScalarWriterSink",
-           "StepMetrics", "WandbSink"]
+           "StepMetrics", "WandbSink", "describe_value", "stage_fingerprint", "value_digest"]
 
 
 def __getattr__(name: str) -> Any:

@@ -72,6 +72,10 @@ class PerseusConfig(BaseModel):
     # with a fixed, short iteration budget (benchmarks, CI) that must reach the deployed plan
     # however busy the machine is: the step that waits lasts as long as planning.
     plan_wait_s: float = Field(default=0.0, ge=0)
+    # When training ends (``close()``) while rank 0 is still planning, it waits up to this long for
+    # the planner process to finish and write the frontier to the cache, so the next run deploys it
+    # instead of planning again; then it stops the planner (0: stop it at once, the work is lost).
+    close_plan_wait_s: float = Field(default=60.0, ge=0)
 
     # Stragglers and external targets.
     # Request each instruction's clock when the previous one ends, so the switch latency overlaps

@@ -33,6 +33,7 @@ from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
 from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.report import summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
+from perseus.runtime.sources import stage_models
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.runtime.supply import PlanSupply, ready_line
@@ -85,7 +86,13 @@ class PerseusRuntime:
         switches = SwitchTiming(c.planner_options.switch_latency_s, self._switch_ahead, self.gpu.timed_requests,
                                 self.is_root)
         # Profile, planner and cache: where the plan comes from (supply.py).
-        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides)
+        # Every rank's stage parameters reach rank 0's cache key: a model changed on any stage misses.
+        try:
+            models = stage_models(self.collective, job)
+        except CollectiveError:
+            self.close()
+            raise
+        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides, models)
         self.cache = self.supply.cache
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
         self.frontier: StagePlan | None = None
@@ -422,8 +429,11 @@ class PerseusRuntime:
             targeting=self.targeting, frontier=self.frontier, clock_mhz=self.gpu.current_mhz,
             job_numbers=self.job_numbers))
 
-    def close(self) -> None:
-        """Reset clocks to default and release the GPU; idempotent, safe in error paths."""
+    def close(self, *, plan_wait_s: float | None = None) -> None:
+        """Reset clocks to default and release the GPU; idempotent, safe in error paths.
+
+        While planning, rank 0 first gives the planner up to ``plan_wait_s`` (default: the config's
+        ``close_plan_wait_s``) to write the frontier to the cache (``planning.finish_at_close``)."""
         if self._closed:
             return
         self._closed = True
@@ -433,7 +443,7 @@ class PerseusRuntime:
         kernels, self.sim_kernels = self.sim_kernels, None
         if kernels is not None:
             kernels.close()
-        self.supply.close()
+        self.supply.close(self.config.close_plan_wait_s if plan_wait_s is None else plan_wait_s)
         self.observe.close_sinks()
         try:
             self.gpu.close()

@@ -35,8 +35,13 @@ class PipelineJob:
     # (perseus.schedules.exchanges), so it is part of the schedule, its plan and its cache key.
     overlap_p2p: bool = False
     # What determines the measured profile besides the schedule (model size, hidden size, sequence
-    # length, dtype, ...): the adapter fills it; the runtime hashes it into its cache key.
+    # length, dtype, layer specs, ...), the same on every rank: the adapter fills it; the runtime
+    # hashes it into its cache key (perseus/runtime/fingerprint.py).
     model_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # This rank's stage's parameters (names, shapes, dtypes; ``fingerprint.stage_fingerprint``),
+    # which only this stage's ranks hold: rank 0 gathers every stage's into the cache key, so a
+    # model changed on any stage misses the cache. Empty: the adapter cannot see them.
+    stage_fingerprint: str = ""
 
     def build_schedule(self) -> Schedule:
         return build_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_chunks, self.group_size,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from dataclasses import dataclass
+from time import monotonic
 
 from perseus.store.cache import RunCache
 from perseus.planner import PlannerOptions, plan_frontier
@@ -24,7 +25,7 @@ from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")
 
-__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "PlannedStages", "log_planned",
+__all__ = ["FAILED", "PENDING", "READY", "BackgroundPlanner", "PlanOutcome", "PlannedStages", "finish_at_close", "log_planned",
            "share_outcome", "start_child", "stop_child"]
 
 
@@ -81,3 +82,39 @@ def log_planned(planned: PlannedStages, cached: bool) -> None:
     log.info("perseus: frontier with %d points planned in %.1f s", planned.num_points, planned.solve_time_s)
     if cached:
         log_saved("frontier", planned.saved_to, planned.save_error)
+
+
+def finish_at_close(planner: ProcessPlanner, wait_s: float, caching: bool) -> bool:
+    """Training ended while rank 0 was planning: keep the work, within a bound.
+
+    With a cache, the planner process gets up to ``wait_s`` (``close_plan_wait_s``) to finish: it
+    writes the frontier into the cache itself (atomically, ``planner_process.hand_over``), so the
+    next run with the same key deploys it after warm-up instead of planning again. Training's exit
+    waits at most that long, said in one log line; a planner still running then is stopped (the
+    next run plans again from the cached profile). Without a cache there is nothing to keep: it is
+    stopped at once. True when the frontier was written to the cache."""
+    waited = caching and wait_s > 0 and planner.status == PENDING
+    finished = False
+    if waited:
+        log.info("perseus: training ended while planning; waiting up to %g s (close_plan_wait_s) for the planner "
+                 "to write the frontier to the cache", wait_s)
+        t0 = monotonic()
+        finished = planner.wait(wait_s)
+    planner.close()
+    result = planner.result
+    saved = result is not None and result.saved_to is not None
+    if not waited:
+        return saved
+    if saved:
+        assert result is not None
+        log.info("perseus: frontier planned %.1f s after training ended, saved to %s; the next run uses it",
+                 monotonic() - t0, result.saved_to)
+    elif result is not None:
+        log.warning("perseus: could not save the frontier to the cache (%s); the next run plans again",
+                    result.save_error)
+    elif finished:
+        log.warning("perseus: planning failed (%s); the next run plans again", planner.error)
+    else:
+        log.warning("perseus: the planner did not finish within close_plan_wait_s (%g s); stopped it, the next "
+                    "run plans again from the cached profile", wait_s)
+    return saved

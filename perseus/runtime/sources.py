@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, load_frontier
@@ -19,27 +19,48 @@ from perseus.runtime.cache import RunCache
 from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
+from perseus.runtime.fingerprint import KEY_VERSION
 from perseus.runtime.stage_plan import StagePlan, distribute, slices_of
 from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")
 
 
+def stage_models(collective: Collective, job: PipelineJob) -> dict[str, str] | None:
+    """Collective: every stage's model fingerprint (``PipelineJob.stage_fingerprint``) on rank 0,
+    ``{"<stage>": digest}``; None on the other ranks. The ranks of one stage (tensor-, context-,
+    data-parallel) normally agree; if they do not, the stage's entry covers all of theirs."""
+    gathered = collective.gather_to_root((int(job.stage), str(job.stage_fingerprint)))
+    if gathered is None:
+        return None
+    per_stage: dict[int, set[str]] = {}
+    for stage, fingerprint in gathered:
+        if fingerprint:
+            per_stage.setdefault(stage, set()).add(fingerprint)
+    return {str(stage): "+".join(sorted(fps)) for stage, fps in sorted(per_stage.items())}
+
+
 def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_version: str,
-              config: PerseusConfig) -> dict[str, Any]:
-    """Everything that determines a profile and its frontier (docs/runtime.md, Cache)."""
+              config: PerseusConfig, stages: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything that determines a profile and its frontier (docs/runtime.md, Cache): the model
+    (``job.model_config`` and every stage's parameters, ``stages`` from ``stage_models``), the
+    schedule, the GPU and the swept clocks. ``key_version`` is the layout's (``fingerprint.KEY_VERSION``)."""
     c = config
     key = {
+        "key_version": KEY_VERSION,
         "model": dict(job.model_config),
         "schedule": schedule.name,
         "stages": schedule.num_stages,
         "microbatches": schedule.num_microbatches,
         "chunks": schedule.num_chunks,
         "tp_size": job.tp_size,
+        "dp_size": job.dp_size,  # data-parallel gradient reduction overlaps the last backwards
         "gpu_name": gpu_name,
         "driver_version": driver_version,
         "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
     }
+    if stages:
+        key["stage_models"] = dict(stages)
     key.update(schedule.variant_fields())  # only what is not the default: existing caches keep their keys
     return key
 

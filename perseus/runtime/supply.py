@@ -11,7 +11,7 @@ called by every rank at the same step.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
@@ -20,7 +20,8 @@ from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
-from perseus.runtime.planning import BackgroundPlanner, PlanOutcome, log_planned, share_outcome, start_child, stop_child
+from perseus.runtime.planning import (BackgroundPlanner, PlanOutcome, finish_at_close, log_planned, share_outcome, start_child,
+                                      stop_child)
 from perseus.runtime.profiler import Key
 from perseus.runtime.profiling import ProfilingRun, measure_p_blocking
 from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources
@@ -34,7 +35,7 @@ class PlanSupply:
     """Where this rank's ``StagePlan`` comes from; ``close`` leaves no planner process behind."""
 
     def __init__(self, job: PipelineJob, schedule: Schedule, config: PerseusConfig, collective: Collective,
-                 gpu: GPUPort, timelines: bool) -> None:
+                 gpu: GPUPort, timelines: bool, stage_models: Mapping[str, str] | None = None) -> None:
         self.job = job
         self.schedule = schedule
         self.config = config
@@ -47,10 +48,11 @@ class PlanSupply:
         self.have_profile = False  # every rank's
         self._planner: BackgroundPlanner | None = None  # rank 0 only
         self._child: Any = None  # rank 0: the planner process, started while profiling
+        self.stage_models = stage_models  # every rank's stage fingerprint (rank 0), for the cache key
         self.cache: RunCache | None = open_cache(config, self.cache_key()) if collective.is_root else None
 
     def cache_key(self) -> dict[str, Any]:
-        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config)
+        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config, self.stage_models)
 
     def load(self) -> Sources:
         """Collective: a provided or cached frontier (this rank's stage of it) or profile."""
@@ -137,12 +139,14 @@ class PlanSupply:
         if self.profiling is not None:
             self.profiling.stop()
 
-    def close(self) -> None:
+    def close(self, plan_wait_s: float = 0.0) -> None:
+        """Stop profiling and planning; a planner still at work first gets up to ``plan_wait_s`` to
+        write the frontier to the cache (``planning.finish_at_close``), then is stopped."""
         if self.profiling is not None:
             self.profiling.stop()
         planner, self._planner = self._planner, None
-        if planner is not None:  # training ended before planning did: no orphan planner process
-            planner.close()
+        if planner is not None:  # training ended before planning did: keep the frontier, within a bound
+            finish_at_close(planner, plan_wait_s, self.cache is not None)
         child, self._child = self._child, None
         if child is not None:
             stop_child(child)

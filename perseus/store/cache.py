@@ -3,9 +3,10 @@
 Used by the runtime (one entry per training job) and by ``perseus emulate --sweep --cache-dir``
 (one entry per schedule and profile). Layout: ``<cache_dir>/<hash>/key.json`` (the full key,
 readable), ``profile.json``, ``frontier.json``. The hash covers everything the caller says
-determines a profile and its frontier (the runtime: the adapter's model/parallel description,
-schedule, stages, microbatches, chunks, tensor-parallel size, the swept clocks, GPU name and
-driver version; the emulator: the schedule and a digest of the profile). Each stored file also
+determines a profile and its frontier (the runtime: the key's layout version, the adapter's model
+description and every stage's parameters, schedule, stages, microbatches, chunks, tensor- and
+data-parallel size, the swept clocks, GPU name and driver version, docs/runtime.md "Cache"; the
+emulator: the schedule and a digest of the profile). Each stored file also
 carries the hash, so a file copied between directories is caught, and a frontier carries the
 version of the schedule-dependency model it was planned under, so a frontier planned under older
 rules is planned again. A cache entry that cannot be read, does not parse, or belongs to another

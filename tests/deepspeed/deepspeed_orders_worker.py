@@ -65,8 +65,9 @@ def main(out_dir: Path, microbatches: int) -> None:
     engine.destroy()
     result = {
         "rank": int(os.environ["RANK"]),
-        "job": {k: v for k, v in vars(handle.job).items() if k != "model_config"},
+        "job": {k: v for k, v in vars(handle.job).items() if k not in ("model_config", "stage_fingerprint")},
         "model_config": dict(handle.job.model_config),
+        "stage_fingerprint": handle.job.stage_fingerprint,
         "device_index": handle.runtime.gpu.device.index,  # the runtime defaults a simulated GPU to the rank
         "orders": [[[i.kind, i.microbatch, i.chunk] for i in step] for step in recorder.steps],
         "runtime_steps": summary["steps"],

@@ -61,6 +61,7 @@ def test_recorded_orders_equal_the_core_1f1b_schedule(stages, microbatches, tmp_
         }
         assert result["model_config"]["framework"] == "deepspeed"
         assert result["model_config"]["activation_checkpoint_interval"] == 1
+        assert result["stage_fingerprint"]  # this stage's parameters, for rank 0's cache key
         assert result["runtime_steps"] == TRAIN_STEPS  # the runtime received every step
         assert result["device_index"] == rank  # one simulated GPU per rank
         assert result["closed_by_destroy"] and not result["shm_op"]

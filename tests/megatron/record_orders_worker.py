@@ -140,8 +140,9 @@ def run_enable(stages: int, out: Path) -> dict[str, Any]:
     finally:
         handle.close()
     return {
-        "job": {k: v for k, v in vars(job).items() if k != "model_config"},
+        "job": {k: v for k, v in vars(job).items() if k not in ("model_config", "stage_fingerprint")},
         "model_config": dict(job.model_config),
+        "stage_fingerprint": job.stage_fingerprint,
         "runtimes_created": len(seen),
         "steps_per_listener": [len(t.steps) for t in seen],
         "last_steps": [[[i.kind, i.microbatch, i.chunk] for i in step] for step in seen[-1].steps],

@@ -124,3 +124,26 @@ def test_the_step_and_the_job_carry_megatrons_overlap_p2p_comm(monkeypatch, sche
     fake_parallel_state(monkeypatch)
     job = job_from_parallel_state(info)
     assert job.overlap_p2p is recorded and job.build_schedule().overlap_p2p is recorded
+
+
+def test_a_restart_for_a_new_job_shape_does_not_wait_for_planning_but_the_runs_end_does():
+    """Batch-size ramp-up: the old shape's planner is stopped at once (no stall mid-training); the
+    run's end keeps the config's ``close_plan_wait_s``."""
+    created: list = []
+
+    class WaitingRuntime(RecordingListener):
+        def __init__(self, job, config, process_group=None):
+            super().__init__()
+            self.closed_with: list = []
+            created.append(self)
+
+        def close(self, *, plan_wait_s=None):
+            self.closed_with.append(plan_wait_s)
+
+    perseus = MegatronPerseus(PerseusConfig(), runtime_factory=WaitingRuntime,
+                              job_builder=lambda info: PipelineJob(num_stages=2, num_microbatches=info.num_microbatches,
+                                                                   stage=0))
+    perseus._listener_for_step(StepInfo("1f1b", 4))
+    perseus._listener_for_step(StepInfo("1f1b", 6))
+    perseus.close()
+    assert [r.closed_with[:1] for r in created] == [[0.0], [None]]

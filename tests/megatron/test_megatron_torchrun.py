@@ -190,6 +190,7 @@ def test_enable_builds_the_job_from_parallel_state_and_drives_the_runtime(launch
                        "dp_size": RANKS // ENABLE_STAGES,
                        "tp_rank": 0, "tp_size": 1, "rank": rank, "world_size": RANKS}
         assert enable["model_config"]["hidden_size"] == 32 and enable["model_config"]["seq_length"] == 16
+        assert enable["stage_fingerprint"]  # this rank's model chunks' parameters, for rank 0's cache key
         assert enable["runtimes_created"] == 2
         assert enable["steps_per_listener"] == [2, 1]  # the forward-only call was not a step
         want = [[i.kind, i.microbatch, i.chunk] for i in build_schedule("interleaved", ENABLE_STAGES, 6, 2).stages[stage]]
