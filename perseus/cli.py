@@ -133,7 +133,7 @@ def _progress_bar(enabled: bool | None, label: str) -> Iterator[Callable[[float]
         bar.close()
 
 
-def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[float], None] | None = None) -> Frontier:
+def run_planner(schedule: Schedule, profile: Profile, progress: Callable[[float], None] | None = None) -> Frontier:
     """The planner, imported on first use: it loads scipy and HiGHS, which other commands never need."""
     from perseus.planner import plan_frontier as plan
 
@@ -143,7 +143,7 @@ def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[floa
 def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
     s = schedule
     with _progress_bar(show_progress, f"planning {s.num_stages}x{s.num_microbatches}") as progress:
-        return plan_frontier(schedule, profile, progress=progress)
+        return run_planner(schedule, profile, progress=progress)
 
 
 def _number_list(kind: type) -> Callable[[str], list]:
@@ -294,7 +294,7 @@ def _job(args: argparse.Namespace, num_stages: int) -> DataParallelJob:
 def cmd_emulate(args: argparse.Namespace) -> int:
     from perseus.timeline.emulator import emulate
     from perseus.frontier import load_frontier
-    from perseus.output.tables import emulation_report
+    from perseus.output.tables import emulation_table
 
     if args.gpus is None and args.dp is None:
         raise UsageError("give the job size: --gpus N (total GPUs) or --dp D (number of pipelines)")
@@ -322,7 +322,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         frontier = _plan(schedule, profile, args.progress)
     job = _job(args, frontier.schedule.num_stages)
     result = emulate(frontier, job, args.straggler_factor[0])
-    print(emulation_report(result, frontier))
+    print(emulation_table(result, frontier))
     return 0
 
 
