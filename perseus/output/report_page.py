@@ -60,7 +60,8 @@ class RunView:
     figure: Figure | None = None
     phases: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, str]] = field(default_factory=list)
-    straggler_phase: bool = False
+    straggler_phase: bool = False  # the demo's "deployed (straggler)" window, left out of the comparison
+    straggler_events: bool = False  # the runtime followed a straggler: its slowed steps are "deployed"
 
 
 def _pct(x: float) -> str:
@@ -86,8 +87,9 @@ def _comparison_rows(cmp: dict[str, Any]) -> list[dict[str, Any]]:
         _cell("time_change_median", tc["median"], _pct(tc["median"])),
         _cell("time_change_iqr", tc["q3"] - tc["q1"], f"IQR {_pct(tc['q1'])} .. {_pct(tc['q3'])}"),
         _cell("saving_median", s["median"], energy_change(s["median"])),
-        _cell("saving_iqr", s["q3"] - s["q1"], f"IQR {100 * s['q1']:.1f} .. {100 * s['q3']:.1f}%, "
-                                                 f"range {100 * s['min']:.1f} .. {100 * s['max']:.1f}%"),
+        # the spread as a signed energy change (−: less energy), so no negative saving reads as one
+        _cell("saving_iqr", s["q3"] - s["q1"], f"energy IQR {_pct(-s['q3'])} .. {_pct(-s['q1'])}, "
+                                                 f"range {_pct(-s['max'])} .. {_pct(-s['min'])}"),
     ]})
     return rows
 
@@ -175,6 +177,7 @@ def write_report(data: RunData, out: Path) -> list[Path]:
         view.events = [{"step": str(ev.get("step")), "event": ev["event"], "data": json.dumps(ev.get("data"), default=str)}
                        for ev in run.events]
         view.straggler_phase = any(is_deployed(s.phase) and s.phase != DEPLOYED for s in run.steps)
+        view.straggler_events = any(ev["event"] == "straggler" for ev in run.events)
         views.append(view)
     shared: list[Figure] = []
     used = used_points(data)
@@ -203,7 +206,7 @@ def write_report(data: RunData, out: Path) -> list[Path]:
     schedule = None
     if data.frontier is not None:
         s = data.frontier.schedule
-        schedule = f"{s.name}, {s.num_stages} stages x {s.num_microbatches} microbatches · {data.frontier.gpu_name}"
+        schedule = f"{s.name}, {s.num_stages} stages x {s.num_microbatches} microbatches, {data.frontier.gpu_name}"
     page = env.get_template(TEMPLATE).render(
         data=data, views=views, shared=shared, schedule=schedule, shown=shown_text(data),
         runs=[dict(run_summary(r), shown=r in data.shown) for r in data.runs if r.steps],

@@ -48,14 +48,14 @@ class Step:
 class Run:
     """The records of one runtime instance: its steps and events, in file order."""
 
-    run_id: str | None  # None: the file has no run ids; ``label`` then names it by position
+    run_id: str | None  # None: a file written before run ids (the run is named by its position)
     position: int  # 1-based, in file order
     steps: list[Step] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # {"step", "event", "data"}
 
     @property
     def label(self) -> str:
-        return self.run_id if self.run_id is not None else f"run {self.position} (no run id)"
+        return self.run_id if self.run_id is not None else "no run id"
 
     @property
     def energy_scope(self) -> str:

@@ -349,7 +349,7 @@ def test_a_file_without_run_ids_is_split_where_a_run_starts_again(run_dir, front
     assert [r.position for r in load_run(run_dir).shown] == [2]  # the latest by default
     assert main(["report", str(run_dir), "--run", "1"]) == 0
     page = (run_dir / "report.html").read_text()
-    assert "run 1 of 2 in the metrics file (run 1 (no run id))" in page
+    assert "run 1 of 2 in the metrics file (no run id)" in page
     assert _cells(page, "comparison")["saving_median"] == pytest.approx(_deployed_saving(saving))
 
     assert main(["report", str(run_dir), "--run", "nope"]) == 2
