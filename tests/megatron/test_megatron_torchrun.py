@@ -61,6 +61,7 @@ from perseus.output.run_stats import used_points  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
+from perseus_demo.job_metrics import write_job_metrics  # noqa: E402
 from perseus_demo.megatron_demo import DemoConfig  # noqa: E402
 from perseus.schedules import dependencies
 
@@ -119,6 +120,7 @@ def launch(tmp_path_factory) -> tuple[list[dict[str, Any]], Run]:
         assert path.exists(), f"the demo's rank {rank} wrote no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
         demo.append(json.loads(path.read_text()))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    write_job_metrics(run, demo)  # as the demo's launcher does after every run: the job, for perseus report
     return orders, (run, cfg, demo)
 
 
