@@ -15,7 +15,7 @@ setup(
     packages=find_packages(include=["perseus", "perseus.*", "perseus_megatron", "perseus_megatron.*", "perseus_deepspeed",
                                     "perseus_deepspeed.*", "perseus_torch", "perseus_torch.*", "perseus_demo",
                                     "perseus_demo.*"]),
-    package_data={"perseus.examples": ["*.csv"]},
+    package_data={"perseus.examples": ["*.csv"], "perseus.output": ["templates/*.j2"]},
     install_requires=[
         "numpy>=1.24",
         "scipy>=1.10",
@@ -26,6 +26,8 @@ setup(
         "nvidia-ml-py>=12.0",
         "matplotlib>=3.6",
         "tqdm>=4.60",
+        # perseus report's page: a template with autoescaping (perseus/output/templates/report.html.j2)
+        "jinja2>=3.1",
     ],
     # megatron-core 0.17+ declare Requires-Python >= 3.12, so on Python 3.11 this resolves to 0.16.1.
     extras_require={

@@ -133,7 +133,7 @@ def _progress_bar(enabled: bool | None, label: str) -> Iterator[Callable[[float]
         bar.close()
 
 
-def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[float], None] | None = None) -> Frontier:
+def run_planner(schedule: Schedule, profile: Profile, progress: Callable[[float], None] | None = None) -> Frontier:
     """The planner, imported on first use: it loads scipy and HiGHS, which other commands never need."""
     from perseus.planner import plan_frontier as plan
 
@@ -143,7 +143,7 @@ def plan_frontier(schedule: Schedule, profile: Profile, progress: Callable[[floa
 def _plan(schedule: Schedule, profile: Profile, show_progress: bool | None) -> Frontier:
     s = schedule
     with _progress_bar(show_progress, f"planning {s.num_stages}x{s.num_microbatches}") as progress:
-        return plan_frontier(schedule, profile, progress=progress)
+        return run_planner(schedule, profile, progress=progress)
 
 
 def _number_list(kind: type) -> Callable[[str], list]:
@@ -294,7 +294,7 @@ def _job(args: argparse.Namespace, num_stages: int) -> DataParallelJob:
 def cmd_emulate(args: argparse.Namespace) -> int:
     from perseus.timeline.emulator import emulate
     from perseus.frontier import load_frontier
-    from perseus.output.tables import emulation_report
+    from perseus.output.tables import emulation_table
 
     if args.gpus is None and args.dp is None:
         raise UsageError("give the job size: --gpus N (total GPUs) or --dp D (number of pipelines)")
@@ -322,7 +322,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         frontier = _plan(schedule, profile, args.progress)
     job = _job(args, frontier.schedule.num_stages)
     result = emulate(frontier, job, args.straggler_factor[0])
-    print(emulation_report(result, frontier))
+    print(emulation_table(result, frontier))
     return 0
 
 
@@ -428,14 +428,15 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
                    help="planner progress bar on stderr (default: only on a terminal)")
 
 
-# ---------------------------------------------------------------- report (perseus.html_report)
+# ---------------------------------------------------------------- report (perseus.output.report_page)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from perseus.html_report import make_report  # matplotlib is imported only when drawing
+    from perseus.output.report_page import make_report, shown_text  # matplotlib is imported only when drawing
 
-    data, files = make_report(args.run_dir, args.out, args.metrics, args.cache)
-    print(f"wrote {files[0]} ({len(data.steps)} iterations; figures: {', '.join(p.name for p in files[1:])})")
+    data, files = make_report(args.run_dir, args.out, args.metrics, args.cache, args.run)
+    print(f"wrote {files[0]} ({shown_text(data)}: {len(data.steps)} iterations; "
+          f"figures: {', '.join(p.name for p in files[1:])})")
     for note in data.notes:
         print(f"note: {note}")
     return 0
@@ -445,15 +446,20 @@ def _add_report_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one HTML page of a run: energy, time, frontier, clocks, saving",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Write a self-contained HTML report of a training run from its metrics file "
-                                   "(metrics_file in the Perseus config) or a 'perseus demo' output directory, and "
-                                   "the runtime cache (frontier.json, profile.json). PNG figures are written next "
-                                   "to the page and embedded in it.",
+                                   "(metrics_file in the Perseus config; 'perseus demo' writes one too) and the "
+                                   "runtime cache (frontier.json, profile.json). PNG figures are written next to "
+                                   "the page and embedded in it. A metrics file appended by several runs is split "
+                                   "by run id; the page shows the latest run unless --run says otherwise.",
                        epilog="examples:\n  perseus report runs/job42 --cache ~/.cache/perseus\n"
+                              "  perseus report runs/job42 --run all\n"
                               "  perseus demo --out demo && perseus report demo")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory with metrics.jsonl (or rank*.json of 'perseus demo'), or the metrics file itself")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory with metrics.jsonl (or its one *.jsonl), or the metrics file itself")
     p.add_argument("--out", type=Path, metavar="REPORT.html", help="the page (default: RUN_DIR/report.html)")
     p.add_argument("--metrics", type=Path, metavar="FILE", help="the JSONL metrics file (default: the one in RUN_DIR)")
     p.add_argument("--cache", type=Path, metavar="DIR", help="runtime cache with */frontier.json (default: RUN_DIR/cache)")
+    p.add_argument("--run", default="latest", metavar="ID|N|all",
+                   help="which run of the metrics file: its run id, its number in the file (1, 2, ...), 'latest' "
+                        "(default) or 'all' (each run, one after another)")
     p.set_defaults(handler=cmd_report)
 
 

@@ -26,3 +26,11 @@ class ConfigError(PerseusError):
 
 class FrontierError(PerseusError):
     """A frontier file is malformed or does not match the job."""
+
+
+class PlannerError(PerseusError):
+    """The planner could not solve a subproblem (a solver failure, not bad input)."""
+
+
+class ReportError(PerseusError):
+    """A run directory has nothing to report, or one of its files cannot be read."""

@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from perseus.errors import PerseusError
+from perseus_demo.job_metrics import write_job_metrics
 
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
 # planner_nice 0: CPU training is CPU-bound itself, so a niced planner would be starved on a busy machine.
@@ -264,7 +265,10 @@ def format_report(table: dict[str, dict[str, float]]) -> str:
 
 def launch_ranks(module: str, nproc: int, out_dir: Path, config: dict[str, Any], env: dict[str, str],
                  timeout_s: float = 900) -> list[dict[str, Any]]:
-    """Run ``python -m module --worker OUT`` under torchrun and collect each rank's ``rankN.json``."""
+    """Run ``python -m module --worker OUT`` under torchrun and collect each rank's ``rankN.json``.
+
+    Also writes ``job-metrics.jsonl``, the job's iterations in the metrics-file format
+    (``perseus_demo.job_metrics``), for ``perseus report``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob("rank*.json"):
         stale.unlink()
@@ -284,6 +288,7 @@ def launch_ranks(module: str, nproc: int, out_dir: Path, config: dict[str, Any],
         if not path.exists():
             raise PerseusError(f"{module} rank {rank} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         results.append(json.loads(path.read_text()))
+    write_job_metrics(out_dir, results)  # what perseus report reads: the job's iterations
     return results
 
 

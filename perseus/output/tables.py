@@ -118,7 +118,7 @@ def frontier_table(frontier: Frontier, max_rows: int | None = 20) -> str:
     return "\n".join(head + [table] + foot)
 
 
-def emulation_report(result: EmulationResult, frontier: Frontier) -> str:
+def emulation_table(result: EmulationResult, frontier: Frontier) -> str:
     """Energy of the three policies for one straggler factor."""
     job = result.job
     s = frontier.schedule

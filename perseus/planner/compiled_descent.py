@@ -17,7 +17,7 @@ from numba import njit
 
 from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
-from perseus.planner.potentials import _DEADLINE, _TOL, PotentialDescent
+from perseus.planner.potentials import DEADLINE, TOL, PotentialDescent
 
 
 @njit(cache=True, nogil=True)
@@ -37,7 +37,7 @@ def _window(level, reach, sign, delta):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _fit_index(times, k, count, window):  # pragma: no cover - compiled
     """Index of the slowest of table k's choices fitting ``window`` (−1 if none): ``_node_cost``'s search."""
-    x = window * (1 + _TOL) + 1e-15
+    x = window * (1 + TOL) + 1e-15
     lo, hi = 0, count
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -80,7 +80,7 @@ def _best_shift(m, starts, deadline, block_ptr, block, aff_ptr, aff, term_ptr, t
         sign[p] = 0
     for t in range(term_ptr[m], term_ptr[m + 1]):
         p = term_pos[t]
-        right = deadline if term_succ[t] == _DEADLINE else starts[term_succ[t]]
+        right = deadline if term_succ[t] == DEADLINE else starts[term_succ[t]]
         base = right - starts[aff[a0 + p]]
         if term_slope[t] == 0:
             level[p] = min(level[p], base)
@@ -112,7 +112,7 @@ def _best_shift(m, starts, deadline, block_ptr, block, aff_ptr, aff, term_ptr, t
         head[p] = counts[k]  # next breakpoint (choice) of a predecessor; counts[k]: none left
         if sign[p] > 0:
             least_outside += _node_cost(times, costs, k, counts[k], _window(level[p], reach[p], sign[p], high))
-            cap = level[p] * (1 + _TOL) + 1e-15  # choices that still fit the node's fixed terms
+            cap = level[p] * (1 + TOL) + 1e-15  # choices that still fit the node's fixed terms
             lo, hi = 0, counts[k]  # first choice whose breakpoint lies above the lower end
             while lo < hi:
                 mid = (lo + hi) >> 1
@@ -129,7 +129,7 @@ def _best_shift(m, starts, deadline, block_ptr, block, aff_ptr, aff, term_ptr, t
             y = aff[a0 + p]
             k = table[y]
             if sign[p] != 0:
-                x = _window(level[p], reach[p], sign[p], delta) * (1 + _TOL) + 1e-15
+                x = _window(level[p], reach[p], sign[p], delta) * (1 + TOL) + 1e-15
                 if sign[p] < 0:
                     while index[p] >= 0 and times[k, index[p]] > x:
                         index[p] -= 1
@@ -155,7 +155,7 @@ def _best_shift(m, starts, deadline, block_ptr, block, aff_ptr, aff, term_ptr, t
             break
         k = table[aff[a0 + nearest]]
         head[nearest] += 1
-        if head[nearest] < counts[k] and times[k, head[nearest]] > level[nearest] * (1 + _TOL) + 1e-15:
+        if head[nearest] < counts[k] and times[k, head[nearest]] > level[nearest] * (1 + TOL) + 1e-15:
             head[nearest] = counts[k]
         delta = delta_next
     return best, best_delta, current
@@ -231,7 +231,7 @@ def _plan(starts, deadlines, succ_ptr, succ_idx, table, times, counts, out):  # 
                 right = np.inf
                 for k in range(succ_ptr[v], succ_ptr[v + 1]):
                     right = min(right, starts[r, succ_idx[k]])
-            x = (right - starts[r, v]) * (1 + _TOL) + 1e-15
+            x = (right - starts[r, v]) * (1 + TOL) + 1e-15
             lo, hi = 0, counts[table[v]]
             while lo < hi:
                 mid = (lo + hi) >> 1
@@ -261,7 +261,7 @@ class CompiledDescent(PotentialDescent):
         self._term_succ = np.array([term.succ for term in terms], dtype=np.int64)
         self._term_slope = np.array([term.slope for term in terms], dtype=np.int64)
         self._max_aff = int(np.diff(self._aff_ptr).max(initial=1))
-        reads = [sorted(set(mv.affected) | {t.succ for t in mv.terms if t.succ != _DEADLINE}) for mv in moves]
+        reads = [sorted(set(mv.affected) | {t.succ for t in mv.terms if t.succ != DEADLINE}) for mv in moves]
         self._read_ptr = np.concatenate([[0], np.cumsum([len(x) for x in reads])]).astype(np.int64)
         self._read = np.array([v for x in reads for v in x], dtype=np.int64)
         self._table = np.ascontiguousarray(node_choices.node_table, dtype=np.int64)

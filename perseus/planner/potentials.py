@@ -28,14 +28,14 @@ import numpy as np
 from perseus.schedules.dag import InstructionDAG
 from perseus.planner.choices import NodeChoices
 
-_TOL = 1e-12
-_DEADLINE = -1
+TOL = 1e-12  # relative slack when comparing times (shared with compiled_descent)
+DEADLINE = -1  # a term's successor index meaning "the deadline", not a node
 
 
 @dataclass(frozen=True)
 class _Term:
     node_pos: int  # position of the window's owner in the move's affected list
-    succ: int  # successor node id, or _DEADLINE
+    succ: int  # successor node id, or DEADLINE
     slope: int  # d(window term)/dδ ∈ {−1, 0, +1}
 
 
@@ -80,13 +80,13 @@ class PotentialDescent:
         for pos, y in enumerate(affected):
             own = 1 if y in inside else 0
             if not self.succs[y]:
-                terms.append(_Term(pos, _DEADLINE, -own))
+                terms.append(_Term(pos, DEADLINE, -own))
             for w in self.succs[y]:
                 terms.append(_Term(pos, w, (1 if w in inside else 0) - own))
         return _Move(np.asarray(block, dtype=np.int64), tuple(affected), tuple(terms))
 
     def _cost(self, node: int, window: np.ndarray) -> np.ndarray:
-        j = np.searchsorted(self.rows[self.tables[node]], window * (1 + _TOL) + 1e-15, side="right") - 1
+        j = np.searchsorted(self.rows[self.tables[node]], window * (1 + TOL) + 1e-15, side="right") - 1
         cost = self.cost_rows[self.tables[node]][np.maximum(j, 0)]
         return np.where(j >= 0, cost, np.inf)
 
@@ -122,7 +122,7 @@ class PotentialDescent:
         cands = [np.zeros((batch, 1))]
         for term in move.terms:
             y = move.affected[term.node_pos]
-            right = deadlines if term.succ == _DEADLINE else starts[:, term.succ]
+            right = deadlines if term.succ == DEADLINE else starts[:, term.succ]
             base = right - starts[:, y]
             bases.append(base)
             if term.slope != 0:
@@ -152,6 +152,6 @@ class PotentialDescent:
         for v in range(self.n):
             right = deadlines if not self.succs[v] else starts[:, list(self.succs[v])].min(axis=1)
             window = right - starts[:, v]
-            j = np.searchsorted(self.rows[self.tables[v]], window * (1 + _TOL) + 1e-15, side="right") - 1
+            j = np.searchsorted(self.rows[self.tables[v]], window * (1 + TOL) + 1e-15, side="right") - 1
             choice[:, v] = np.maximum(j, 0)
         return choice

@@ -17,12 +17,8 @@ import highspy
 import numpy as np
 
 from perseus.schedules.dag import InstructionDAG
-from perseus.errors import PerseusError
+from perseus.errors import PlannerError
 from perseus.planner.choices import NodeChoices
-
-
-class PlannerError(PerseusError):
-    """The planner could not solve a subproblem (a solver failure, not bad input)."""
 
 
 class _QuietHighs(highspy.Highs):

@@ -11,7 +11,8 @@ probe the spread comes from the plan steps alone; with one sample in all it is u
 
 Log wording: a figure is either *this step's* (one step against the probes' median) or the
 *run's* (median of the counted plan steps so far against the probes' median); the line names
-which. A negative saving reads "X % more energy", never "saving −X %".
+which. A negative saving reads "X % more energy", never "saving −X %" (the wording is
+``perseus.output.wording``'s, shared with ``perseus report``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from math import sqrt
 from statistics import median
 from typing import Sequence
+
+from perseus.output.wording import saving_phrase, time_phrase
 
 MAD_TO_SD = 1.4826  # MAD × this = standard deviation, for normal noise
 
@@ -81,23 +84,6 @@ def ab_figure(plan_time_s: Sequence[float], plan_energy_j: Sequence[float],
 def step_figure(time_s: float, energy_j: float, probe_time_s: Sequence[float], probe_energy_j: Sequence[float]) -> ABFigure:
     """One step against the probes' medians (its spread is the probes' own, when there are two or more)."""
     return ab_figure([time_s], [energy_j], probe_time_s, probe_energy_j)
-
-
-def _pm(stderr: float | None) -> str:
-    return f" ± {100 * stderr:.1f}%" if stderr is not None else ""
-
-
-def saving_phrase(saving: float, stderr: float | None = None) -> str:
-    """``"saves 7.7% energy"`` or ``"7.7% more energy"``: the sign is in the words."""
-    if saving >= 0:
-        return f"saves {100 * saving:.1f}%{_pm(stderr)} energy"
-    return f"{100 * -saving:.1f}%{_pm(stderr)} more energy"
-
-
-def time_phrase(change: float, stderr: float | None = None) -> str:
-    """``"1.2% slower"`` or ``"0.4% faster"``."""
-    word = "slower" if change > 0 else "faster"
-    return f"{100 * abs(change):.1f}%{_pm(stderr)} {word}"
 
 
 def step_line(step: int, phase: str, time_s: float, energy_j: float, clocks: str,

@@ -19,10 +19,12 @@ import pytest
 from perseus.cli import main
 from perseus.examples import load_example_profile
 from perseus.frontier import Frontier
-from perseus.html_report import load_run, used_points
+from perseus.output.run_data import load_run
+from perseus.output.run_stats import used_points
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
+from perseus_demo import job_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WARMUP_E = [100.0, 104.0, 98.0, 101.0]
@@ -160,7 +162,7 @@ def _rank_result(rank: int, phases: list[tuple[str, float, float]]) -> dict:
     return {"rank": rank, "stage": rank, "dp_rank": 0, "steps": steps, "summary": summary}
 
 
-def test_report_of_a_demo_directory_sums_energy_and_takes_the_slowest_rank(tmp_path):
+def test_report_of_a_demo_directory_sums_energy_and_takes_the_slowest_rank(tmp_path, capsys):
     run = tmp_path / "demo"
     run.mkdir()
     r0 = [("warmup", 0.2, 50.0), ("profiling", 0.25, 40.0), ("deployed", 0.21, 45.0), ("deployed", 0.22, 44.0),
@@ -168,6 +170,9 @@ def test_report_of_a_demo_directory_sums_energy_and_takes_the_slowest_rank(tmp_p
     r1 = [(p, t + 0.01 * (i % 2), e + 10) for i, (p, t, e) in enumerate(r0)]
     (run / "rank0.json").write_text(json.dumps(_rank_result(0, r0)))
     (run / "rank1.json").write_text(json.dumps(_rank_result(1, r1)))
+    assert main(["report", str(run)]) == 2  # the library reads metrics files only, and says how to convert
+    assert "python -m perseus_demo.job_metrics" in _error(capsys)
+    assert job_metrics.main([str(run)]) == 0  # what the demo does after every run
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     cells = _cells(page, "comparison")
@@ -212,7 +217,7 @@ def test_report_errors_are_one_line(tmp_path, run_dir, capsys):
     assert "frontier.json" in _error(capsys)
 
     (empty / "rank0.json").write_text("[1, 2]")
-    assert main(["report", str(empty)]) == 2
+    assert job_metrics.main([str(empty)]) == 2
     assert "rank0.json" in _error(capsys)
 
 
@@ -227,6 +232,7 @@ def test_demo_deployed_steps_follow_the_point_events(tmp_path, frontier):
     result["summary"]["events"] = [[2, "straggler", 1.2], [2, "point", {"time_s": slow.time_s, "energy_j": slow.energy_j}],
                                    [4, "point", {"time_s": frontier.default_point().time_s, "energy_j": 1.0}]]
     (run / "rank0.json").write_text(json.dumps(result))
+    job_metrics.main([str(run)])
     data = load_run(run)
     default = frontier.default_point().time_s
     assert [s.target_time_s for s in data.steps] == [None, default, slow.time_s, slow.time_s, default]
@@ -259,7 +265,7 @@ def test_report_help_has_an_example_and_the_module_imports_no_matplotlib(capsys)
         main(["report", "--help"])
     assert exc.value.code == 0
     assert "perseus report runs/job42 --cache" in capsys.readouterr().out
-    code = "import sys, perseus.html_report; print('matplotlib' in sys.modules)"
+    code = "import sys, perseus.output.report_page; print('matplotlib' in sys.modules)"
     root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                          env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}, check=True)
@@ -270,3 +276,82 @@ def test_report_accepts_the_metrics_file_itself(run_dir, capsys):
     assert main(["report", str(run_dir / "metrics.jsonl")]) == 0
     page = (run_dir / "report.html").read_text()  # next to the file; the cache of its directory
     assert set(_images(page)) == {"report-iterations.png", "report-frontier.png", "report-timeline.png"}
+
+
+def _costly(lines: list[dict]) -> list[dict]:
+    """The same run, but every deployed iteration costs 20 % more energy than its warm-up twin."""
+    return [dict(line, energy_j=line["energy_j"] * 1.25) if line.get("phase") == "deployed" else line for line in lines]
+
+
+def _with_id(lines: list[dict], run_id: str) -> list[dict]:
+    return [{"run_id": run_id, **line} for line in lines]
+
+
+def _write(path: Path, *runs: list[dict]) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for run in runs for line in run))
+
+
+def _deployed_saving(lines: list[dict]) -> float:
+    warm = median(x["energy_j"] for x in lines if x.get("phase") == "warmup")
+    return 1 - median(x["energy_j"] for x in lines if x.get("phase") == "deployed") / warm
+
+
+def test_an_appended_file_shows_its_latest_run_by_default_and_a_costly_run_reads_more_energy(run_dir, frontier, tmp_path):
+    saving, costly = _metrics_lines(frontier), _costly(_metrics_lines(frontier))
+    assert _deployed_saving(saving) > 0 > _deployed_saving(costly)
+    _write(run_dir / "metrics.jsonl", _with_id(saving, "20261125T100000Z-11-aaaaaa"),
+           _with_id(costly, "20261125T110000Z-22-bbbbbb"))
+
+    out = tmp_path / "latest.html"
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
+    page = out.read_text()
+    cells = _cells(page, "comparison")
+    assert cells["saving_median"] == pytest.approx(_deployed_saving(costly))  # the latest run only
+    assert cells["deployed_iterations"] == 9 and cells["baseline_iterations"] == len(WARMUP_E)
+    more = f"{100 * -_deployed_saving(costly):.1f}% more energy"
+    assert f'data-value="{cells["saving_median"]!r}">{more}</td>' in page
+    assert ">more energy per iteration" in page and "% less energy per iteration" not in page
+    assert not re.search(r"-\d+(\.\d+)?% less energy", page)  # never a negative "less"
+    assert "run 2 of 2 in the metrics file (20261125T110000Z-22-bbbbbb, the latest)" in page
+    assert '<table id="runs-table">' in page and page.count('<tr class="shown">') == 1
+
+    out = tmp_path / "first.html"
+    assert main(["report", str(run_dir), "--out", str(out), "--run", "20261125T100000Z-11-aaaaaa"]) == 0
+    cells = _cells(out.read_text(), "comparison")
+    assert cells["saving_median"] == pytest.approx(_deployed_saving(saving))
+    assert f"{100 * _deployed_saving(saving):.1f}% less energy</td>" in out.read_text()
+    assert "run 1 of 2" in out.read_text()
+
+
+def test_run_all_shows_each_run_with_its_own_numbers(run_dir, frontier, tmp_path):
+    saving, costly = _metrics_lines(frontier), _costly(_metrics_lines(frontier))
+    _write(run_dir / "metrics.jsonl", _with_id(saving, "a"), _with_id(costly, "b"))
+    out = tmp_path / "all.html"
+    assert main(["report", str(run_dir), "--out", str(out), "--run", "all"]) == 0
+    page = out.read_text()
+    assert "Showing all 2 runs of the metrics file." in page
+    assert _cells(page, "comparison-1")["saving_median"] == pytest.approx(_deployed_saving(saving))
+    assert _cells(page, "comparison-2")["saving_median"] == pytest.approx(_deployed_saving(costly))
+    assert set(_images(page)) == {"all-run1-iterations.png", "all-run2-iterations.png", "all-frontier.png",
+                                  "all-timeline.png"}
+    data = load_run(run_dir, run="all")
+    slow = frontier.points[len(frontier.points) // 2]
+    assert [(p.time_s, n) for p, n, _ in used_points(data)] == [(frontier.default_point().time_s, 12),
+                                                                 (slow.time_s, 6)]  # both runs' deployed steps
+
+
+def test_a_file_without_run_ids_is_split_where_a_run_starts_again(run_dir, frontier, capsys):
+    saving, costly = _metrics_lines(frontier), _costly(_metrics_lines(frontier))
+    _write(run_dir / "metrics.jsonl", saving, costly)  # written before run ids: steps restart at 0
+    data = load_run(run_dir, run="all")
+    assert [len(r.steps) for r in data.runs] == [19, 19] and [r.run_id for r in data.runs] == [None, None]
+    assert [len(r.events) for r in data.runs] == [len(saving) - 19] * 2  # every event stays with its run
+    assert [r.position for r in load_run(run_dir).shown] == [2]  # the latest by default
+    assert main(["report", str(run_dir), "--run", "1"]) == 0
+    page = (run_dir / "report.html").read_text()
+    assert "run 1 of 2 in the metrics file (no run id)" in page
+    assert _cells(page, "comparison")["saving_median"] == pytest.approx(_deployed_saving(saving))
+
+    assert main(["report", str(run_dir), "--run", "nope"]) == 2
+    err = _error(capsys)
+    assert "no run 'nope'" in err and "2 run(s)" in err and "'all'" in err

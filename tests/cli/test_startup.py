@@ -90,10 +90,10 @@ def test_plan_prints_no_solver_banner(tmp_path, command):
     assert out.exists()
 
 
-def test_plan_frontier_wrapper_forwards_to_the_planner(monkeypatch):
+def test_run_planner_forwards_to_the_planner(monkeypatch):
     import perseus.planner
 
     seen = []
     monkeypatch.setattr(perseus.planner, "plan_frontier", lambda s, p, progress=None: seen.append((s, p, progress)) or "F")
-    assert perseus.cli.plan_frontier("s", "p") == "F" and seen == [("s", "p", None)]
+    assert perseus.cli.run_planner("s", "p") == "F" and seen == [("s", "p", None)]
 

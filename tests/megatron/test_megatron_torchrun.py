@@ -29,8 +29,8 @@ for each:
      after each instruction the DAG says it waits for had ended on its rank (and so had every
      instruction the model of megatron's exchanges in ``megatron_p2p_model`` says it waits for:
      that model is checked on the real run too);
-   - ``perseus report`` reads the run (its ``rank*.json``, the metrics JSONL, the cache), guarding
-     the formats it reads against drift.
+   - ``perseus report`` reads the run (the job-level metrics file the demo writes from its
+     ``rank*.json``, rank 0's metrics JSONL, the cache), guarding the formats it reads against drift.
 
 The other real megatron-core runs: 2 stages 1F1B in ``test_megatron_dp_straggler.py`` (the
 no-slowdown plan outside the straggler's window, with the same accounting); megatron's default
@@ -56,10 +56,12 @@ from demo_checks import cached_frontier, check_deployed_demo  # noqa: E402
 from megatron_p2p_model import megatron_waits  # noqa: E402
 
 from perseus.cli import main  # noqa: E402
-from perseus.html_report import load_run, used_points  # noqa: E402
+from perseus.output.run_data import load_run  # noqa: E402
+from perseus.output.run_stats import used_points  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
+from perseus_demo.job_metrics import write_job_metrics  # noqa: E402
 from perseus_demo.megatron_demo import DemoConfig  # noqa: E402
 from perseus.schedules import dependencies
 
@@ -118,6 +120,7 @@ def launch(tmp_path_factory) -> tuple[list[dict[str, Any]], Run]:
         assert path.exists(), f"the demo's rank {rank} wrote no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
         demo.append(json.loads(path.read_text()))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    write_job_metrics(run, demo)  # as the demo's launcher does after every run: the job, for perseus report
     return orders, (run, cfg, demo)
 
 
@@ -272,7 +275,8 @@ def test_report_of_a_megatron_demo_run_and_of_its_metrics_file(interleaved, tmp_
     recomputed from the same files, not on the saving."""
     run, cfg, results = interleaved
 
-    assert main(["report", str(run)]) == 0  # the demo's per-rank results
+    job = run / "job-metrics.jsonl"  # the demo's per-rank results, as one job-level metrics file
+    assert main(["report", str(job)]) == 0
     page = (run / "report.html").read_text()
     for section in ("saving", "iterations", "frontier", "timeline", "phase-table", "events"):
         assert f"id='{section}'" in page, section
@@ -288,7 +292,7 @@ def test_report_of_a_megatron_demo_run_and_of_its_metrics_file(interleaved, tmp_
     plan = median(e for s, e in energy.items() if phase[s] == "deployed")
     assert float(cells["saving_median"]) == pytest.approx(1 - plan / base)
     assert int(float(cells["deployed_iterations"])) == cfg.deployed_steps
-    data = load_run(run)
+    data = load_run(job)
     assert [n for _, n, _ in used_points(data)] == [cfg.deployed_steps]  # the no-slowdown point, every step
 
     out = tmp_path / "metrics.html"  # rank 0's metrics file: its own phases and baseline (warm-up)

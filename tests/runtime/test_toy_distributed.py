@@ -90,6 +90,7 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
     assert executed >= cfg.steps
     assert sum("step" in x and "phase" in x for x in lines) == executed
     assert any(x.get("event") == "phase" and x["data"] == "deployed" for x in lines)
+    assert len({x["run_id"] for x in lines}) == 1  # every record, step or event, names this run
     # The online profile matches the simulated GPU's model. Times exactly: the simulated GPU's
     # kernel timer is what profiling reads (as CUDA events on a real GPU), whatever the load.
     # Power (energy / time) checks the attribution of coarse-counter energy to instructions; it
