@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from statistics import median
+from time import monotonic
 from typing import Sequence
 
 from perseus.runtime.collective import Collective
@@ -87,6 +88,7 @@ class SwitchTiming:
 
     def __init__(self, latency_s: float, switch_ahead: bool, timed_requests: bool, speak: bool) -> None:
         self.latency_s = latency_s
+        self.switch_ahead = switch_ahead
         self.hides = switch_ahead and latency_s > 0  # the planner then keeps timelines too
         self.timed_requests = timed_requests  # the controller holds a request until its time
         self.speak = speak  # rank 0 logs the note
@@ -228,6 +230,41 @@ class Deployment:
             # The new plan's first clock at once (and no request of the old plan still held): the
             # requests for a step's first instructions are made in the step before.
             self.gpu.request_now(pairs[0][1])
+
+    # ---------------------------------------------------------------- the hooks (hot path: O(1))
+
+    def begin_instruction(self, kind: str, microbatch: int, chunk: int) -> int | None:
+        """An instruction begins: its planned clock, asked for now (or, timed, the switches due at
+        its begin); None where it is not the planned instruction (the follower says why)."""
+        follower = self.follower
+        freq = follower.next(kind, microbatch, chunk)  # type: ignore[union-attr]
+        if freq is None:
+            return None
+        timed = self.timed
+        if timed is not None:
+            # Switches asked for at planned times (docs/runtime.md, "Clock-switch latency").
+            index = follower.index  # type: ignore[union-attr]
+            if timed.watches(index, False):
+                for clock, at in timed.begin(index, monotonic()):
+                    self.gpu.request_at(clock, at)
+        elif freq != self.gpu.current_mhz:
+            self.gpu.request(freq)
+        return freq
+
+    def end_instruction(self) -> None:
+        """An instruction ended: the timed switches due at its end, or (``switch_ahead``) the next
+        instruction's clock now, so the switch latency overlaps the wait for its input instead of
+        delaying it (docs/runtime.md, "Clock-switch latency")."""
+        timed = self.timed
+        if timed is not None:
+            index = self.follower.index  # type: ignore[union-attr]
+            if timed.watches(index, True):
+                for clock, at in timed.end(index, monotonic()):
+                    self.gpu.request_at(clock, at)
+        elif self.switches.switch_ahead:
+            freq = self.follower.peek()  # type: ignore[union-attr]
+            if freq != self.gpu.current_mhz:
+                self.gpu.request(freq)
 
     def fall_back(self, problem: str) -> None:
         """Default clocks from now on (without waiting: also from a hook), for ``problem``."""

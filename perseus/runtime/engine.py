@@ -2,7 +2,8 @@
 
 One object per training process. It keeps the hot path and the phase transitions (``phases.py``);
 each phase's work is a room of its own: getting a plan (``supply.py``: sources, profiling,
-planning), which frontier point runs (``targeting.py``), following it (``deploy.py``), what the
+planning), which frontier point runs (``targeting.py``), following it (``deploy.py``), checking it
+against default-clock probe steps (``closed_loop.py``), what the
 rank shows of its run (``observe.py``) and closing at process exit (``lifecycle.py``).
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
@@ -21,9 +22,10 @@ from typing import Any
 
 from perseus.errors import PerseusError
 from perseus.runtime.clock_trace import ClockTrace
+from perseus.runtime.closed_loop import ClosedLoop
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming, TimedSwitches
+from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort, open_port
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
@@ -33,11 +35,11 @@ from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
 from perseus.runtime.profiler import instruction_keys
 from perseus.runtime.report import summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
-from perseus.runtime.sources import stage_models
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.runtime.straggler import StragglerPolicy, natural_time
 from perseus.runtime.supply import PlanSupply, ready_line
 from perseus.runtime.targeting import PacedTarget, Targeting, TimeTarget
+from perseus.runtime.time_guard import GuardDecision
 from perseus.schedules import InstructionKind
 
 log = logging.getLogger("perseus.runtime")
@@ -57,7 +59,6 @@ class PerseusRuntime:
         self._stopped = False
         self._hot = _HOT_IDLE
         self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
-        self._switch_ahead = c.switch_ahead
         self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
         self.enabled = c.enabled
@@ -75,40 +76,33 @@ class PerseusRuntime:
         if self.gpu.is_simulated:
             self.sim_kernels = SimulatedKernels(self.gpu.device)
         if c.trace_clocks:
-            self.clock_trace = ClockTrace(self.gpu.device if self.gpu.is_simulated else None,
-                                          getattr(self.gpu.controller, "pid", None))
+            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.device if self.gpu.is_simulated else None,
+                                                           getattr(self.gpu.controller, "pid", None))
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
         self.reporter, self.events = self.observe.reporter, self.observe.events
         self.phases = PhaseMachine()
         self.step = 0
         self._stage_instructions = self.schedule.stages[job.stage]
         self.timer = self.gpu.instruction_timer()
-        switches = SwitchTiming(c.planner_options.switch_latency_s, self._switch_ahead, self.gpu.timed_requests,
+        switches = SwitchTiming(c.planner_options.switch_latency_s, c.switch_ahead, self.gpu.timed_requests,
                                 self.is_root)
-        # Profile, planner and cache: where the plan comes from (supply.py).
-        # Every rank's stage parameters reach rank 0's cache key: a model changed on any stage misses.
-        try:
-            models = stage_models(self.collective, job)
-        except CollectiveError:
-            self.close()
-            raise
-        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides, models)
-        self.cache = self.supply.cache
+        # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
+        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
         self.frontier: StagePlan | None = None
         # Which of its points runs, from the targets in force (targeting.py).
         self.targeting = Targeting(StragglerPolicy(c.straggler_threshold, c.straggler_recover_threshold,
                                                    c.straggler_patience))
         self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
-        # The hooks' view of the deployment: the point's follower and its timed switches (or None).
-        self._follower: PlanFollower | None = None
-        self._timed: TimedSwitches | None = None
+        self.loop = ClosedLoop(c, self.collective)  # default-clock probes, the A/B, the no-slowdown guard
+        self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}
         self._step_t0 = self._step_e0 = self._last_end = 0.0
         self._in_step = False
         track(self)
         try:
             self._load_sources()
+            self.cache = self.supply.cache
             self.prometheus = self.observe.start_prometheus(c.prometheus_port, self.collective)
         except PerseusError:
             self.close()
@@ -130,8 +124,8 @@ class PerseusRuntime:
             trace.step_begin("stopped" if self._stopped else self.phases.phase.value)
         if not self.enabled or self._closed or self._stopped:
             return
-        if self.targeting.due and self.phases.phase is Phase.DEPLOYED:  # the targets changed (targeting.py)
-            self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
+        if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK):
+            self._begin_deployed_step()
         if self._follower is not None:
             self._follower.start_step()
         self._in_step = True
@@ -144,17 +138,9 @@ class PerseusRuntime:
         hot = self._hot
         freq = None
         if hot == _HOT_DEPLOY:
-            freq = self._follower.next(kind, microbatch, chunk)  # type: ignore[union-attr]
+            freq = self.deployment.begin_instruction(kind, microbatch, chunk)
             if freq is None:
                 self._mismatch()
-            elif self._timed is not None:
-                # Switches asked for at planned times (docs/runtime.md, "Clock-switch latency").
-                index = self._follower.index  # type: ignore[union-attr]
-                if self._timed.watches(index, False):
-                    for clock, at in self._timed.begin(index, monotonic()):
-                        self._request_at(clock, at)
-            elif freq != self.gpu.current_mhz:
-                self._request(freq)
         elif hot == _HOT_PROFILE:
             self.timer.begin((chunk, kind))
         if trace is not None:
@@ -174,34 +160,12 @@ class PerseusRuntime:
             trace.kernel_ended(monotonic())
         hot = self._hot
         if hot == _HOT_DEPLOY:
-            if self._timed is not None:
-                index = self._follower.index  # type: ignore[union-attr]
-                if self._timed.watches(index, True):
-                    for clock, at in self._timed.end(index, monotonic()):
-                        self._request_at(clock, at)
-            elif self._switch_ahead:
-                # Ask for the next instruction's clock now: the switch latency overlaps the wait
-                # for its input instead of delaying it (docs/runtime.md, "Clock-switch latency").
-                freq = self._follower.peek()  # type: ignore[union-attr]
-                if freq != self.gpu.current_mhz:
-                    self._request(freq)
+            self.deployment.end_instruction()
         elif hot == _HOT_PROFILE:
             self.timer.end()
         self._last_end = perf_counter()
         if trace is not None:
             trace.end(t0, monotonic())
-
-    def _request(self, freq: int) -> None:
-        """A clock request from a hook (recorded in the clock trace when there is one)."""
-        self.gpu.request(freq)
-        if self.clock_trace is not None:
-            self.clock_trace.requested(freq, monotonic())
-
-    def _request_at(self, freq: int, at: float) -> None:
-        """A clock request from a hook, to be made at CLOCK_MONOTONIC ``at`` (recorded in the trace)."""
-        self.gpu.request_at(freq, at)
-        if self.clock_trace is not None:
-            self.clock_trace.requested(freq, at)
 
     def on_step_end(self) -> None:
         if self.clock_trace is not None and not self._closed:
@@ -215,8 +179,9 @@ class PerseusRuntime:
         span = max(self._last_end - self._step_t0, 1e-9)
         phase = self.phases.phase
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
-        record = self.observe.record(self.step, phase, step_time, energy, point=self.targeting.point,
-                                     slowdown=self.targeting.slowdown, sweep=profiling.sweep if profiling else None)
+        probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
+        record = self.observe.record(self.step, phase, step_time, energy, targeting=self.targeting, loop=self.loop,
+                                     sweep=profiling.sweep if profiling else None)
         self.step += 1
         self._check_notices()
         try:
@@ -229,7 +194,9 @@ class PerseusRuntime:
             elif phase is Phase.PLANNING:
                 self._poll_plan()
             if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
-                self._after_deployed_step(natural_time(span, self.targeting.slowdown), energy)
+                self._after_deployed_step(natural_time(span, 1.0 if probe else self.targeting.slowdown), energy)
+                # every rank that deployed, fallen back or not: a probe's decision is a collective
+                self._guard(self.loop.end_step(step_time, energy, self.targeting, self.frontier))  # type: ignore[arg-type]
         except CollectiveError as exc:
             self._detach(exc)
         self._publish(record)
@@ -336,12 +303,36 @@ class PerseusRuntime:
             return
         assert self.frontier is not None
         self.deployment.follow(self.frontier, point)
-        self._follower, self._timed = self.deployment.follower, self.deployment.timed
+        self._follower = self.deployment.follower
         if changed:
             slowdown = self.targeting.slowdown
             self._event("point", {"time_s": point.time_s, "energy_j": point.energy_j, "slowdown": slowdown})
             if self.is_root:
                 log.info("perseus: switching to the frontier point at %.4f s (slowdown x%.3f)", point.time_s, slowdown)
+
+    def _begin_deployed_step(self) -> None:
+        """A new point when the targets changed (targeting.py); this step's clocks: the plan's, or
+        default clocks for a probe (closed_loop.py)."""
+        if self.targeting.due and self.phases.phase is Phase.DEPLOYED:
+            self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
+            self.loop.retarget()
+        was_probing = self.loop.probing
+        if self.loop.begin_step().default_clocks != was_probing and self.deployment.problem is None:
+            if was_probing:  # back to the plan: its clocks from this step's first instruction
+                self._hot = _HOT_DEPLOY
+                self._follow(self.targeting.point, changed=False)
+            else:
+                self._hot = _HOT_IDLE
+                self.gpu.release()
+
+    def _guard(self, decision: GuardDecision | None) -> None:
+        """The no-slowdown guard's decision (every rank the same, at the same step): an event; a
+        faster point (targeting.py) or default clocks."""
+        if decision is not None:
+            self._event("guard", decision.as_dict())
+            problem = self.loop.apply(decision, self.targeting, self.is_root)
+            if problem is not None:
+                self._fall_back(problem)
 
     def _mismatch(self) -> None:
         """First divergence from the plan: one warning, default clocks from now on."""
@@ -351,24 +342,24 @@ class PerseusRuntime:
     def _after_deployed_step(self, natural_s: float, energy: float) -> None:
         if self._hot == _HOT_DEPLOY and self._follower is not None and not self._follower.end_step():
             self._mismatch()
-        if self.deployment.problem is not None and self.phases.phase is Phase.DEPLOYED:
+        if self.deployment.problem is not None:
+            self._enter_fallback()
+        # Every K steps: all-gather per-rank numbers (``job_check``); spread a fallback; straggler policy.
+        check = self.deployment.end_step(natural_s, energy, self.collective, self.job, self.step)
+        if check is not None:
+            self.job_numbers = check.numbers
+            if check.diverged:
+                self._fall_back("another rank fell back to default clocks (its log says why)")
+                self._enter_fallback()
+            else:
+                self._event("slowdown_seen", check.slowdown)
+                if self.targeting.observe_slowdown(check.slowdown):
+                    self._event("straggler", self.targeting.straggler_ratio)
+
+    def _enter_fallback(self) -> None:
+        if self.phases.phase is Phase.DEPLOYED:
             self._enter(Phase.FALLBACK)
             self._event("fallback", self.deployment.problem)
-        dep = self.deployment
-        # Every K steps: all-gather per-rank numbers (``job_check``); spread a fallback; straggler policy.
-        check = dep.end_step(natural_s, energy, self.collective, self.job, self.step)
-        if check is None:
-            return
-        self.job_numbers = check.numbers
-        if check.diverged:
-            if self.phases.phase is Phase.DEPLOYED:
-                self._fall_back("another rank fell back to default clocks (its log says why)")
-                self._enter(Phase.FALLBACK)
-                self._event("fallback", dep.problem)
-            return
-        self._event("slowdown_seen", check.slowdown)
-        if self.targeting.observe_slowdown(check.slowdown):
-            self._event("straggler", self.targeting.straggler_ratio)
 
     # ================================================================ public control
 
@@ -427,7 +418,7 @@ class PerseusRuntime:
         return self.observe.summary(self.observe.facts(
             job=self.job, phases=self.phases, steps=self.step, supply=self.supply, deployment=self.deployment,
             targeting=self.targeting, frontier=self.frontier, clock_mhz=self.gpu.current_mhz,
-            job_numbers=self.job_numbers))
+            job_numbers=self.job_numbers, loop=self.loop))
 
     def close(self, *, plan_wait_s: float | None = None) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths.

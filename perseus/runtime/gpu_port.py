@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.errors import GPUError
 
 if TYPE_CHECKING:
+    from perseus.runtime.clock_trace import ClockTrace
     from perseus.gpu.controller import ClockController
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
@@ -51,6 +53,7 @@ class GPUPort:
         self._last_energy_j = 0.0
         self.energy_error: str | None = None  # set once reading the energy counter failed
         self.clock_failure: str | None = None  # set by the first ``failed`` notice: default clocks for good
+        self.trace: ClockTrace | None = None  # the per-instruction clock trace, which notes each request
 
     # ---------------------------------------------------------------- opening
 
@@ -87,16 +90,20 @@ class GPUPort:
     # ---------------------------------------------------------------- clocks
 
     def request(self, mhz: int) -> None:
-        """Ask for a clock without waiting (instruction hooks)."""
+        """Ask for a clock without waiting (instruction hooks); noted in the clock trace, if any."""
         if mhz != self.current_mhz:
             self.current_mhz = mhz
             self.controller.set_frequency(mhz)
+            if self.trace is not None:
+                self.trace.requested(mhz, monotonic())
 
     def request_at(self, mhz: int, at: float) -> None:
         """Ask for a clock to be requested from the device at CLOCK_MONOTONIC ``at`` (instruction
         hooks; needs ``timed_requests``). Never skipped: a plan's timed requests are its switches."""
         self.current_mhz = mhz
         self.controller.set_frequency(mhz, at)
+        if self.trace is not None:
+            self.trace.requested(mhz, at)
 
     def request_now(self, mhz: int) -> None:
         """Ask for a clock at once, dropping the timed requests the controller still holds (a new

@@ -76,6 +76,7 @@ class StepMetrics:
     freq_mhz: int | None = None  # profiling clock, when sweeping
     target_time_s: float | None = None  # planned iteration time of the deployed point
     slowdown: float = 1.0  # deliberate slowdown ratio (straggler or external target)
+    clocks: str | None = None  # deployed steps: "plan", or "default" for a default-clock probe (closed_loop.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
@@ -87,9 +88,13 @@ class StepMetrics:
 
     def file_row(self) -> dict[str, Any]:
         """The step's line of the JSONL metrics file (and the demo's ``step_records``), before the
-        reporter adds the baseline: the same keys as ever, the phase as its name."""
-        return {"step": self.step, "phase": self.phase.value, "time_s": self.time_s, "energy_j": self.energy_j,
-                "freq_mhz": self.freq_mhz, "target_time_s": self.target_time_s, "slowdown": self.slowdown}
+        reporter adds the baseline: the phase as its name; deployed steps say whose clocks they ran
+        (``"clocks"``: ``"plan"``, or ``"default"`` for a probe), so the A/B comes from one run's file."""
+        row = {"step": self.step, "phase": self.phase.value, "time_s": self.time_s, "energy_j": self.energy_j,
+               "freq_mhz": self.freq_mhz, "target_time_s": self.target_time_s, "slowdown": self.slowdown}
+        if self.clocks is not None:
+            row["clocks"] = self.clocks
+        return row
 
     def scalars(self) -> dict[str, float]:
         """``{"perseus/energy_j": 12.3, ...}``: what scalar writers (TensorBoard, wandb, DeepSpeed) get."""

@@ -26,6 +26,7 @@ from perseus.runtime.report import Reporter, RunFacts, summarize
 
 if TYPE_CHECKING:
     from perseus.runtime.clock_sweep import ClockSweep
+    from perseus.runtime.closed_loop import ClosedLoop
     from perseus.runtime.collective import Collective
     from perseus.runtime.config import PerseusConfig
     from perseus.runtime.deploy import Deployment, PlanFollower
@@ -80,16 +81,21 @@ class Observer:
 
     # ---------------------------------------------------------------- per step (step end only)
 
-    def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, point: StagePoint | None = None,
-               slowdown: float = 1.0, sweep: ClockSweep | None = None) -> StepMetrics:
-        """The step as measured (a deployed step with its ``point``'s planned time and ``slowdown``;
-        a profiled one with its ``sweep``'s clock): kept, logged and written to the metrics file now."""
-        deployed = phase is Phase.DEPLOYED and point is not None
+    def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, targeting: Targeting,
+               loop: ClosedLoop, sweep: ClockSweep | None = None) -> StepMetrics:
+        """The step as measured (a deployed plan step with its point's planned time and slowdown, a
+        deployed probe step marked ``clocks="default"``; a profiled one with its ``sweep``'s clock):
+        kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics file now."""
+        deployed = phase is Phase.DEPLOYED
+        plan_step = deployed and not loop.probing and targeting.point is not None
+        point = targeting.point if plan_step else None
         record = StepMetrics(step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
                              freq_mhz=sweep.current_mhz if sweep is not None else None,
-                             target_time_s=point.time_s if deployed and point is not None else None,
-                             slowdown=slowdown if deployed else 1.0)
-        self.reporter.add(record)
+                             target_time_s=point.time_s if point is not None else None,
+                             slowdown=targeting.slowdown if plan_step else 1.0,
+                             clocks=loop.clocks if deployed else None)
+        this_step = loop.step_figure(time_s, energy_j) if plan_step else None
+        self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
 
     def publish(self, record: StepMetrics, *, clock_mhz: int, default_mhz: int, follower: PlanFollower | None,
@@ -127,7 +133,7 @@ class Observer:
 
     def facts(self, *, job: PipelineJob, phases: PhaseMachine, steps: int, supply: PlanSupply, deployment: Deployment,
               targeting: Targeting, frontier: StagePlan | None, clock_mhz: int,
-              job_numbers: dict[str, Any]) -> RunFacts:
+              job_numbers: dict[str, Any], loop: ClosedLoop | None = None) -> RunFacts:
         """The summary's facts, read off the engine's rooms."""
         c, run = self.config, supply.profiling
         sweep = run.sweep if run is not None else None
@@ -136,7 +142,8 @@ class Observer:
             p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
             clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
             profiling_iterations=profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited))
-            if sweep else None, frontier=frontier, point=targeting.point)
+            if sweep else None, frontier=frontier, point=targeting.point,
+            closed_loop=loop.summary() if loop is not None and loop.steps else None)
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
 
+from perseus.runtime.ab import ABFigure, step_line
 from perseus.runtime.metrics import StepMetrics
 from perseus.runtime.metrics_file import MetricsFile
 from perseus.runtime.phases import Phase
@@ -55,27 +56,35 @@ class Reporter:
             return None
         return 1.0 - energy_j / self.baseline_energy_j
 
-    def add(self, record: StepMetrics, extra: dict[str, Any] | None = None) -> None:
+    def add(self, record: StepMetrics, extra: dict[str, Any] | None = None, *, this_step: ABFigure | None = None,
+            run: ABFigure | None = None) -> None:
+        """Keep, log and write one step. A deployed step's figures are the same-run A/B
+        (``this_step``: this plan step against the default-clock probes' medians; ``run``: the
+        medians of the counted plan steps and probes, with their spread), each labelled as such."""
         self.records.append(record)
-        running = self.running_deployed()
         if self.rank == 0 and self.log_every_steps and record.step % self.log_every_steps == 0:
-            parts = [f"perseus step {record.step} [{record.phase.value}]", f"time {record.time_s * 1e3:.1f} ms",
-                     f"energy {record.energy_j:.2f} J"]
-            if record.freq_mhz is not None:
-                parts.append(f"clock {record.freq_mhz} MHz")
-            if record.slowdown != 1.0:
-                parts.append(f"slowdown x{record.slowdown:.3f}")
-            if running is not None and self.baseline_energy_j:
-                parts.append(f"saving {100 * (1 - running[1] / self.baseline_energy_j):.1f}% vs baseline")
-            log.info(", ".join(parts))
+            log.info("%s", self._line(record, this_step, run))
         if self._metrics is not None:
             row = record.file_row()
             row["baseline_time_s"] = self.baseline_time_s
             row["baseline_energy_j"] = self.baseline_energy_j
             row["saving"] = self.saving(record.energy_j)
+            if this_step is not None:
+                row["saving_vs_probes"] = this_step.saving
             if extra:
                 row.update(extra)
             self._metrics.write_line(json.dumps(row))
+
+    def _line(self, record: StepMetrics, this_step: ABFigure | None, run: ABFigure | None) -> str:
+        if record.clocks is not None:  # deployed: the A/B against this run's default-clock probes
+            line = step_line(record.step, record.phase.value, record.time_s, record.energy_j, record.clocks,
+                             this_step, run)
+            return line + (f", slowdown x{record.slowdown:.3f}" if record.slowdown != 1.0 else "")
+        parts = [f"perseus step {record.step} [{record.phase.value}]", f"time {record.time_s * 1e3:.1f} ms",
+                 f"energy {record.energy_j:.2f} J"]
+        if record.freq_mhz is not None:
+            parts.append(f"clock {record.freq_mhz} MHz")
+        return ", ".join(parts)
 
     def complete(self, record: StepMetrics) -> None:
         """Replace the last record (the same step) by its step-end form (``observe.Observer``)."""
@@ -133,6 +142,7 @@ class RunFacts:
     profiling_iterations: int | None = None
     frontier: Frontier | StagePlan | None = None
     point: FrontierPoint | StagePoint | None = None
+    closed_loop: dict[str, Any] | None = None  # ``ClosedLoop.summary()``: the same-run A/B, probes, guard
 
 
 def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
@@ -169,6 +179,8 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["profiled_clocks_mhz"] = list(sweep.visited)
         out["profiling_iterations"] = f.profiling_iterations
         out["sweep_stopped_early"] = sweep.stopped_early
+    if f.closed_loop is not None:
+        out["closed_loop"] = f.closed_loop
     if frontier is not None:
         out["frontier"] = {
             "points": len(frontier.points),

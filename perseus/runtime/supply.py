@@ -24,7 +24,7 @@ from perseus.runtime.planning import (BackgroundPlanner, PlanOutcome, finish_at_
                                       stop_child)
 from perseus.runtime.profiler import Key
 from perseus.runtime.profiling import ProfilingRun, measure_p_blocking
-from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources
+from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources, stage_models
 from perseus.runtime.stage_plan import StagePlan
 from perseus.schedules import Schedule
 
@@ -35,7 +35,7 @@ class PlanSupply:
     """Where this rank's ``StagePlan`` comes from; ``close`` leaves no planner process behind."""
 
     def __init__(self, job: PipelineJob, schedule: Schedule, config: PerseusConfig, collective: Collective,
-                 gpu: GPUPort, timelines: bool, stage_models: Mapping[str, str] | None = None) -> None:
+                 gpu: GPUPort, timelines: bool) -> None:
         self.job = job
         self.schedule = schedule
         self.config = config
@@ -48,14 +48,17 @@ class PlanSupply:
         self.have_profile = False  # every rank's
         self._planner: BackgroundPlanner | None = None  # rank 0 only
         self._child: Any = None  # rank 0: the planner process, started while profiling
-        self.stage_models = stage_models  # every rank's stage fingerprint (rank 0), for the cache key
-        self.cache: RunCache | None = open_cache(config, self.cache_key()) if collective.is_root else None
+        self.stage_models: Mapping[str, str] | None = None  # every rank's stage fingerprint (rank 0's), for the key
+        self.cache: RunCache | None = None  # rank 0's, from ``load``
 
     def cache_key(self) -> dict[str, Any]:
         return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config, self.stage_models)
 
     def load(self) -> Sources:
-        """Collective: a provided or cached frontier (this rank's stage of it) or profile."""
+        """Collective: a provided or cached frontier (this rank's stage of it) or profile. Every
+        rank's stage parameters reach rank 0's cache key first: a model changed on any stage misses."""
+        self.stage_models = stage_models(self.collective, self.job)
+        self.cache = open_cache(self.config, self.cache_key()) if self.collective.is_root else None
         sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache,
                                 timing=self.timelines)
         self.profile = sources.profile

@@ -199,8 +199,9 @@ def test_clock_reset_from_outside_is_detected_and_reapplied(tmp_path, monkeypatc
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, admin_reset_at_step=6,
                     sim_dir=str(tmp_path / "sim"))
     save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
+    # every deployed step holds the plan's clock: no default-clock probes (closed_loop.py) in between
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
-                   "clock_check_s": CLOCK_CHECK_S}
+                   "clock_check_s": CLOCK_CHECK_S, "probe_every_steps": 0}
     if via == "clockd":
         cfg.perseus["sim_gpu"] = {"allow_clock_setting": False}
         for rank in (0, 1):  # the GPUs the daemon manages, as the toy ranks will use them
