@@ -24,7 +24,6 @@ from typing import Any
 from perseus.errors import ConfigError, PerseusError
 from perseus.profile import Profile
 from perseus.runtime.aggregate import aggregate_profile
-from perseus.runtime.clock_sweep import profiling_iterations
 from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
@@ -37,7 +36,7 @@ from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink,
 from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.planning import BackgroundPlanner, share_outcome, start_child, stop_child
 from perseus.runtime.profiler import instruction_keys
-from perseus.runtime.profiling import ProfilingRun
+from perseus.runtime.profiling import ProfilingRun, describe_noise, partial_saver, profiling_overhead
 from perseus.runtime.report import Reporter, StepRecord, summarize, summary_line
 from perseus.runtime.sim_kernels import SimulatedKernels
 from perseus.runtime.sources import cache_key, open_cache, share_sources
@@ -371,15 +370,25 @@ class PerseusRuntime:
 
     def _start_profiling(self) -> None:
         c = self.config
-        run = self._profiling = ProfilingRun(self.gpu, self.collective, c, self._keys)
-        self.p_blocking_w = c.p_blocking_w if c.p_blocking_w is not None else self._measure_p_blocking()
+        run = self._profiling = ProfilingRun(self.gpu, self.collective, c, self._keys, self.job, partial_saver(self.cache))
+        resumed = False
+        if c.cache_dir:  # a run that ended while profiling left its clocks: resume the sweep
+            partial = self.collective.broadcast_object(self.cache.load_partial() if self.cache is not None else None)
+            resumed = run.resume(partial)
+        if c.p_blocking_w is not None:
+            self.p_blocking_w = c.p_blocking_w
+        else:
+            self.p_blocking_w = run.p_blocking_w if resumed else self._measure_p_blocking()
         freqs = run.sweep.frequencies
         if self.is_root:
+            if resumed:
+                log.info("perseus: resuming the profiling sweep: %d clock(s) kept from an earlier run (%s MHz)",
+                         len(run.resumed_clocks), ", ".join(map(str, run.resumed_clocks)))
             log.info(
-                "perseus: profiling %d clocks %d..%d MHz, %d iterations each (at most %d iterations incl. warm-up); "
-                "P_blocking %.1f W",
-                len(freqs), freqs[0], freqs[-1], c.iters_per_freq,
-                profiling_iterations(c.warmup_steps, c.iters_per_freq, len(freqs)), self.p_blocking_w,
+                "perseus: profiling up to %d clocks %d..%d MHz (coarse pass %s MHz apart, stops where energy stops "
+                "falling), %d iterations each; P_blocking %.1f W",
+                len(run.sweep.coarse), freqs[0], freqs[-1], c.coarse_step_mhz or "any", c.iters_per_freq,
+                self.p_blocking_w,
             )
         self._enter(Phase.PROFILING)
         self.timer.resolve()
@@ -389,6 +398,8 @@ class PerseusRuntime:
                 self._planner_child = start_child(c.planner_nice)
             except Exception:  # noqa: BLE001
                 self._planner_child = None
+        if run.sweep.done:  # the earlier run measured every clock but ended before saving the profile
+            self._finish_profiling()
 
     def _measure_p_blocking(self) -> float:
         """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps."""
@@ -418,12 +429,19 @@ class PerseusRuntime:
         gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.is_root:
             assert gathered is not None
-            config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
-            self._profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, config)
+            config = {"cache_key_fields": self._cache_key(), "profiled_clocks_mhz": sorted(run.sweep.visited, reverse=True)}
+            self._profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, config,
+                                              grid=run.sweep.frequencies, noise_k=self.config.noise_k)
+            noise = describe_noise(self._profile)
+            if noise:
+                log.info("%s", noise)
             if self.cache is not None:
                 self._save("profile", self.cache.save_profile, self._profile)
+                self.cache.clear_partial()
         self._have_profile = True
         self._event("profiled", list(run.sweep.visited))
+        self._event("profiling_overhead", profiling_overhead(self.reporter.records, self.reporter.baseline_time_s,
+                                                             self.reporter.baseline_energy_j))
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
@@ -733,9 +751,7 @@ class PerseusRuntime:
             events=self.events,
             job_numbers=self.job_numbers,
             sweep=sweep,
-            profiling_iterations=(
-                profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited)) if sweep else None
-            ),
+            profiling_iterations=(c.warmup_steps + self._profiling.iterations() if self._profiling is not None else None),
             frontier=self.frontier,
             point=self.point,
         )

@@ -14,6 +14,7 @@ from statistics import fmean, median
 from typing import TYPE_CHECKING, Any
 
 from perseus.runtime.metrics_file import MetricsFile
+from perseus.runtime.profiling import profiling_overhead
 
 if TYPE_CHECKING:
     from perseus.frontier import Frontier, FrontierPoint
@@ -168,6 +169,7 @@ def summarize(
         out["profiled_clocks_mhz"] = list(sweep.visited)
         out["profiling_iterations"] = profiling_iterations
         out["sweep_stopped_early"] = sweep.stopped_early
+        out["profiling_overhead"] = profiling_overhead(reporter.records, reporter.baseline_time_s, reporter.baseline_energy_j)
     if frontier is not None:
         out["frontier"] = {
             "points": len(frontier.points),
