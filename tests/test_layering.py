@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_CORE = ["perseus/schedule.py", "perseus/exchanges.py", "perseus/dag.py", "perseus/profile.py", "perseus/simulator.py",
+DATA_CORE = ["perseus/schedule.py", "perseus/exchanges.py", "perseus/dag.py", "perseus/profile.py", "perseus/profile_fit.py", "perseus/simulator.py",
              "perseus/switch_timing.py", "perseus/switch_lag.py",
              "perseus/frontier.py", "perseus/frontier_file.py", "perseus/frontier_v1.py", "perseus/errors.py",
              "perseus/atomic.py", "perseus/cache.py", "perseus/planner", "perseus/emulator.py", "perseus/tables.py",
