@@ -113,7 +113,7 @@ def model_between(f: float, f_hi: float, t_hi: float, e_hi: float, f_lo: float, 
     a = (t_lo - t_hi) / (1.0 / f_lo - 1.0 / f_hi)
     b = t_hi - a / f_hi
     t = a / f + b
-    p_hi, p_lo = e_hi / t_hi, e_lo / t_lo
+    p_hi, p_lo = e_hi / max(t_hi, 1e-30), e_lo / max(t_lo, 1e-30)
     p = p_lo + (p_hi - p_lo) * (f - f_lo) / (f_hi - f_lo)
     return t, p * t
 
@@ -144,8 +144,16 @@ def loo_errors(freqs_desc: Sequence[int], times: Sequence[float], energies: Sequ
     for i in range(1, len(freqs_desc) - 1):
         t, e = model_between(freqs_desc[i], freqs_desc[i - 1], times[i - 1], energies[i - 1],
                              freqs_desc[i + 1], times[i + 1], energies[i + 1])
-        out.append((int(freqs_desc[i]), abs(t - times[i]) / times[i], abs(e - energies[i]) / energies[i]))
+        out.append((int(freqs_desc[i]), _rel(t, times[i]), _rel(e, energies[i])))
     return out
+
+
+def _rel(predicted: float, measured: float) -> float:
+    """Relative error; a zero measurement (an attribution that found no energy) is predicted
+    only by zero."""
+    if measured > 0:
+        return abs(predicted - measured) / measured
+    return 0.0 if predicted == measured else math.inf
 
 
 def interpolation_ok(rel_time_err: float, rel_energy_err: float, rel_noise: float) -> bool:

@@ -39,6 +39,14 @@ class ClockPoint(NamedTuple):
     samples: int = 1
     spread_s: float = 0.0  # robust σ of the instruction times
     se_s: float = 0.0  # standard error of the typical time
+    # Energy attributed from step-boundary counter readings (busy energy shared by duration):
+    # steadier than the per-kind regression, so the sweep's decisions and the interpolation's
+    # validation use it (0: not recorded, use energy_j).
+    step_energy_j: float = 0.0
+
+    @property
+    def decision_energy_j(self) -> float:
+        return self.step_energy_j or self.energy_j
 
 
 # (chunk, kind) -> freq_mhz -> ClockPoint (a plain (time, energy) pair reads as one sample)
@@ -75,13 +83,15 @@ def _combine(parts: list[Measurements], time_rule: str, energy_rule: str) -> Mea
         for f in freqs:
             points = [as_point(part[key][f]) for part in parts]
             e = sum(p.energy_j for p in points) if energy_rule == "sum" else fmean(p.energy_j for p in points)
+            steps = [p.decision_energy_j for p in points]
+            se = sum(steps) if energy_rule == "sum" else fmean(steps)
             if time_rule == "max":
                 slowest = max(points, key=lambda p: p.time_s)
-                per_freq[f] = slowest._replace(energy_j=e)
+                per_freq[f] = slowest._replace(energy_j=e, step_energy_j=se)
             else:
                 per_freq[f] = ClockPoint(fmean(p.time_s for p in points), e, sum(p.samples for p in points),
                                          fmean(p.spread_s for p in points),
-                                         math.sqrt(sum(p.se_s ** 2 for p in points)) / len(points))
+                                         math.sqrt(sum(p.se_s ** 2 for p in points)) / len(points), se)
         out[key] = per_freq
     return out
 
@@ -96,8 +106,8 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
     se = [p.se_s for p in pts]
     fitted = isotonic_times(freqs, raw, fit_weights(se, raw))
     energies = [p.energy_j for p in pts]
-    ok = {f: interpolation_ok(te, ee, se[freqs.index(f)] / fitted[freqs.index(f)])
-          for f, te, ee in loo_errors(freqs, fitted, energies)}
+    ok = {f: interpolation_ok(te, ee, se[freqs.index(f)] / max(fitted[freqs.index(f)], 1e-30))
+          for f, te, ee in loo_errors(freqs, fitted, [p.decision_energy_j for p in pts])}
     rows: dict[int, dict[str, Any]] = {}
     for i, f in enumerate(freqs):
         rows[f] = {"time": fitted[i], "energy_j": energies[i], "raw_time_s": raw[i], "fitted_time_s": fitted[i],

@@ -342,6 +342,8 @@ class PerseusRuntime:
     def _fall_back_for_clocks(self) -> None:
         """Clocks can no longer be changed on this rank: a deployed plan falls back (every rank
         follows at the next job check); profiling is not trusted (``_finish_profiling``)."""
+        if self._profiling is not None:
+            self._profiling.trusted = False
         if self.phases.phase is Phase.DEPLOYED and self._fallback_problem is None:
             self._hot = _HOT_IDLE
             self._fallback_problem = f"clock control failed on rank {self.rank}"
@@ -424,6 +426,8 @@ class PerseusRuntime:
         assert run is not None
         if not self.collective.all_true(self._clock_failure is None):
             self._have_profile = False
+            if self.cache is not None:
+                self.cache.clear_partial()
             self._steady("clock control failed on a rank while profiling; the profile is discarded, default clocks")
             return
         gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))

@@ -96,7 +96,8 @@ class SweepRecorder:
     def finish_frequency(
         self, freq_mhz: int, updates: Sequence[CounterUpdate] | None, p_blocking_w: float
     ) -> dict[Key, float]:
-        """Close one clock: attribute, store each key's point, return its energy per key."""
+        """Close one clock: attribute, store each key's point, return its energy per key (the
+        step-boundary attribution: what the sweep decides on)."""
         stats = self.time_stats()
         steps, dropped = self._kept_steps()
         if dropped:
@@ -139,9 +140,11 @@ class SweepRecorder:
         for key, (time_s, energy_j) in result.items():
             if key in self.measurements:
                 st = stats.get(key)
-                point = ClockPoint(time_s, energy_j, st.n, st.spread, st.se) if st else ClockPoint(time_s, energy_j)
+                step_e = _at_typical(*per_step[key], typical.get(key))[1] if key in per_step else 0.0
+                point = ClockPoint(time_s, energy_j, st.n if st else 1, st.spread if st else 0.0, st.se if st else 0.0,
+                                   step_e)
                 self.measurements[key][freq_mhz] = point
-                energies[key] = energy_j
+                energies[key] = point.decision_energy_j
         return energies
 
 

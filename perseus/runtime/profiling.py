@@ -39,13 +39,14 @@ class ProfilingRun:
     """The clocks to profile (chosen when built: a bad range fails before anything is measured)."""
 
     def __init__(self, gpu: GPUPort, collective: Collective, config: PerseusConfig, keys: list[Key],
-                 job: PipelineJob | None = None, save_partial: Callable[[dict[str, Any]], Any] | None = None) -> None:
+                 job: PipelineJob | None = None, save_partial: Callable[[dict[str, Any] | None], Any] | None = None) -> None:
         c = config
         freqs = select_frequencies(gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
         self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience, c.coarse_step_mhz, c.refine_max_clocks)
         self.recorder = SweepRecorder(keys)
         self.p_blocking_w = 0.0
         self.resumed_clocks: list[int] = []
+        self.trusted = True  # False once this rank's clock control failed: nothing it measures is kept
         self._gpu = gpu
         self._collective = collective
         self._job = job
@@ -71,7 +72,7 @@ class ProfilingRun:
                 self.recorder.measurements[key] = {int(f): ClockPoint(*v) for f, v in item["points"].items()}
         for key, per_freq in self.recorder.measurements.items():
             if per_freq:
-                self._lowest[key] = min(as_point(p).energy_j for p in per_freq.values())
+                self._lowest[key] = min(as_point(p).decision_energy_j for p in per_freq.values())
         self.sweep.restore(partial["sweep"])
         self.resumed_clocks = list(self.sweep.visited)
         self.p_blocking_w = float(mine["p_blocking_w"])
@@ -82,6 +83,7 @@ class ProfilingRun:
         job = self._job
         assert job is not None
         return {"stage": job.stage, "tp_rank": job.tp_rank, "dp_rank": job.dp_rank, "p_blocking_w": self.p_blocking_w,
+                "trusted": self.trusted,
                 "measurements": [{"chunk": chunk, "kind": kind,
                                   "points": {str(f): list(as_point(p)) for f, p in per_freq.items()}}
                                  for (chunk, kind), per_freq in sorted(self.recorder.measurements.items())]}
@@ -166,9 +168,9 @@ class ProfilingRun:
         for per_freq in self.recorder.measurements.values():
             freqs = sorted(per_freq, reverse=True)
             pts = [as_point(per_freq[f]) for f in freqs]
-            for f, te, ee in loo_errors(freqs, [p.time_s for p in pts], [p.energy_j for p in pts]):
+            for f, te, ee in loo_errors(freqs, [p.time_s for p in pts], [p.decision_energy_j for p in pts]):
                 p = as_point(per_freq[f])
-                if not interpolation_ok(te, ee, p.se_s / p.time_s):
+                if not interpolation_ok(te, ee, p.se_s / max(p.time_s, 1e-30)):
                     failing.add(f)
         wanted = set(sweep.refinement_candidates(sorted(failing)))
         votes = self._collective.all_gather_floats([1.0 if f in wanted else 0.0 for f in sweep.frequencies])
@@ -186,7 +188,10 @@ class ProfilingRun:
         shares = self._collective.gather_to_root(self.share())
         if shares is None or self._save_partial is None:
             return
-        self._save_partial({"sweep": self.sweep.state(), "world": self._collective.size, "ranks": shares})
+        if all(share["trusted"] for share in shares):
+            self._save_partial({"sweep": self.sweep.state(), "world": self._collective.size, "ranks": shares})
+        else:  # a rank's clocks were refused: what it measured ran at default clocks
+            self._save_partial(None)
 
     def stop(self) -> None:
         """Stop the counter poller; idempotent (close calls it too)."""
@@ -234,16 +239,19 @@ def profiling_overhead(records: Sequence[StepRecord], baseline_time_s: float | N
     }
 
 
-def partial_saver(cache: Any) -> Callable[[dict[str, Any]], None] | None:
-    """Rank 0's writer of ``partial_profile.json`` (None without a cache): a failed write costs
-    only the resume, and is said once."""
+def partial_saver(cache: Any) -> Callable[[dict[str, Any] | None], None] | None:
+    """Rank 0's writer of ``partial_profile.json`` (None without a cache; ``save(None)`` removes
+    it): a failed write costs only the resume, and is said once."""
     if cache is None:
         return None
     warned = []
 
-    def save(state: dict[str, Any]) -> None:
+    def save(state: dict[str, Any] | None) -> None:
         try:
-            cache.save_partial(state)
+            if state is None:
+                cache.clear_partial()
+            else:
+                cache.save_partial(state)
         except OSError as exc:
             if not warned:
                 warned.append(True)
