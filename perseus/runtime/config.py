@@ -54,7 +54,8 @@ class PerseusConfig(BaseModel):
     # Iterations per clock: the first after a clock change is dropped when it is systematically
     # slow, so 3 leaves at least two to know the noise (docs/runtime.md, "Online profiling").
     iters_per_freq: int = Field(default=3, ge=1)
-    early_stop_patience: int = Field(default=1, ge=0)
+    # Two clocks in a row: one clock made noisy by the node must not end the sweep early.
+    early_stop_patience: int = Field(default=2, ge=0)
     # Coarse pass: clocks at least this far apart (null: every candidate clock); refinement
     # measures at most refine_max_clocks more where interpolation does not predict the
     # measured clocks; the rest of the candidates are interpolated.

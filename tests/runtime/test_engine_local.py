@@ -291,17 +291,17 @@ def test_plain_cpu_work_is_stretched_by_the_clock_profiled_and_planned(tmp_path)
     assert slow and all(k["wait"] > 0 for k in slow), "a lower clock makes the instruction take longer"
 
     # 2. Profiling recorded the stretched kernels: per kind and clock, the median of its kernels
-    # (the raw time); the planner's time is never below it (the fit plus a noise margin).
+    # (the raw time); the planner's time is the monotone fit plus a noise margin.
     assert profile is not None
     for kind in cpu_s:
         entry = profile.get(0, kind)
         assert entry.freqs_mhz == (1410, 1155, 900)
-        raw = profile.quality[(0, 0, kind)]["raw_time_s"]
-        for f, t, r in zip(entry.freqs_mhz, entry.times_s, raw):
+        q = profile.quality[(0, 0, kind)]
+        for f, t, r, fit in zip(entry.freqs_mhz, entry.times_s, q["raw_time_s"], q["fitted_time_s"]):
             runs = [k["duration"] for k in kernels if k["phase"] == "profiling" and k["kind"] == kind and k["mhz"] == f]
             # the median after outliers (a descheduled sleep) are dropped: profile_fit.robust_stats
             assert runs and r == pytest.approx(robust_stats(runs).median, rel=1e-6), (kind, f, r, runs)
-            assert t >= r - 1e-12 or f == 1410, (kind, f, t, r)
+            assert t >= fit - 1e-12, (kind, f, t, fit)  # the fit pools a load-stretched clock with the next
             assert t >= cpu_s[kind] * model.slowdown(f, 0.8)
 
     # 3. The deployed plan ran below the max clock, and the simulated GPU's energy followed each
