@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from statistics import median
 
 import numpy as np
 import pytest

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 
-import pytest
-
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
