@@ -116,3 +116,26 @@ def test_profile_json_version_2_round_trip_and_version_1_still_loads(tmp_path):
     assert old.get(0, "forward") == entry and old.quality == {}
     plain = Profile({(0, 0, "forward"): entry, (0, 0, "backward"): entry}, 80.0)
     assert plain.to_json_dict()["version"] == 1, "a profile without quality stays readable by older readers"
+
+
+def test_a_plan_from_the_issues_noisy_profile_is_never_faster_than_all_max():
+    """Issue 24: from a profile whose 1140 MHz forward looked faster than 1410 MHz, the frontier
+    claimed a plan 8 % faster than all-max. Planned on the fitted profile, none is."""
+    from perseus.planner import plan_frontier
+    from perseus.profile import Profile as P
+    from perseus.schedule import build_schedule
+
+    fwd = {1410: (0.265, 50.0), 1275: (0.230, 46.0), 1140: (0.202, 44.0)}
+    bwd = {1410: (0.50, 100.0), 1275: (0.55, 92.0), 1140: (0.61, 88.0)}
+    ranks = [RankMeasurements(s, 0, 0, {(0, "forward"): {f: ClockPoint(t, e, 8, 0.03, 0.01) for f, (t, e) in fwd.items()},
+                                        (0, "backward"): {f: ClockPoint(t, e, 8, 0.005, 0.002) for f, (t, e) in bwd.items()}},
+                              80.0) for s in (0, 1)]
+    schedule = build_schedule("1f1b", 2, 4)
+    trusted = aggregate_profile(ranks, 2, grid=[1410, 1275, 1140])
+    frontier = plan_frontier(schedule, trusted)
+    assert min(p.time_s for p in frontier.points) >= frontier.baseline_time_s * (1 - 1e-9)
+    raw = P({(s, 0, k): InstructionProfile(tuple(d), tuple(t for t, _ in d.values()), tuple(e for _, e in d.values()))
+             for s in (0, 1) for k, d in (("forward", fwd), ("backward", bwd))}, 80.0)
+    untrusted = plan_frontier(schedule, raw)
+    assert min(p.time_s for p in untrusted.points) < untrusted.baseline_time_s * 0.99, \
+        "the raw profile does promise a plan faster than all-max: the test would catch the bug"
