@@ -10,19 +10,51 @@ A pipeline stage is ``tp_size`` GPUs working in lockstep, replicated ``dp_size``
 P_blocking is per GPU; a stage blocks with all its TP GPUs, so the profile's P_blocking is the
 mean per-GPU value × ``tp_size`` (consistent with the summed energies). Only clocks measured on
 every rank are kept, so the profile is rectangular.
+
+Then each (stage, chunk, kind) is made trustworthy (``perseus.profile.fit``): its times are fitted
+non-increasing in clock, the planner gets the pessimistic fitted time (fit + ``noise_k``
+standard errors below the max clock), and the clocks of ``grid`` between measured ones are
+interpolated where the model predicted the measured neighbours within their noise. Raw times,
+samples, spread, fit residuals and which clocks were interpolated are kept in ``Profile.quality``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from statistics import fmean
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from perseus.errors import ProfileError
 from perseus.profile import InstructionProfile, Profile
+from perseus.profile.fit import (fit_weights, interpolation_ok, isotonic_times, loo_errors, model_between,
+                                 pessimistic_times)
 
-# (chunk, kind) -> freq_mhz -> (mean time s, mean energy J)
-Measurements = dict[tuple[int, str], dict[int, tuple[float, float]]]
+
+class ClockPoint(NamedTuple):
+    """One key at one clock: typical time and energy, and how well they are known."""
+
+    time_s: float
+    energy_j: float
+    samples: int = 1
+    spread_s: float = 0.0  # robust σ of the instruction times
+    se_s: float = 0.0  # standard error of the typical time
+    # Energy attributed from step-boundary counter readings (busy energy shared by duration):
+    # steadier than the per-kind regression, so the sweep's decisions and the interpolation's
+    # validation use it (0: not recorded, use energy_j).
+    step_energy_j: float = 0.0
+
+    @property
+    def decision_energy_j(self) -> float:
+        return self.step_energy_j or self.energy_j
+
+
+# (chunk, kind) -> freq_mhz -> ClockPoint (a plain (time, energy) pair reads as one sample)
+Measurements = dict[tuple[int, str], dict[int, Any]]
+
+
+def as_point(value: Any) -> ClockPoint:
+    return value if isinstance(value, ClockPoint) else ClockPoint(*value)
 
 
 @dataclass
@@ -49,13 +81,54 @@ def _combine(parts: list[Measurements], time_rule: str, energy_rule: str) -> Mea
             freqs &= set(part[key])
         per_freq = {}
         for f in freqs:
-            times = [part[key][f][0] for part in parts]
-            energies = [part[key][f][1] for part in parts]
-            t = max(times) if time_rule == "max" else fmean(times)
-            e = sum(energies) if energy_rule == "sum" else fmean(energies)
-            per_freq[f] = (t, e)
+            points = [as_point(part[key][f]) for part in parts]
+            e = sum(p.energy_j for p in points) if energy_rule == "sum" else fmean(p.energy_j for p in points)
+            steps = [p.decision_energy_j for p in points]
+            se = sum(steps) if energy_rule == "sum" else fmean(steps)
+            if time_rule == "max":
+                slowest = max(points, key=lambda p: p.time_s)
+                per_freq[f] = slowest._replace(energy_j=e, step_energy_j=se)
+            else:
+                per_freq[f] = ClockPoint(fmean(p.time_s for p in points), e, sum(p.samples for p in points),
+                                         fmean(p.spread_s for p in points),
+                                         math.sqrt(sum(p.se_s ** 2 for p in points)) / len(points), se)
         out[key] = per_freq
     return out
+
+
+def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k: float = 2.0
+                  ) -> tuple[InstructionProfile, dict[str, list[Any]]]:
+    """One key's measured clocks → its planning entry (pessimistic fitted times, interpolated
+    grid clocks where validated) and its quality lists, fastest clock first."""
+    freqs = sorted(per_freq, reverse=True)
+    pts = [as_point(per_freq[f]) for f in freqs]
+    raw = [p.time_s for p in pts]
+    se = [p.se_s for p in pts]
+    fitted = isotonic_times(freqs, raw, fit_weights(se, raw))
+    energies = [p.energy_j for p in pts]
+    ok = {f: interpolation_ok(te, ee, se[freqs.index(f)] / max(fitted[freqs.index(f)], 1e-30))
+          for f, te, ee in loo_errors(freqs, fitted, [p.decision_energy_j for p in pts])}
+    rows: dict[int, dict[str, Any]] = {}
+    for i, f in enumerate(freqs):
+        rows[f] = {"time": fitted[i], "energy_j": energies[i], "raw_time_s": raw[i], "fitted_time_s": fitted[i],
+                   "fit_residual_s": raw[i] - fitted[i], "samples": pts[i].samples, "spread_s": pts[i].spread_s,
+                   "se_s": se[i], "interpolated": False}
+    for i in range(len(freqs) - 1):
+        hi, lo = freqs[i], freqs[i + 1]
+        inner = [f for f in (hi, lo) if f in ok]
+        if not inner or not all(ok[f] for f in inner):
+            continue  # the model was not shown to hold here: only measured clocks
+        for g in grid:
+            if lo < g < hi:
+                t, e = model_between(g, hi, fitted[i], energies[i], lo, fitted[i + 1], energies[i + 1])
+                rows[g] = {"time": t, "energy_j": e, "raw_time_s": None, "fitted_time_s": t, "fit_residual_s": None,
+                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True}
+    order = sorted(rows, reverse=True)
+    times = pessimistic_times([rows[f]["time"] for f in order], [rows[f]["se_s"] for f in order], noise_k)
+    quality = {name: [rows[f][name] for f in order]
+               for name in ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated")}
+    entry = InstructionProfile(tuple(order), tuple(times), tuple(rows[f]["energy_j"] for f in order))
+    return entry, quality
 
 
 def aggregate_profile(
@@ -64,8 +137,11 @@ def aggregate_profile(
     tp_size: int = 1,
     config: Mapping[str, Any] | None = None,
     p_blocking_override_w: float | None = None,
+    grid: Sequence[int] = (),
+    noise_k: float = 2.0,
 ) -> Profile:
-    """Combine all ranks' sweeps into the pipeline profile (TP: max/sum, DP: mean)."""
+    """Combine all ranks' sweeps into the pipeline profile (TP: max/sum, DP: mean), fitted and
+    interpolated onto ``grid`` (``trusted_entry``)."""
     by_replica: dict[tuple[int, int], list[RankMeasurements]] = {}
     for r in ranks:
         by_replica.setdefault((r.stage, r.dp_rank), []).append(r)
@@ -77,19 +153,33 @@ def aggregate_profile(
     if missing:
         raise ProfileError(f"online profile: no measurements from stage(s) {missing}; did every rank profile?")
     entries: dict[tuple[int, int, str], InstructionProfile] = {}
+    quality: dict[tuple[int, int, str], dict[str, list[Any]]] = {}
     for stage, replicas in per_stage.items():
         combined = _combine(replicas, "mean", "mean")
         for (chunk, kind), per_freq in combined.items():
             if not per_freq:
                 raise ProfileError(f"online profile: stage {stage} {kind} chunk {chunk} has no clock measured on every rank")
-            freqs = sorted(per_freq, reverse=True)
-            entries[(stage, chunk, kind)] = InstructionProfile(
-                tuple(freqs), tuple(per_freq[f][0] for f in freqs), tuple(per_freq[f][1] for f in freqs)
-            )
+            entries[(stage, chunk, kind)], quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k)
     if p_blocking_override_w is not None:
         p_blocking: float | None = p_blocking_override_w * tp_size
     else:
         measured = [r.p_blocking_w for r in ranks if r.p_blocking_w is not None]
         p_blocking = fmean(measured) * tp_size if measured else None
     gpu_names = sorted({r.gpu_name for r in ranks})
-    return Profile(entries, p_blocking, " / ".join(gpu_names), dict(config or {}), "online profile")
+    return Profile(entries, p_blocking, " / ".join(gpu_names), dict(config or {}), "online profile", quality)
+
+
+def noisy_points(profile: Profile) -> list[str]:
+    """Measured clocks (below the fastest) whose standard error is larger than the fitted time
+    step from the next faster clock: the noise there is larger than the effect measured."""
+    out = []
+    for (stage, chunk, kind), q in sorted(profile.quality.items()):
+        freqs = profile.entries[(stage, chunk, kind)].freqs_mhz
+        prev = None
+        for f, t, s, interp in zip(freqs, q["fitted_time_s"], q["se_s"], q["interpolated"]):
+            if interp:
+                continue
+            if prev is not None and s and s > t - prev:
+                out.append(f"stage {stage} chunk {chunk} {kind} at {f} MHz")
+            prev = t
+    return out

@@ -53,8 +53,20 @@ class PerseusConfig(BaseModel):
     freq_step_mhz: int | None = Field(default=None, gt=0)
     freq_every_k: int = Field(default=1, ge=1)
     warmup_steps: int = Field(default=2, ge=1)
-    iters_per_freq: int = Field(default=2, ge=1)
+    # Iterations per clock: the first after a clock change is dropped when it is systematically
+    # slow, so 3 leaves at least two to know the noise (docs/runtime.md, "Online profiling").
+    iters_per_freq: int = Field(default=3, ge=1)
+    # Two clocks in a row: one clock made noisy by the node must not end the sweep early.
     early_stop_patience: int = Field(default=2, ge=0)
+    # Coarse pass: clocks at least this far apart (null: every candidate clock); refinement
+    # measures at most refine_max_clocks more where interpolation does not predict the
+    # measured clocks; the rest of the candidates are interpolated.
+    coarse_step_mhz: int | None = Field(default=90, gt=0)
+    refine_max_clocks: int = Field(default=2, ge=0)
+    # A clock whose noise is larger than its effect is measured again (at most this many times per sweep).
+    remeasure_max: int = Field(default=2, ge=0)
+    # The planner's times: fitted time + noise_k standard errors (0: the fitted time itself).
+    noise_k: float = Field(default=2.0, ge=0)
     p_blocking_w: float | None = Field(default=None, gt=0)
     p_blocking_seconds: float = Field(default=1.0, gt=0)
     energy_poll_s: float = Field(default=0.002, gt=0)

@@ -249,7 +249,8 @@ class PerseusRuntime:
         self.supply.start_profiling(instruction_keys(self._stage_instructions))
         self._enter(Phase.PROFILING)
         self.timer.resolve()
-        self.supply.begin_profiling()
+        if self.supply.begin_profiling():  # a resumed sweep an earlier run had completed
+            self._finish_profiling()
 
     def _finish_profiling(self) -> None:
         visited = self.supply.finish_profiling(self.gpu.clock_failure is None)
@@ -257,6 +258,7 @@ class PerseusRuntime:
             self._steady("clock control failed on a rank while profiling; the profile is discarded, default clocks")
             return
         self._event("profiled", visited)
+        self._event("profiling_overhead", self.observe.profiling_overhead())
         if self.config.mode == "profile":
             self._steady("profiling done; mode 'profile' keeps default clocks")
         else:
@@ -384,8 +386,7 @@ class PerseusRuntime:
             self.gpu.reset()
 
     def stage_clocks(self) -> list[int] | None:
-        """The clocks (MHz) this rank follows, one per instruction of its stage, or None before a
-        plan is deployed: the current point's clocks from this rank's own stage plan."""
+        """The current point's clocks (MHz) of this rank's stage, one per instruction; None before deployment."""
         return self._follower.frequencies if self.enabled and self._follower is not None else None
 
     @property
@@ -398,8 +399,7 @@ class PerseusRuntime:
     # ================================================================ observation and shutdown
 
     def add_metrics_sink(self, sink: MetricsSink) -> None:
-        """Give every step's ``StepMetrics`` to ``sink`` (``write(step, metrics)`` at step end;
-        ``close()`` when the runtime closes). See perseus/runtime/metrics.py."""
+        """Give every step's ``StepMetrics`` to ``sink`` (``write`` at step end, ``close`` at close; metrics.py)."""
         if self.enabled and not self._closed:
             self.observe.add_sink(sink)
 

@@ -19,7 +19,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime.clock_sweep import profiling_iterations
+from perseus.runtime.profiling import profiling_overhead
 from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.report import Reporter, RunFacts, summarize
@@ -124,6 +124,11 @@ class Observer:
 
     # ---------------------------------------------------------------- results
 
+    def profiling_overhead(self) -> dict[str, Any] | None:
+        """What profiling cost against default clocks (``profiling.profiling_overhead``)."""
+        r = self.reporter
+        return profiling_overhead(r.records, r.baseline_time_s, r.baseline_energy_j)
+
     def summary(self, facts: RunFacts) -> dict[str, Any]:
         """``summarize`` on this rank's records, plus where its Prometheus exporter serves."""
         out = summarize(self.reporter, facts)
@@ -141,8 +146,8 @@ class Observer:
             rank=self.rank, job=job, mode=c.mode, phase=phases.phase, steps=steps, phase_history=list(phases.history),
             p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
             clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
-            profiling_iterations=profiling_iterations(c.warmup_steps, c.iters_per_freq, len(sweep.visited))
-            if sweep else None, frontier=frontier, point=targeting.point,
+            profiling_iterations=c.warmup_steps + run.iterations() if run is not None else None,
+            frontier=frontier, point=targeting.point,
             closed_loop=loop.summary() if loop is not None and loop.steps else None)
 
     def close_sinks(self) -> None:

@@ -16,6 +16,14 @@ one instruction stretched by something outside the GPU (the process descheduled 
 a garbage-collection pause, the first call after a collective) must not make a clock look slow
 and expensive, which would steer the plan off the critical path's real costs.
 
+Samples: every instruction of a key at a clock is one sample of its time. The first iteration
+after a clock change is often slow on a busy node (the clock change, caches, the collective at the
+clock boundary); it is measured, and dropped when its times are beyond the other iterations' noise
+(``profile_fit.first_is_outlier``, judged over all keys at once: the slowness is systematic).
+Outlier instructions are then dropped by a median/MAD rule, and each key's point records its sample
+count, spread and standard error (``aggregate.ClockPoint``), so the profile says how well it is
+known.
+
 Fallback when the regression cannot be solved (too few counter updates in a short window, kinds
 not separable): per-step attribution from step-boundary counter readings,
 ``e_i = (E_step − P_blocking × idle) × d_i / Σ d``; the engine warns once when it is used.
@@ -24,12 +32,12 @@ not separable): per-step attribution from step-boundary counter readings,
 from __future__ import annotations
 
 import math
-from statistics import median
 from typing import Sequence
 
 from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
 from perseus.gpu.timing import TimedInstruction
-from perseus.runtime.aggregate import Measurements
+from perseus.profile.fit import SampleStats, first_is_outlier, robust_stats
+from perseus.runtime.aggregate import ClockPoint, Measurements
 from perseus.schedules import Instruction
 
 Key = tuple[int, str]  # (chunk, kind)
@@ -46,28 +54,67 @@ class SweepRecorder:
         self.keys = keys
         self.measurements: Measurements = {key: {} for key in keys}
         self.fallback_reasons: list[str] = []
-        self._timed: list[TimedInstruction] = []
-        self._step_sums: dict[Key, list[float]] = {}
+        self.first_dropped: list[int] = []  # clocks whose first iteration was dropped as slow
+        self._steps: list[tuple[list[TimedInstruction], float, float]] = []  # (timed, step time, step energy)
+        self._first_steps: set[int] = set()  # indices in _steps that were first after a clock change
 
-    def add_step(self, timed: list[TimedInstruction], step_time_s: float, step_energy_j: float, p_blocking_w: float) -> None:
-        """One iteration at the current clock (its instructions and step-boundary energy)."""
-        self._timed.extend(timed)
-        busy = sum(t.duration_s for t in timed)
-        if busy <= 0:
-            return
-        busy_energy = max(step_energy_j - p_blocking_w * max(step_time_s - busy, 0.0), 0.0)
-        for t in timed:
-            acc = self._step_sums.setdefault(t.key, [0.0, 0.0, 0])
-            acc[0] += t.duration_s
-            acc[1] += busy_energy * t.duration_s / busy
-            acc[2] += 1
+    def add_step(self, timed: list[TimedInstruction], step_time_s: float, step_energy_j: float, p_blocking_w: float,
+                 first: bool = False) -> None:
+        """One iteration at the current clock (its instructions and step-boundary energy);
+        ``first``: the first iteration after the clock was changed."""
+        if first:
+            self._first_steps.add(len(self._steps))
+        self._steps.append((list(timed), step_time_s, step_energy_j))
+
+    def _kept_steps(self) -> tuple[list[tuple[list[TimedInstruction], float, float]], bool]:
+        """This clock's iterations without a systematically slow first one; True if it was dropped."""
+        steps = self._steps
+        firsts = [i for i in self._first_steps if i < len(steps)]
+        if not firsts or len(steps) < 2:
+            return steps, False
+        first = firsts[0]
+        rest = [s for i, s in enumerate(steps) if i != first]
+        slow = 0
+        keys = {t.key for t in steps[first][0]}
+        for key in keys:
+            a = [t.duration_s for t in steps[first][0] if t.key == key]
+            b = [t.duration_s for s in rest for t in s[0] if t.key == key]
+            slow += first_is_outlier(a, b)
+        if keys and slow * 2 > len(keys):
+            return rest, True
+        return steps, False
+
+    def time_stats(self) -> dict[Key, SampleStats]:
+        """Robust time statistics of each key at the current clock so far (nothing is closed)."""
+        steps, _ = self._kept_steps()
+        by_key: dict[Key, list[float]] = {}
+        for timed, _, _ in steps:
+            for t in timed:
+                by_key.setdefault(t.key, []).append(t.duration_s)
+        return {k: robust_stats(v) for k, v in by_key.items() if v}
 
     def finish_frequency(
         self, freq_mhz: int, updates: Sequence[CounterUpdate] | None, p_blocking_w: float
     ) -> dict[Key, float]:
-        """Close one clock: attribute, store the means, return mean energy per key."""
-        timed, self._timed = self._timed, []
-        step_sums, self._step_sums = self._step_sums, {}
+        """Close one clock: attribute, store each key's point, return its energy per key (the
+        step-boundary attribution: what the sweep decides on)."""
+        stats = self.time_stats()
+        steps, dropped = self._kept_steps()
+        if dropped:
+            self.first_dropped.append(freq_mhz)
+        self._steps, self._first_steps = [], set()
+        timed = [t for s in steps for t in s[0]]
+        step_sums: dict[Key, list[float]] = {}
+        for step_timed, step_time_s, step_energy_j in steps:
+            busy = sum(t.duration_s for t in step_timed)
+            if busy <= 0:
+                continue
+            busy_energy = max(step_energy_j - p_blocking_w * max(step_time_s - busy, 0.0), 0.0)
+            for t in step_timed:
+                acc = step_sums.setdefault(t.key, [0.0, 0.0, 0])
+                acc[0] += t.duration_s
+                acc[1] += busy_energy * t.duration_s / busy
+                acc[2] += 1
         result: dict[Key, tuple[float, float]] = {}
         if updates is not None and timed:
             lo = min(t.start_s for t in timed)
@@ -87,21 +134,18 @@ class SweepRecorder:
         if unfit:
             self.fallback_reasons.append(f"{freq_mhz} MHz: no positive energy fitted for {', '.join(map(str, unfit))}")
             result = {**result, **{k: per_step[k] for k in unfit}}
-        typical = _median_durations(timed)
+        typical = {k: v.median for k, v in stats.items()}
         result = {k: _at_typical(t, e, typical.get(k)) for k, (t, e) in result.items()}
         energies: dict[Key, float] = {}
         for key, (time_s, energy_j) in result.items():
             if key in self.measurements:
-                self.measurements[key][freq_mhz] = (time_s, energy_j)
-                energies[key] = energy_j
+                st = stats.get(key)
+                step_e = _at_typical(*per_step[key], typical.get(key))[1] if key in per_step else 0.0
+                point = ClockPoint(time_s, energy_j, st.n if st else 1, st.spread if st else 0.0, st.se if st else 0.0,
+                                   step_e)
+                self.measurements[key][freq_mhz] = point
+                energies[key] = point.decision_energy_j
         return energies
-
-
-def _median_durations(timed: Sequence[TimedInstruction]) -> dict[Key, float]:
-    by_key: dict[Key, list[float]] = {}
-    for t in timed:
-        by_key.setdefault(t.key, []).append(t.duration_s)
-    return {k: median(v) for k, v in by_key.items()}
 
 
 def _at_typical(mean_time_s: float, energy_j: float, typical_s: float | None) -> tuple[float, float]:

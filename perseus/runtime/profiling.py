@@ -1,73 +1,142 @@
 """One online profiling run: the clock sweep walked step by step, with its energy poller.
 
 The engine owns the phase; this owns what profiling needs between its first and last step (the
-sweep, the recorder, the counter poller, the previous clock's energies), so the engine holds one
+sweep, the recorder, the counter poller, the lowest energies so far), so the engine holds one
 object for all of it and the run can be read afterwards (visited clocks, early stop).
+
+At the end of each clock the ranks agree, in this order: whether the clock's noise is larger than
+the effect being measured (then it is measured ``iters_per_freq`` more iterations, at most
+``remeasure_max`` times per sweep), whether energy stopped falling (the coarse pass's early stop),
+and, once refining, which clocks the interpolation model could not predict
+(``ClockSweep.add_refinements``). With a cache, every finished clock is gathered to rank 0 and
+written to ``partial_profile.json``, so a run that ends while profiling is resumed (``resume``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from perseus.errors import PerseusError
-from perseus.runtime.aggregate import RankMeasurements
-from perseus.runtime.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.profile.fit import interpolation_ok, loo_errors
+from perseus.runtime.aggregate import ClockPoint, RankMeasurements, as_point
+from perseus.runtime.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.phases import Phase
 from perseus.runtime.profiler import Key, SweepRecorder
 
 if TYPE_CHECKING:
     from perseus.gpu.measurement import EnergyPoller
+    from perseus.runtime.metrics import StepMetrics
 
 log = logging.getLogger("perseus.runtime")
+
+NOISE_VS_EFFECT = 0.5  # re-measure when a key's standard error exceeds this share of the clock's effect
 
 
 class ProfilingRun:
     """The clocks to profile (chosen when built: a bad range fails before anything is measured)."""
 
-    def __init__(self, gpu: GPUPort, collective: Collective, config: PerseusConfig, keys: list[Key]) -> None:
+    def __init__(self, gpu: GPUPort, collective: Collective, config: PerseusConfig, keys: list[Key],
+                 job: PipelineJob | None = None, save_partial: Callable[[dict[str, Any] | None], Any] | None = None) -> None:
         c = config
         freqs = select_frequencies(gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
-        self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience)
+        self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience, c.coarse_step_mhz, c.refine_max_clocks)
         self.recorder = SweepRecorder(keys)
         self.p_blocking_w = 0.0
+        self.resumed_clocks: list[int] = []
         self._gpu = gpu
         self._collective = collective
+        self._job = job
         self._poll_s = c.energy_poll_s
-        self._warmup_steps = c.warmup_steps
+        self._remeasure_max = c.remeasure_max
+        self._keep_partial = bool(c.cache_dir) and job is not None
+        self._save_partial = save_partial
         self._poller: EnergyPoller | None = None
-        self._prev_energies: dict[Any, float] | None = None
+        self._lowest: dict[Any, float] = {}
+
+    @property
+    def trusted(self) -> bool:
+        """False once this rank's clock control failed: nothing it measures is kept."""
+        return self._gpu.clock_failure is None
+
+    # ------------------------------------------------------------------ resume
+
+    def resume(self, partial: Mapping[str, Any] | None) -> bool:
+        """Collective: continue an interrupted sweep when every rank finds its own measurements in
+        ``partial`` (rank 0's ``partial_profile.json``, broadcast); True when resumed. The
+        measured clocks are kept and skipped; P_blocking is taken from there too."""
+        mine = _own_share(partial, self._job, self._collective.size) if partial else None
+        if not self._collective.all_true(mine is not None) or mine is None or partial is None:
+            return False
+        for item in mine["measurements"]:
+            key = (int(item["chunk"]), str(item["kind"]))
+            if key in self.recorder.measurements:
+                self.recorder.measurements[key] = {int(f): ClockPoint(*v) for f, v in item["points"].items()}
+        for key, per_freq in self.recorder.measurements.items():
+            if per_freq:
+                self._lowest[key] = min(as_point(p).decision_energy_j for p in per_freq.values())
+        self.sweep.restore(partial["sweep"])
+        self.resumed_clocks = list(self.sweep.visited)
+        self.p_blocking_w = float(mine["p_blocking_w"])
+        return True
+
+    def share(self) -> dict[str, Any]:
+        """This rank's measurements as JSON data (the partial file holds one per rank)."""
+        job = self._job
+        assert job is not None
+        return {"stage": job.stage, "tp_rank": job.tp_rank, "dp_rank": job.dp_rank, "p_blocking_w": self.p_blocking_w,
+                "trusted": self.trusted,
+                "measurements": [{"chunk": chunk, "kind": kind,
+                                  "points": {str(f): list(as_point(p)) for f, p in per_freq.items()}}
+                                 for (chunk, kind), per_freq in sorted(self.recorder.measurements.items())]}
+
+    # ------------------------------------------------------------------ the walk
 
     def start(self, p_blocking_w: float) -> None:
         """Counter poller on, first clock set (waiting until it is in effect)."""
         self.p_blocking_w = p_blocking_w
-        freqs, iters = self.sweep.frequencies, self.sweep.iters_per_freq
-        if self._collective.is_root:
-            log.info("perseus: profiling %d clocks %d..%d MHz, %d iterations each (at most %d iterations incl. "
-                     "warm-up); P_blocking %.1f W", len(freqs), freqs[0], freqs[-1], iters,
-                     profiling_iterations(self._warmup_steps, iters, len(freqs)), p_blocking_w)
+        if self.sweep.done:
+            return
         self._poller = self._gpu.energy_poller(self._poll_s)
         self._gpu.apply(self.sweep.current_mhz)
 
     def step(self, timed: list[Any], step_time_s: float, energy_j: float) -> bool:
-        """One profiled iteration (collective at the end of each clock); True once the sweep is
+        """One profiled iteration (collectives at the end of each clock); True once the sweep is
         over, with the clocks back at default and the poller stopped."""
         sweep, recorder, is_root = self.sweep, self.recorder, self._collective.is_root
         freq = sweep.current_mhz
-        recorder.add_step(timed, step_time_s, energy_j, self.p_blocking_w)
+        recorder.add_step(timed, step_time_s, energy_j, self.p_blocking_w, first=sweep.first_iteration)
         if not sweep.count_iteration():
             return False
+        if sweep.remeasured < self._remeasure_max:
+            noisy = self._noisy(freq)
+            if not self._collective.all_true(not noisy):
+                sweep.extend(sweep.iters_per_freq)
+                if is_root:
+                    log.info("perseus: noise at %d MHz is larger than the clock's effect%s; measuring it %d more "
+                             "iterations (%d of at most %d re-measurements)", freq, f" ({noisy})" if noisy else "",
+                             sweep.iters_per_freq, sweep.remeasured, self._remeasure_max)
+                return False
         updates = self._poller.updates() if self._poller is not None else None
         energies = recorder.finish_frequency(freq, updates, self.p_blocking_w)
-        rising = self._collective.all_true(energy_rose(self._prev_energies, energies))
-        self._prev_energies = energies
-        nxt = sweep.next_frequency(rising)
+        stopped = self._collective.all_true(energy_stopped_falling(self._lowest, energies))
+        for key, e in energies.items():
+            self._lowest[key] = min(e, self._lowest.get(key, e))
+        was_refining = sweep.refining
+        nxt = sweep.next_frequency(stopped)
+        if sweep.refining:
+            self._refine()
+            nxt = None if sweep.done else sweep.current_mhz
+        self._write_partial()
         if is_root:
-            log.info("perseus: profiled %d MHz (%d/%d clocks)%s", freq, len(sweep.visited), len(sweep.frequencies),
-                     "; energy rises at lower clocks, sweep stops early" if sweep.stopped_early else "")
+            log.info("perseus: profiled %d MHz (%d clocks measured, %d of %d candidates)%s", freq, len(sweep.visited),
+                     len(set(sweep.visited)), len(sweep.frequencies),
+                     "; energy stopped falling for every kind, the coarse pass ends here"
+                     if sweep.stopped_early and not was_refining else "")
         if nxt is not None:
             self._gpu.apply(nxt)
             return False
@@ -81,6 +150,55 @@ class ProfilingRun:
             )
         return True
 
+    def _noisy(self, freq: int) -> str:
+        """A key whose time's standard error at ``freq`` exceeds half its change from the clock
+        measured before ('' when none, or nothing to compare with)."""
+        previous = self.sweep.visited[-1] if self.sweep.visited else None
+        if previous is None:
+            return ""
+        for key, st in sorted(self.recorder.time_stats().items()):
+            before = self.recorder.measurements.get(key, {}).get(previous)
+            if before is None or st.se <= 0:
+                continue
+            effect = abs(st.median - as_point(before).time_s)
+            if st.se > NOISE_VS_EFFECT * effect:
+                return f"{key[1]} chunk {key[0]}: ±{st.se * 1e3:.2f} ms vs {effect * 1e3:.2f} ms"
+        return ""
+
+    def _refine(self) -> None:
+        """Collective: the clocks the model failed to predict on any rank are split (bounded)."""
+        sweep = self.sweep
+        if len(sweep.refined) >= sweep.refine_max:
+            return
+        failing: set[int] = set()
+        for per_freq in self.recorder.measurements.values():
+            freqs = sorted(per_freq, reverse=True)
+            pts = [as_point(per_freq[f]) for f in freqs]
+            for f, te, ee in loo_errors(freqs, [p.time_s for p in pts], [p.decision_energy_j for p in pts]):
+                p = as_point(per_freq[f])
+                if not interpolation_ok(te, ee, p.se_s / max(p.time_s, 1e-30)):
+                    failing.add(f)
+        wanted = set(sweep.refinement_candidates(sorted(failing)))
+        votes = self._collective.all_gather_floats([1.0 if f in wanted else 0.0 for f in sweep.frequencies])
+        agreed = [f for i, f in enumerate(sweep.frequencies) if any(v[i] for v in votes)]
+        added = sweep.add_refinements(agreed)
+        if added and self._collective.is_root:
+            log.info("perseus: interpolation is not accurate near %s MHz; measuring %s MHz too",
+                     ", ".join(map(str, sorted(failing, reverse=True))) or "another rank's clocks",
+                     ", ".join(map(str, added)))
+
+    def _write_partial(self) -> None:
+        """Collective when a cache is configured: rank 0 keeps every rank's measurements so far."""
+        if not self._keep_partial:
+            return
+        shares = self._collective.gather_to_root(self.share())
+        if shares is None or self._save_partial is None:
+            return
+        if all(share["trusted"] for share in shares):
+            self._save_partial({"sweep": self.sweep.state(), "world": self._collective.size, "ranks": shares})
+        else:  # a rank's clocks were refused: what it measured ran at default clocks
+            self._save_partial(None)
+
     def stop(self) -> None:
         """Stop the counter poller; idempotent (close calls it too)."""
         if self._poller is not None:
@@ -90,6 +208,74 @@ class ProfilingRun:
     def measurements(self, job: PipelineJob, gpu_name: str) -> RankMeasurements:
         """This rank's share of the profile, for the gather to rank 0."""
         return RankMeasurements(job.stage, job.tp_rank, job.dp_rank, self.recorder.measurements, self.p_blocking_w, gpu_name)
+
+    def iterations(self) -> int:
+        """Iterations this run spent profiling (a resumed run does not count the earlier one's)."""
+        return self.sweep.iterations
+
+
+def _own_share(partial: Mapping[str, Any], job: PipelineJob | None, world: int) -> dict[str, Any] | None:
+    """This rank's entry of a partial profile written by a job of the same shape, else None."""
+    if job is None or partial.get("world") != world or "sweep" not in partial:
+        return None
+    for share in partial.get("ranks") or []:
+        if (share.get("stage"), share.get("tp_rank"), share.get("dp_rank")) == (job.stage, job.tp_rank, job.dp_rank):
+            return share
+    return None
+
+
+def profiling_overhead(records: Sequence[StepMetrics], baseline_time_s: float | None,
+                       baseline_energy_j: float | None) -> dict[str, Any] | None:
+    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time
+    and energy minus the warm-up median × as many steps. None before profiling."""
+    rows = [r for r in records if r.phase is Phase.PROFILING]
+    if not rows or not baseline_time_s or not baseline_energy_j:
+        return None
+    n = len(rows)
+    time_s = sum(r.time_s for r in rows)
+    energy_j = sum(r.energy_j for r in rows)
+    return {
+        "iterations": n,
+        "time_s": time_s,
+        "energy_j": energy_j,
+        "extra_time_s": time_s - n * baseline_time_s,
+        "extra_energy_j": energy_j - n * baseline_energy_j,
+        "extra_time_ratio": time_s / (n * baseline_time_s) - 1.0,
+        "extra_energy_ratio": energy_j / (n * baseline_energy_j) - 1.0,
+    }
+
+
+def partial_saver(cache: Any) -> Callable[[dict[str, Any] | None], None] | None:
+    """Rank 0's writer of ``partial_profile.json`` (None without a cache; ``save(None)`` removes
+    it): a failed write costs only the resume, and is said once."""
+    if cache is None:
+        return None
+    warned = []
+
+    def save(state: dict[str, Any] | None) -> None:
+        try:
+            if state is None:
+                cache.clear_partial()
+            else:
+                cache.save_partial(state)
+        except OSError as exc:
+            if not warned:
+                warned.append(True)
+                log.warning("perseus: could not save the partial profile to the cache (%s); a run that ends while "
+                            "profiling will profile from the start", exc.strerror or exc)
+
+    return save
+
+
+def describe_noise(profile: Any) -> str | None:
+    """One line when the profile has points whose noise is larger than the effect measured."""
+    from perseus.runtime.aggregate import noisy_points
+
+    noisy = noisy_points(profile)
+    if not noisy:
+        return None
+    return (f"perseus: noise is larger than the clock's effect at {len(noisy)} profiled point(s) (e.g. {noisy[0]}); "
+            "the plan uses pessimistic times there (fitted time + noise_k standard errors), so it saves a little less")
 
 
 def measure_p_blocking(gpu: GPUPort, collective: Collective, seconds: float) -> float:

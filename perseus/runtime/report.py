@@ -19,6 +19,7 @@ from perseus.runtime.ab import ABFigure, step_line
 from perseus.runtime.metrics import StepMetrics
 from perseus.runtime.metrics_file import MetricsFile
 from perseus.runtime.phases import Phase
+from perseus.runtime.profiling import profiling_overhead
 
 if TYPE_CHECKING:
     from perseus.frontier import Frontier, FrontierPoint
@@ -179,6 +180,7 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["profiled_clocks_mhz"] = list(sweep.visited)
         out["profiling_iterations"] = f.profiling_iterations
         out["sweep_stopped_early"] = sweep.stopped_early
+        out["profiling_overhead"] = profiling_overhead(reporter.records, reporter.baseline_time_s, reporter.baseline_energy_j)
     if f.closed_loop is not None:
         out["closed_loop"] = f.closed_loop
     if frontier is not None:

@@ -23,7 +23,7 @@ from perseus.runtime.gpu_port import GPUPort
 from perseus.runtime.planning import (BackgroundPlanner, PlanOutcome, finish_at_close, log_planned, share_outcome, start_child,
                                       stop_child)
 from perseus.runtime.profiler import Key
-from perseus.runtime.profiling import ProfilingRun, measure_p_blocking
+from perseus.runtime.profiling import ProfilingRun, describe_noise, measure_p_blocking, partial_saver
 from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources, stage_models
 from perseus.runtime.stage_plan import StagePlan
 from perseus.schedules import Schedule
@@ -70,14 +70,29 @@ class PlanSupply:
     def start_profiling(self, keys: list[Key]) -> ProfilingRun:
         """The sweep's clocks and P_blocking (configured, else measured: collective); the caller
         enters the phase, then ``begin_profiling``."""
-        c = self.config
-        self.profiling = ProfilingRun(self.gpu, self.collective, c, keys)
-        self.p_blocking_w = c.p_blocking_w if c.p_blocking_w is not None else \
-            measure_p_blocking(self.gpu, self.collective, c.p_blocking_seconds)
-        return self.profiling
+        c, root = self.config, self.collective.is_root
+        run = self.profiling = ProfilingRun(self.gpu, self.collective, c, keys, self.job, partial_saver(self.cache))
+        resumed = False
+        if c.cache_dir:  # a run that ended while profiling left its clocks: resume the sweep (collective)
+            resumed = run.resume(self.collective.broadcast_object(self.cache.load_partial() if self.cache else None))
+        if c.p_blocking_w is not None:
+            self.p_blocking_w = c.p_blocking_w
+        else:
+            self.p_blocking_w = run.p_blocking_w if resumed else \
+                measure_p_blocking(self.gpu, self.collective, c.p_blocking_seconds)
+        if resumed and root:
+            log.info("perseus: resuming the profiling sweep: %d clock(s) kept from an earlier run (%s MHz)",
+                     len(run.resumed_clocks), ", ".join(map(str, run.resumed_clocks)))
+        if root:
+            freqs = run.sweep.frequencies
+            log.info("perseus: profiling up to %d clocks %d..%d MHz (coarse pass %s MHz apart, stops where energy "
+                     "stops falling), %d iterations each; P_blocking %.1f W", len(run.sweep.coarse), freqs[0],
+                     freqs[-1], c.coarse_step_mhz or "any", c.iters_per_freq, self.p_blocking_w)
+        return run
 
-    def begin_profiling(self) -> None:
-        """First clock set; rank 0 starts the planner process now, so its start-up overlaps profiling."""
+    def begin_profiling(self) -> bool:
+        """First clock set; rank 0 starts the planner process now, so its start-up overlaps profiling.
+        True when there is nothing left to measure (a resumed sweep that an earlier run completed)."""
         assert self.profiling is not None and self.p_blocking_w is not None
         self.profiling.start(self.p_blocking_w)
         if self.collective.is_root and self.config.mode != "profile":
@@ -85,6 +100,7 @@ class PlanSupply:
                 self._child = start_child(self.config.planner_nice)
             except Exception:  # noqa: BLE001
                 self._child = None
+        return self.profiling.sweep.done
 
     def finish_profiling(self, usable: bool) -> list[int] | None:
         """Collective: the sweep is over; ``usable`` is False where clock control failed on this
@@ -94,14 +110,22 @@ class PlanSupply:
         assert run is not None
         if not self.collective.all_true(usable):
             self.have_profile = False
+            if self.cache is not None:  # a refused clock: nothing measured is kept, nor resumed
+                self.cache.clear_partial()
             return None
         gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
         if self.collective.is_root:
             assert gathered is not None
-            fields = {"cache_key_fields": self.cache_key(), "profiled_clocks_mhz": list(run.sweep.visited)}
-            self.profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields)
+            fields = {"cache_key_fields": self.cache_key(),
+                      "profiled_clocks_mhz": sorted(run.sweep.visited, reverse=True)}
+            self.profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields,
+                                             grid=run.sweep.frequencies, noise_k=self.config.noise_k)
+            noise = describe_noise(self.profile)
+            if noise:
+                log.info("%s", noise)
             if self.cache is not None:
                 save_quietly("profile", self.cache.save_profile, self.profile)
+                self.cache.clear_partial()
         self.have_profile = True
         return list(run.sweep.visited)
 

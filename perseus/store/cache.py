@@ -2,7 +2,9 @@
 
 Used by the runtime (one entry per training job) and by ``perseus emulate --sweep --cache-dir``
 (one entry per schedule and profile). Layout: ``<cache_dir>/<hash>/key.json`` (the full key,
-readable), ``profile.json``, ``frontier.json``. The hash covers everything the caller says
+readable), ``profile.json``, ``frontier.json``, and while a sweep is under way
+``partial_profile.json`` (the clocks measured so far, so a run that ends while profiling is resumed
+by the next; removed once the profile is saved). The hash covers everything the caller says
 determines a profile and its frontier (the runtime: the key's layout version, the adapter's model
 description and every stage's parameters, schedule, stages, microbatches, chunks, tensor- and
 data-parallel size, the swept clocks, GPU name and driver version, docs/runtime.md "Cache"; the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,6 +36,9 @@ log = logging.getLogger("perseus.store.cache")
 KEY_FILE = "key.json"
 PROFILE_FILE = "profile.json"
 FRONTIER_FILE = "frontier.json"
+PARTIAL_FILE = "partial_profile.json"
+PARTIAL_FORMAT = "perseus-partial-profile"
+PARTIAL_VERSION = 1
 CACHE_KEY_FIELD = "cache_key"
 DAG_MODEL_FIELD = "dag_model"
 
@@ -64,6 +70,10 @@ class RunCache:
     @property
     def frontier_path(self) -> Path:
         return self.dir / FRONTIER_FILE
+
+    @property
+    def partial_path(self) -> Path:
+        return self.dir / PARTIAL_FILE
 
     def _key_ok(self) -> bool:
         """True when the directory's key.json is this key; warns when it exists but differs."""
@@ -131,15 +141,42 @@ class RunCache:
 
     def save_profile(self, profile: Profile) -> Path:
         self._prepare()
-        stamped = Profile(
-            dict(profile.entries),
-            profile.p_blocking_w,
-            profile.gpu_name,
-            {**dict(profile.config), CACHE_KEY_FIELD: self.hash},
-            str(self.profile_path),
-        )
+        stamped = replace(profile, config={**dict(profile.config), CACHE_KEY_FIELD: self.hash},
+                          source=str(self.profile_path))
         write_json_atomic(self.profile_path, stamped.to_json_dict())
         return self.profile_path
+
+    def save_partial(self, state: Mapping[str, Any]) -> Path:
+        """The sweep so far (plain JSON data from the runtime), stamped with this key; atomic."""
+        self._prepare()
+        data = {"format": PARTIAL_FORMAT, "version": PARTIAL_VERSION, CACHE_KEY_FIELD: self.hash, **dict(state)}
+        write_json_atomic(self.partial_path, data, compact=True)
+        return self.partial_path
+
+    def load_partial(self) -> dict[str, Any] | None:
+        """An interrupted sweep of this key, or None (with a warning when a file exists but is not usable)."""
+        path = self.partial_path
+        if not path.exists() or not self._key_ok():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("perseus cache: %s is corrupt (%s); profiling from the start", path, exc)
+            return None
+        if not isinstance(data, dict) or data.get("format") != PARTIAL_FORMAT or data.get("version") != PARTIAL_VERSION:
+            log.warning("perseus cache: %s is not a version-%d partial profile; profiling from the start",
+                        path, PARTIAL_VERSION)
+            return None
+        if not self._stamped(path, data, "profiling from the start"):
+            return None
+        return data
+
+    def clear_partial(self) -> None:
+        """The sweep finished (its profile is saved): nothing to resume."""
+        try:
+            self.partial_path.unlink()
+        except FileNotFoundError:
+            pass
 
     def save_frontier(self, frontier: Frontier) -> Path:
         self._prepare()

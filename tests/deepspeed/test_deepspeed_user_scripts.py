@@ -35,7 +35,7 @@ MICRO_BATCHES = 4
 MICRO_BATCH_SIZE = 2
 STEPS = 10
 SHORT_RUN = {
-    "gpu": "sim", "warmup_steps": 2, "iters_per_freq": 1, "freq_step_mhz": 600, "p_blocking_seconds": 0.1,
+    "gpu": "sim", "warmup_steps": 2, "iters_per_freq": 1, "remeasure_max": 0, "freq_step_mhz": 600, "p_blocking_seconds": 0.1,
     "straggler_period_steps": 0, "log_every_steps": 1, "plan_wait_s": 240.0,
     "planner_options": {"num_anchors": 2, "num_deadlines": 8, "improve_sweeps": 0, "search_time_s": 0,
                         "beam_width": 0},
@@ -90,7 +90,7 @@ def test_deepspeed_launcher_runs_a_deepspeedexamples_style_script_with_perseus(t
         summary = r["summary"]
         assert r["perseus"] and summary["steps"] == STEPS
         # 2 warm-up steps, 3 clocks (the sweep cannot stop early with patience 2 and 3 clocks), one planning step
-        assert summary["phase_history"] == [[0, "warmup"], [2, "profiling"], [5, "planning"], [6, "deployed"]]
+        assert summary["phase_history"] == [[0, "warmup"], [2, "profiling"], [5, "planning"], [6, "deployed"]], (summary.get("profiled_clocks_mhz"), summary.get("sweep_stopped_early"))
         assert summary["phase"] == "deployed" and summary["fallback"] is None, summary
         # engine.destroy() closed Perseus and left the simulated GPU at default clocks
         assert r["closed"] and r["locked_after_destroy"] == 0, r

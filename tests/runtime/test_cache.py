@@ -112,3 +112,19 @@ def test_a_version_1_frontier_in_the_cache_is_still_used(tmp_path):
     cache.frontier_path.write_text(json.dumps(encode_v1(cache.load_frontier(sched))))  # as an older perseus wrote it
     front = cache.load_frontier(sched)
     assert front is not None and [p.time_s for p in front.points] == [1.0, 1.2]
+
+
+def test_partial_profile_round_trip_corrupt_and_cleared(tmp_path, caplog):
+    cache = RunCache(tmp_path, KEY)
+    assert cache.load_partial() is None
+    cache.save_partial({"sweep": {"visited": [1410]}, "world": 1, "ranks": []})
+    got = cache.load_partial()
+    assert got["sweep"] == {"visited": [1410]} and got["cache_key"] == cache.hash
+    assert RunCache(tmp_path, {**KEY, "stages": 3}).load_partial() is None, "another job's key"
+    cache.partial_path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="perseus"):
+        assert cache.load_partial() is None
+    assert "partial_profile.json is corrupt" in caplog.text
+    cache.clear_partial()
+    cache.clear_partial()  # idempotent
+    assert not cache.partial_path.exists()

@@ -46,9 +46,9 @@ def config(tmp_path, **kw):
 def test_unprivileged_rank_profiles_clocks_through_the_daemon(tmp_path, daemon):
     device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"))
     with PerseusRuntime(JOB, config(tmp_path, mode="profile", freq_min_mhz=1200, freq_step_mhz=100,
-                                    iters_per_freq=1)) as rt:
+                                    iters_per_freq=1, remeasure_max=0)) as rt:
         assert isinstance(rt.gpu.controller, ClockdController)
-        for _ in range(6):
+        for _ in range(6):  # 2 warm-up + 3 clocks (no re-measuring: sleep noise must not lengthen the sweep)
             rt.on_step_begin()
             for inst in rt.schedule.stages[0]:
                 rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)

@@ -5,6 +5,13 @@ instruction at each frequency (MHz), plus P_blocking (W), the power a GPU draws 
 pipeline communication. It reads the CSV that the Perseus/Zeus tools write
 (``stage,instruction,frequency,time,energy`` and an optional ``chunk`` column) and the project's
 own versioned JSON. Validation errors name the file, the row and the problem.
+
+An online profile also says how far each point can be trusted (``Profile.quality``: per key,
+lists aligned with ``freqs_mhz``): the raw measured time, samples kept, their spread and standard
+error, the isotonic fit and each point's disagreement with it, and whether the clock was
+interpolated rather than measured. Its times are the pessimistic fitted times the planner
+should use (``perseus.profile.fit``). JSON version 2 carries it; version 1 files (no quality)
+still load, and a profile without quality is still written as version 1.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from perseus.errors import ProfileError
 from perseus.schedules import KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
 
 PROFILE_FORMAT = "perseus-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+PROFILE_VERSIONS = (1, 2)  # readable; 2 adds "quality" per measurement
+QUALITY_FIELDS = ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated")
 CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 
 ProfileKey = tuple[int, int, str]  # (stage, chunk, kind)
@@ -59,6 +68,8 @@ class Profile:
     gpu_name: str = "unknown"
     config: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
+    # (stage, chunk, kind) -> QUALITY_FIELDS name -> list aligned with that entry's freqs_mhz
+    quality: Mapping[ProfileKey, Mapping[str, list[Any]]] = field(default_factory=dict)
 
     @property
     def num_stages(self) -> int:
@@ -81,7 +92,7 @@ class Profile:
         if p_blocking_w is None:
             return self
         _check_positive(p_blocking_w, "P_blocking", self.source)
-        return Profile(dict(self.entries), float(p_blocking_w), self.gpu_name, dict(self.config), self.source)
+        return replace(self, p_blocking_w=float(p_blocking_w))
 
     def require_p_blocking(self) -> float:
         if self.p_blocking_w is None:
@@ -110,23 +121,21 @@ class Profile:
     # ---------------------------------------------------------------- serialization
 
     def to_json_dict(self) -> dict[str, Any]:
+        measurements = []
+        for key, p in sorted(self.entries.items()):
+            stage, chunk, kind = key
+            item: dict[str, Any] = {"stage": stage, "chunk": chunk, "kind": kind, "freq_mhz": list(p.freqs_mhz),
+                                    "time_s": list(p.times_s), "energy_j": list(p.energies_j)}
+            if key in self.quality:
+                item["quality"] = {name: list(values) for name, values in self.quality[key].items()}
+            measurements.append(item)
         return {
             "format": PROFILE_FORMAT,
-            "version": PROFILE_VERSION,
+            "version": PROFILE_VERSION if self.quality else 1,
             "gpu_name": self.gpu_name,
             "p_blocking_w": self.p_blocking_w,
             "config": dict(self.config),
-            "measurements": [
-                {
-                    "stage": stage,
-                    "chunk": chunk,
-                    "kind": kind,
-                    "freq_mhz": list(p.freqs_mhz),
-                    "time_s": list(p.times_s),
-                    "energy_j": list(p.energies_j),
-                }
-                for (stage, chunk, kind), p in sorted(self.entries.items())
-            ],
+            "measurements": measurements,
         }
 
     def save_json(self, path: str | Path) -> None:
@@ -239,9 +248,10 @@ def load_csv(path: str | Path, p_blocking_w: float | None = None, gpu_name: str 
 def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{source}: not a perseus profile (missing \"format\": \"{PROFILE_FORMAT}\")")
-    if data.get("version") != PROFILE_VERSION:
+    if data.get("version") not in PROFILE_VERSIONS:
         raise ProfileError(
-            f"{source}: profile version {data.get('version')!r} is not supported (expected {PROFILE_VERSION})"
+            f"{source}: profile version {data.get('version')!r} is not supported (expected one of "
+            f"{', '.join(map(str, PROFILE_VERSIONS))}); upgrade perseus or profile again"
         )
     measurements = data.get("measurements")
     if not isinstance(measurements, list):
@@ -265,13 +275,30 @@ def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
                 yield stage, chunk, kind, f, t, e, f"{where} at {f} MHz"
 
     entries = _assemble(rows(), source)
+    quality = _quality(measurements, source)
     p_blocking = data.get("p_blocking_w")
     if p_blocking is not None:
         _check_positive(p_blocking, "p_blocking_w", source)
     config = data.get("config") or {}
     if not isinstance(config, dict):
         raise ProfileError(f"{source}: \"config\" must be an object")
-    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source)
+    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source, quality)
+
+
+def _quality(measurements: list[Any], source: str) -> dict[ProfileKey, dict[str, list[Any]]]:
+    """Version 2's per-point quality lists, each as long as its entry's clocks."""
+    out: dict[ProfileKey, dict[str, list[Any]]] = {}
+    for n, item in enumerate(measurements):
+        q = item.get("quality")
+        if q is None:
+            continue
+        where = f"{source}: measurements[{n}].quality"
+        if not isinstance(q, dict) or not all(isinstance(v, list) and len(v) == len(item["freq_mhz"]) for v in q.values()):
+            raise ProfileError(f"{where}: must map names to lists as long as freq_mhz")
+        order = sorted(range(len(item["freq_mhz"])), key=lambda i: -int(item["freq_mhz"][i]))
+        key = (int(item["stage"]), int(item.get("chunk", 0)), str(item["kind"]))
+        out[key] = {str(name): [values[i] for i in order] for name, values in q.items()}
+    return out
 
 
 def load_json(path: str | Path) -> Profile:
@@ -323,7 +350,7 @@ def split_into_chunks(profile: Profile, num_chunks: int) -> Profile:
         for (stage, c0, kind), p in profile.entries.items() if c0 == 0
         for chunk in range(num_chunks)
     }
-    return replace(profile, entries=entries, source=f"{profile.source} (split into {num_chunks} chunks)")
+    return replace(profile, entries=entries, source=f"{profile.source} (split into {num_chunks} chunks)", quality={})
 
 
 def split_backward(profile: Profile, input_share: float = 0.5) -> Profile:
@@ -340,4 +367,5 @@ def split_backward(profile: Profile, input_share: float = 0.5) -> Profile:
             for split, share in (("backward_input", input_share), ("backward_weight", 1.0 - input_share)):
                 entries[(stage, chunk, split)] = InstructionProfile(
                     p.freqs_mhz, tuple(t * share for t in p.times_s), tuple(e * share for e in p.energies_j))
-    return replace(profile, entries=entries, source=f"{profile.source} (I/W = {input_share:g}/{1 - input_share:g} of B)")
+    return replace(profile, entries=entries, source=f"{profile.source} (I/W = {input_share:g}/{1 - input_share:g} of B)",
+                   quality={})
