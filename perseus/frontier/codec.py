@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from perseus.errors import FrontierError
-from perseus.frontier.v1 import decode_v1_points
+from perseus.frontier.v1 import decode_v1_points, document_head, document_provenance
 from perseus.store.atomic import write_atomic
 from perseus.frontier.model import Frontier, FrontierPoint, thin_points
 from perseus.schedules import Instruction, Schedule, build_schedule
@@ -44,19 +44,9 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
     paced = thin_points(frontier.paced_points, max_points)
     table, index = clock_table(_whole_mhz(np.stack([np.asarray(p.freqs_mhz) for p in points + paced])))
     return {
-        "format": FORMAT,
-        "version": VERSION,
-        "order": "fastest_first",
-        "schedule": sched.name,
-        "stages": sched.num_stages,
-        "microbatches": sched.num_microbatches,
-        "chunks": sched.num_chunks,
-        **sched.variant_fields(),
+        **document_head(frontier, VERSION),
         "instructions": [[[i.kind, i.microbatch, i.chunk] for i in stage] for stage in sched.stages],
-        "p_blocking_w": frontier.p_blocking_w,
-        "gpu_name": frontier.gpu_name,
-        "baseline": {"time_s": frontier.baseline_time_s, "energy_j": frontier.baseline_energy_j},
-        "solve_time_s": frontier.solve_time_s,
+        **document_provenance(frontier),
         "metadata": dict(frontier.metadata),
         "clocks_mhz": table.tolist(),
         "points": _encode_block(points, index[: len(points)], len(table)),

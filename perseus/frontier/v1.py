@@ -19,6 +19,21 @@ from perseus.schedules import Instruction, Schedule
 VERSION = 1
 
 
+def document_head(frontier: Frontier, version: int) -> dict[str, Any]:
+    """What every version's document starts with: its format and version, and the schedule's identity."""
+    sched = frontier.schedule
+    return {"format": "perseus-frontier", "version": version, "order": "fastest_first", "schedule": sched.name,
+            "stages": sched.num_stages, "microbatches": sched.num_microbatches, "chunks": sched.num_chunks,
+            **sched.variant_fields()}
+
+
+def document_provenance(frontier: Frontier) -> dict[str, Any]:
+    """Where a frontier came from, in every version: P_blocking, the GPU, the all-max baseline, the solve time."""
+    return {"p_blocking_w": frontier.p_blocking_w, "gpu_name": frontier.gpu_name,
+            "baseline": {"time_s": frontier.baseline_time_s, "energy_j": frontier.baseline_energy_j},
+            "solve_time_s": frontier.solve_time_s}
+
+
 def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, Any]:
     """The version 1 JSON document of ``frontier`` (what perseus wrote before version 2)."""
     sched = frontier.schedule
@@ -37,18 +52,8 @@ def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, An
         }
 
     return {
-        "format": "perseus-frontier",
-        "version": VERSION,
-        "order": "fastest_first",
-        "schedule": sched.name,
-        "stages": sched.num_stages,
-        "microbatches": sched.num_microbatches,
-        "chunks": sched.num_chunks,
-        **sched.variant_fields(),
-        "p_blocking_w": frontier.p_blocking_w,
-        "gpu_name": frontier.gpu_name,
-        "baseline": {"time_s": frontier.baseline_time_s, "energy_j": frontier.baseline_energy_j},
-        "solve_time_s": frontier.solve_time_s,
+        **document_head(frontier, VERSION),
+        **document_provenance(frontier),
         "metadata": frontier.metadata,
         "points": [encode(p) for p in thin_points(frontier.points, max_points)],
         "paced_points": [encode(p) for p in thin_points(frontier.paced_points, max_points)],

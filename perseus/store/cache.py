@@ -80,10 +80,8 @@ class RunCache:
         path = self.dir / KEY_FILE
         if not path.exists():
             return False
-        try:
-            stored = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            log.warning("perseus cache: %s is unreadable (%s); rebuilding the cache entry", path, exc)
+        stored = _read_json(path, "rebuilding the cache entry")
+        if stored is None:
             return False
         if stored != self.key:
             differs = sorted(k for k in set(stored) | set(self.key) if stored.get(k) != self.key.get(k))
@@ -158,10 +156,8 @@ class RunCache:
         path = self.partial_path
         if not path.exists() or not self._key_ok():
             return None
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            log.warning("perseus cache: %s is corrupt (%s); profiling from the start", path, exc)
+        data = _read_json(path, "profiling from the start")
+        if data is None:
             return None
         if not isinstance(data, dict) or data.get("format") != PARTIAL_FORMAT or data.get("version") != PARTIAL_VERSION:
             log.warning("perseus cache: %s is not a version-%d partial profile; profiling from the start",
@@ -185,3 +181,12 @@ class RunCache:
         data = encode_frontier_json(frontier)
         write_json_atomic(self.frontier_path, data, compact=True)
         return self.frontier_path
+
+
+def _read_json(path: Path, instead: str) -> Any | None:
+    """A cache file's JSON, or None with one warning saying what happens ``instead``."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        log.warning("perseus cache: %s is unreadable (%s); %s", path, exc, instead)
+        return None

@@ -124,7 +124,7 @@ def test_partial_profile_round_trip_corrupt_and_cleared(tmp_path, caplog):
     cache.partial_path.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="perseus"):
         assert cache.load_partial() is None
-    assert "partial_profile.json is corrupt" in caplog.text
+    assert "partial_profile.json is unreadable" in caplog.text
     cache.clear_partial()
     cache.clear_partial()  # idempotent
     assert not cache.partial_path.exists()

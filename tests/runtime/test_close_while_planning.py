@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import planner_stand_ins as stand_ins  # noqa: E402
+from local_steps import train  # noqa: E402
 
 from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob  # noqa: E402
@@ -34,20 +35,19 @@ def config(tmp_path, **kw):
                                     **kw})
 
 
-def train(runtime, steps, t=0.001):
-    for _ in range(steps):
-        runtime.on_step_begin()
-        for inst in runtime.schedule.stages[0]:
-            runtime.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
-            time.sleep(t * (2 if inst.kind == "backward" else 1))
-            runtime.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
-        runtime.on_step_end()
-
-
 def train_until_planning(runtime):
     """Warm-up and the 3-clock sweep, then one step into planning (the planner sleeps 3 s first)."""
     train(runtime, 6)
     assert runtime.phase.value == "planning", runtime.summary()["phase_history"]
+
+
+def planning_runtime(tmp_path, monkeypatch, stand_in, **kw):
+    """A runtime one step into planning with ``stand_in`` as the planner; (runtime, planner pid)."""
+    monkeypatch.setattr(planning, "plan_frontier", stand_in)
+    sim(tmp_path)
+    rt = PerseusRuntime(JOB, config(tmp_path, **kw))
+    train_until_planning(rt)
+    return rt, rt.supply._planner.pid
 
 
 def entry(tmp_path) -> Path:
@@ -92,12 +92,8 @@ def test_without_waiting_the_planner_is_stopped_and_the_next_run_plans_again(tmp
 
 
 def test_a_planner_that_does_not_finish_in_time_is_stopped_and_says_so(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(planning, "plan_frontier", stand_ins.hang)
-    sim(tmp_path)
     with caplog.at_level(logging.INFO, logger="perseus"):
-        rt = PerseusRuntime(JOB, config(tmp_path, close_plan_wait_s=0.5))
-        train_until_planning(rt)
-        pid = rt.supply._planner.pid
+        rt, pid = planning_runtime(tmp_path, monkeypatch, stand_ins.hang, close_plan_wait_s=0.5)
         t0 = time.monotonic()
         rt.close()
         took = time.monotonic() - t0
@@ -128,12 +124,8 @@ def _gone(pid: int) -> bool:
 
 def test_close_can_be_told_not_to_wait(tmp_path, monkeypatch, caplog):
     """What a mid-training restart (Megatron's batch-size ramp-up) uses: the planner is stopped at once."""
-    monkeypatch.setattr(planning, "plan_frontier", stand_ins.slow)
-    sim(tmp_path)
     with caplog.at_level(logging.INFO, logger="perseus"):
-        rt = PerseusRuntime(JOB, config(tmp_path, close_plan_wait_s=240.0))
-        train_until_planning(rt)
-        pid = rt.supply._planner.pid
+        rt, pid = planning_runtime(tmp_path, monkeypatch, stand_ins.slow, close_plan_wait_s=240.0)
         rt.close(plan_wait_s=0)
     assert "training ended while planning" not in caplog.text
     assert not (entry(tmp_path) / "frontier.json").exists() and _gone(pid)

@@ -4,7 +4,9 @@ and the simulated GPU stretching a client's plain CPU work."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +24,9 @@ from perseus.runtime.gpu_port import GPUPort
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
+sys.path.insert(0, str(Path(__file__).parent))
+import local_steps  # noqa: E402
+
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 
 
@@ -37,13 +42,7 @@ def config(tmp_path, **kw):
 
 def train(runtime, device, steps, t=0.002):
     """A client whose instructions are plain CPU work: the runtime makes each a simulated kernel."""
-    for _ in range(steps):
-        runtime.on_step_begin()
-        for inst in runtime.schedule.stages[0]:
-            runtime.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
-            time.sleep(t * (2 if inst.kind == "backward" else 1))
-            runtime.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
-        runtime.on_step_end()
+    local_steps.train(runtime, steps, t)
 
 
 def test_measure_only_without_profile_never_touches_clocks(tmp_path, caplog):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+import sys
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -19,6 +20,9 @@ from perseus.runtime.metrics import PHASE_CODES, SCALARS, StepMetrics
 from perseus.runtime.phases import Phase
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
+
+sys.path.insert(0, str(Path(__file__).parent))
+import local_steps  # noqa: E402
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
@@ -36,12 +40,7 @@ def setup(tmp_path, **kw):
 
 def step(rt, device, t=0.002):
     """One iteration of plain CPU work: the runtime makes each instruction a simulated kernel."""
-    rt.on_step_begin()
-    for inst in rt.schedule.stages[0]:
-        rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
-        time.sleep(t * (2 if inst.kind == "backward" else 1))
-        rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
-    rt.on_step_end()
+    local_steps.train(rt, 1, t)
 
 
 class Recorder:
