@@ -26,6 +26,9 @@ DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
 DEFAULT_PERSEUS = {"freq_min_mhz": 900, "freq_step_mhz": 150, "warmup_steps": 6, "iters_per_freq": 2,
                    "straggler_period_steps": 0, "log_every_steps": 0, "cache_dir": None, "planner_nice": 0}
 
+# Deployed steps the runtime ran at default clocks (its no-slowdown check): a row of their own.
+PROBE_PHASE = "deployed probe"
+
 
 class SimulatedCompute:
     """Listener in front of the runtime: pads each instruction's kernel to a nominal time and records it.
@@ -66,7 +69,11 @@ class SimulatedCompute:
 
     def on_step_begin(self) -> None:
         self.listener.on_step_begin()
-        self._phase = (self.phase_override or self.listener.phase.value) + self.phase_suffix
+        phase = self.phase_override or self.listener.phase.value
+        loop = getattr(self.listener, "loop", None)  # the runtime's closed loop: default-clock probe steps
+        if phase == "deployed" and loop is not None and loop.probing:
+            phase = PROBE_PHASE
+        self._phase = phase + self.phase_suffix
         self._instructions = []
         self._times = []
         self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()

@@ -42,7 +42,7 @@ from perseus.profile import InstructionProfile, Profile, load_json
 from perseus.runtime.clock_trace import InstructionTrace, from_dict, kernel_on_model
 from perseus.runtime.straggler import StragglerPolicy
 from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan
-from perseus_demo.common import DEFAULT_PERSEUS, DemoSettings
+from perseus_demo.common import DEFAULT_PERSEUS, PROBE_PHASE, DemoSettings
 
 # Share of deployed instructions that must end at their planned clock: the switch is asynchronous,
 # so a late one can miss a short instruction (docs/reliability.md has the measured shares); a
@@ -237,8 +237,10 @@ def check_deployed_demo(results: list[dict[str, Any]], cfg: DemoSettings, cache_
         summary = result["summary"]
         assert summary["phase"] == "deployed" and summary["fallback"] is None, summary
         assert find_point(frontier, **summary["point"]) is point, "every rank runs the default (no-slowdown) point"
-    deployed = steps_in(results[0], "deployed")
-    assert len(deployed) == cfg.deployed_steps and all(steps_in(r, "deployed") == deployed for r in results)
+    deployed = steps_in(results[0], "deployed")  # the plan's steps; the runtime's default-clock probes apart
+    probes = steps_in(results[0], PROBE_PHASE)
+    assert len(deployed) + len(probes) == cfg.deployed_steps, (deployed, probes)
+    assert all(steps_in(r, "deployed") == deployed and steps_in(r, PROBE_PHASE) == probes for r in results)
     acc = account(results, cfg, cache_dir, point, deployed)
     check_accounting(acc)
     return acc

@@ -25,6 +25,10 @@ from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_json
 
 DEPLOYED = "deployed"
+# Deployed steps at default clocks (the runtime's no-slowdown probes; the demo labels them so too).
+PROBE = "deployed probe"
+# Steps after a clock change that the same-run A/B leaves out (metrics file ``"counted": false``).
+SETTLE = " (settling)"
 RUN_ID_KEY = "run_id"
 LATEST = "latest"
 ALL = "all"
@@ -66,8 +70,12 @@ class Run:
 
     @property
     def baseline_phase(self) -> str:
-        """Default clocks re-measured after the plan (A/B/A) when the run has them, else warm-up."""
-        return "baseline again" if any(s.phase == "baseline again" for s in self.steps) else "warmup"
+        """The same run's default-clock probes when it has them, else default clocks re-measured
+        after the plan (A/B/A), else warm-up."""
+        for phase in (PROBE, "baseline again"):
+            if any(s.phase == phase for s in self.steps):
+                return phase
+        return "warmup"
 
 
 @dataclass
@@ -110,9 +118,14 @@ def step_from(row: dict[str, Any], where: str) -> Step:
         raise ReportError(f"{where}: phase must be a string, got {row['phase']!r}")
     target = row.get("target_time_s")
     freq = row.get("freq_mhz")
+    phase = row["phase"]
+    if phase == DEPLOYED and row.get("clocks") == "default":
+        phase = PROBE
+    if phase in (DEPLOYED, PROBE) and row.get("counted") is False:
+        phase += SETTLE  # in neither side of the A/B, as in the runtime's own
     return Step(
         step=int(_number(row["step"], "step", where)),
-        phase=row["phase"],
+        phase=phase,
         time_s=_number(row["time_s"], "time_s", where),
         energy_j=_number(row["energy_j"], "energy_j", where),
         freq_mhz=int(_number(freq, "freq_mhz", where)) if freq is not None else None,

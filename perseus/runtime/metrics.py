@@ -77,6 +77,7 @@ class StepMetrics:
     target_time_s: float | None = None  # planned iteration time of the deployed point
     slowdown: float = 1.0  # deliberate slowdown ratio (straggler or external target)
     clocks: str | None = None  # deployed steps: "plan", or "default" for a default-clock probe (closed_loop.py)
+    counted: bool | None = None  # deployed steps: in the same-run A/B (not a settle step after a clock change)
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
@@ -94,6 +95,7 @@ class StepMetrics:
                "freq_mhz": self.freq_mhz, "target_time_s": self.target_time_s, "slowdown": self.slowdown}
         if self.clocks is not None:
             row["clocks"] = self.clocks
+            row["counted"] = bool(self.counted)
         return row
 
     def scalars(self) -> dict[str, float]:

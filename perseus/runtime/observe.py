@@ -93,7 +93,8 @@ class Observer:
                              freq_mhz=sweep.current_mhz if sweep is not None else None,
                              target_time_s=point.time_s if point is not None else None,
                              slowdown=targeting.slowdown if plan_step else 1.0,
-                             clocks=loop.clocks if deployed else None)
+                             clocks=loop.clocks if deployed else None,
+                             counted=loop.role.counted if deployed else None)
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record

@@ -355,3 +355,30 @@ def test_a_file_without_run_ids_is_split_where_a_run_starts_again(run_dir, front
     assert main(["report", str(run_dir), "--run", "nope"]) == 2
     err = _error(capsys)
     assert "no run 'nope'" in err and "2 run(s)" in err and "'all'" in err
+
+
+def test_a_run_with_default_clock_probes_is_compared_with_its_own_counted_probes(tmp_path, frontier):
+    """The runtime's probes (``"clocks": "default"``) are the baseline, settle steps on neither side,
+    so the page's saving is the same-run A/B the runtime logs, not a warm-up measured earlier."""
+    default = frontier.default_point()
+    lines, step = [], 0
+    for t, e in ((0.30, 300.0), (0.30, 300.0)):  # a warm-up under other load: it must not be the baseline
+        lines.append(_step(step, "warmup", t, e)); step += 1
+    lines.append({"event": "phase", "step": step, "data": "deployed"})
+    deployed = [("plan", False, 0.21, 90.0), ("plan", True, 0.20, 80.0), ("plan", True, 0.20, 80.0),
+                ("default", False, 0.25, 130.0), ("default", True, 0.20, 100.0), ("plan", False, 0.22, 95.0),
+                ("plan", True, 0.20, 80.0), ("default", False, 0.26, 140.0), ("default", True, 0.20, 100.0)]
+    for clocks, counted, t, e in deployed:
+        row = _step(step, "deployed", t, e, target=None if clocks == "default" else default.time_s)
+        lines.append({**row, "clocks": clocks, "counted": counted}); step += 1
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    data = load_run(run)
+    (shown,) = data.runs
+    assert shown.baseline_phase == "deployed probe"
+    from perseus.output.run_stats import comparison
+
+    cmp = comparison(shown.steps, shown.baseline_phase)
+    assert cmp["baseline_energy"]["median"] == 100.0 and cmp["deployed_energy"]["median"] == 80.0
+    assert abs(cmp["saving"]["median"] - 0.2) < 1e-12 and abs(cmp["time_change"]["median"]) < 1e-12
