@@ -114,6 +114,10 @@ def _cards(run: Run, cmp: dict[str, Any] | None, data: RunData) -> list[tuple[st
         fr = data.frontier
         number, words = _number_and_words(1 - fr.default_point().energy_j / fr.baseline_energy_j)
         cards.append(("", number, f"{words} planned at the no-slowdown point"))
+    cost = next((e["data"] for e in run.events if e["event"] == "profiling_overhead" and isinstance(e["data"], dict)), None)
+    if cost is not None and {"iterations", "extra_time_ratio", "extra_energy_ratio"} <= cost.keys():
+        cards.append(("", f"{cost['iterations']} iterations", f"of profiling: {_pct(cost['extra_time_ratio'])} time, "
+                      f"{_pct(cost['extra_energy_ratio'])} energy against default clocks"))
     return cards
 
 

@@ -382,3 +382,16 @@ def test_a_run_with_default_clock_probes_is_compared_with_its_own_counted_probes
     cmp = comparison(shown.steps, shown.baseline_phase)
     assert cmp["baseline_energy"]["median"] == 100.0 and cmp["deployed_energy"]["median"] == 80.0
     assert abs(cmp["saving"]["median"] - 0.2) < 1e-12 and abs(cmp["time_change"]["median"]) < 1e-12
+
+
+def test_the_page_shows_what_profiling_cost(run_dir, tmp_path):
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.get("event") == "profiled")
+    cost = {"iterations": 4, "time_s": 0.9, "energy_j": 320.0, "extra_time_s": 0.1, "extra_energy_j": -20.0,
+            "extra_time_ratio": 0.125, "extra_energy_ratio": -0.0588}
+    lines.insert(at + 1, {"event": "profiling_overhead", "step": lines[at]["step"], "data": cost})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "4 iterations" in page and "of profiling: +12.5% time, -5.9% energy against default clocks" in page
