@@ -23,7 +23,7 @@ def config(tmp_path, **kw):
     return PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(tmp_path / "cache"),
                                     "sim_gpu": {"state_dir": str(tmp_path / "sim")}, "warmup_steps": 2,
                                     "p_blocking_seconds": 0.05, "freq_min_mhz": 1200, "freq_step_mhz": 100,
-                                    "iters_per_freq": 1, **kw})
+                                    "iters_per_freq": 1, "remeasure_max": 0, **kw})  # exact step counts
 
 
 def train(runtime, steps):
