@@ -130,3 +130,27 @@ def test_the_ab_is_unknown_while_probe_energy_reads_zero(tmp_path):
     loop.probes.add(0.01, 2.0)
     loop.probes.add(0.01, 2.0)
     assert loop.figure() is not None and loop.figure().saving == 0.5
+
+
+def test_straggler_and_external_targets_are_held_to_their_own_time():
+    """The guard compares a paced or timed target with default clocks in units of its own time."""
+    from perseus.runtime.closed_loop import guard_target_ratio
+    from perseus.runtime.stage_plan import decode_stage, encode_stage
+    from perseus.runtime.targeting import PacedTarget, Targeting, TimeTarget
+
+    frontier = Frontier(SCHEDULE, 80.0, 1.0, 10.0, [uniform(MAX, 0.9, 9.0), uniform(LOW, 1.0, 5.0)])
+    plan = decode_stage(encode_stage(frontier, 0), SCHEDULE, 0)  # this rank's stage, as it receives it
+    targeting = Targeting()
+    default_s = plan.default_point().time_s
+    assert guard_target_ratio(targeting, plan) == 1.0
+    targeting.set_external(PacedTarget(1.25))
+    assert guard_target_ratio(targeting, plan) == 1.25
+    targeting.set_external(TimeTarget(1.5 * default_s))
+    assert abs(guard_target_ratio(targeting, plan) - 1.5) < 1e-12
+    targeting.set_external(TimeTarget(0.5 * default_s))  # faster than the default: held to default clocks
+    assert guard_target_ratio(targeting, plan) == 1.0
+    targeting.set_external(None)
+    targeting.observe_slowdown(1.3)  # the straggler policy follows only after its patience
+    for _ in range(5):
+        targeting.observe_slowdown(1.3)
+    assert guard_target_ratio(targeting, plan) == targeting.straggler_ratio > 1.0
