@@ -25,8 +25,8 @@ from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_json
 
 DEPLOYED = "deployed"
-# Deployed steps at default clocks (the runtime's no-slowdown probes; the demo labels them so too).
-PROBE = "deployed probe"
+# Deployed steps the runtime ran at default clocks (its no-slowdown probes: ``"clocks": "default"``).
+PROBE = "default-clock probe"
 # Steps after a clock change that the same-run A/B leaves out (metrics file ``"counted": false``).
 SETTLE = " (settling)"
 RUN_ID_KEY = "run_id"

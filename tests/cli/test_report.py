@@ -376,7 +376,7 @@ def test_a_run_with_default_clock_probes_is_compared_with_its_own_counted_probes
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     data = load_run(run)
     (shown,) = data.runs
-    assert shown.baseline_phase == "deployed probe"
+    assert shown.baseline_phase == "default-clock probe"
     from perseus.output.run_stats import comparison
 
     cmp = comparison(shown.steps, shown.baseline_phase)

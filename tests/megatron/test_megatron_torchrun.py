@@ -60,7 +60,7 @@ from perseus.output.run_data import load_run  # noqa: E402
 from perseus.output.run_stats import used_points  # noqa: E402
 from perseus.errors import ScheduleError  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
-from perseus_demo.common import format_report, phase_table  # noqa: E402
+from perseus_demo.common import PROBE_PHASE, format_report, phase_table  # noqa: E402
 from perseus_demo.job_metrics import write_job_metrics  # noqa: E402
 from perseus_demo.megatron_demo import DemoConfig  # noqa: E402
 from perseus.schedules import dependencies
@@ -289,11 +289,13 @@ def test_report_of_a_megatron_demo_run_and_of_its_metrics_file(interleaved, tmp_
     energy = {s: sum(r["energy_j"] for r in recs) for s, recs in by_step.items()}
     phase = {s: recs[0]["phase"] for s, recs in by_step.items()}
     base = median(e for s, e in energy.items() if phase[s] == "baseline again")
-    plan = median(e for s, e in energy.items() if phase[s] == "deployed")
+    plan_steps = [s for s in energy if phase[s] == "deployed"]  # the runtime's default-clock probes apart
+    plan = median(energy[s] for s in plan_steps)
     assert float(cells["saving_median"]) == pytest.approx(1 - plan / base)
-    assert int(float(cells["deployed_iterations"])) == cfg.deployed_steps
+    assert int(float(cells["deployed_iterations"])) == len(plan_steps)
+    assert len(plan_steps) + sum(p == PROBE_PHASE for p in phase.values()) == cfg.deployed_steps
     data = load_run(job)
-    assert [n for _, n, _ in used_points(data)] == [cfg.deployed_steps]  # the no-slowdown point, every step
+    assert [n for _, n, _ in used_points(data)] == [len(plan_steps)]  # the no-slowdown point, every plan step
 
     out = tmp_path / "metrics.html"  # rank 0's metrics file: its own phases and baseline (warm-up)
     assert main(["report", str(run), "--metrics", str(run / "metrics.jsonl"), "--out", str(out)]) == 0
