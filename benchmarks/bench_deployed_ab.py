@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
           f"deployed steps; A/B: plan steps of the final point vs the same run's default-clock probes "
           f"(medians ± robust stderr; time + = slower, saving + = less energy)")
     header = f"{'workload':<10}{'run':>4}{'deployed at':>12}{'profiled':>9}{'plan/probe':>11}{'plan s':>8}" \
-             f"{'probe s':>8}{'time':>15}{'energy saving':>16}  guard"
+             f"{'probe s':>8}{'time':>22}{'energy saving':>22}  guard"
     print(header)
     for name, rows in table:
         for i, r in enumerate(rows, 1):
@@ -147,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"{name:<10}{i:>4}{r['deployed_at']:>12}{r['profiling_iterations'] or '-':>9}"
                   f"{r['n_plan']:>6}/{r['n_probe']:<4}{r.get('plan_s', 0):>8.3f}{r.get('probe_s', 0):>8.3f}"
-                  f"{_pct(r.get('time'), r.get('time_se')):>15}{_pct(r.get('saving'), r.get('saving_se')):>16}  "
+                  f"{_pct(r.get('time'), r.get('time_se')):>22}{_pct(r.get('saving'), r.get('saving_se')):>22}  "
                   f"{r['guard']}")
-        print(f"{name:<10}{'all':>4}{'':>12}{'':>9}{'':>11}{'':>8}{'':>8}{_spread(rows, 'time'):>15}"
-              f"{_spread(rows, 'saving'):>16}  median (min..max)")
+        print(f"{name:<10}{'all':>4}{'':>12}{'':>9}{'':>11}{'':>8}{'':>8}{_spread(rows, 'time'):>22}"
+              f"{_spread(rows, 'saving'):>22}  median (min..max)")
     return 0
 
 
