@@ -26,6 +26,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -120,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runners = {"padded": run_padded, "unpadded": run_unpadded}
     table: list[tuple[str, list[dict[str, Any]]]] = []
-    from contextlib import ExitStack
-
     with ExitStack() as stack:
         for _ in range(args.hogs):
             stack.enter_context(cpu_hog())
