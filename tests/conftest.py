@@ -18,8 +18,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 LONGEST = (
+    "deepspeed/test_deepspeed_unpadded.py",  # ~150 s, 2 launches beside a busy loop, one with default profiling
+    "megatron/test_megatron_lm_pretrain_gpt.py",  # ~110 s, 4 launches of a real pretrain_gpt.py
     "planner/test_optimality.py",  # ~70 s, one core busy (the MILPs)
-    "megatron/test_megatron_lm_pretrain_gpt.py",  # ~65 s, 3 launches of a real pretrain_gpt.py
     "torch/test_torch_torchrun.py",  # ~60 s, 2 launches: orders, then the demos
     "megatron/test_megatron_torchrun.py",  # ~55 s, one 4-rank launch: orders, then the demo
     "megatron/test_megatron_dp_straggler.py",  # ~40 s

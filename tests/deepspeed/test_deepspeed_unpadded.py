@@ -1,10 +1,12 @@
 """The unpadded DeepSpeedExamples-style AlexNet pipeline, beside a CPU-bound process, reaches the
-deployed phase and rank 0's metrics file records every step.
+deployed phase and rank 0's metrics file records every step; with the README's minimal
+``"perseus"`` section (default profiling), the no-slowdown guard's decisions hold up.
 
-What is asserted is what holds today: phases reached in order, one metrics line per step, the
-deployed steps carrying their planned target time, no fallback. The no-slowdown guard's
-assertions (same-run A/B within tolerance, or a move/fallback with its reason) come with its
-integration into the runtime (issue 24 §2).
+Issue 24's "Done when": either the deployed plan's same-run A/B time is within tolerance, or the
+runtime moved faster or fell back and said why; it never stays deployed while measurably slower
+(``tests/guard_checks.py``, from the run's own metrics file). Which of these happens depends on
+the machine's load; that one of them does, does not. No time or saving is asserted (measured:
+``benchmarks/bench_deployed_ab.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from unpadded_workload import run_beside_cpu_hog  # noqa: E402  (this directory is on sys.path)
+from guard_checks import check_guard_run  # noqa: E402  (tests/ is on sys.path)
+from perseus.runtime.time_guard import GuardSettings  # noqa: E402
+from unpadded_workload import MINIMAL, run_beside_cpu_hog  # noqa: E402  (this directory is on sys.path)
 
 STEPS = 12
 
@@ -24,14 +28,42 @@ def test_unpadded_alexnet_pipeline_beside_a_busy_loop_reaches_deployment(tmp_pat
     assert run.returncode == 0, run.log[-4000:]
     assert [r["step"] for r in run.records] == list(range(STEPS))
     phases = [r["phase"] for r in run.records]
-    # 2 warm-up steps, 3 clocks (1410/810/210 MHz, one step each), then planning and deployment
-    assert phases[:5] == ["warmup"] * 2 + ["profiling"] * 3, phases
+    # 2 warm-up steps, 3 clocks (1410/810/210 MHz, one step each, a noisy one re-measured), then
+    # planning and deployment
+    order = ["warmup", "profiling", "planning", "deployed"]
+    assert phases[:3] == ["warmup"] * 2 + ["profiling"], phases
     assert "deployed" in phases, phases
+    assert [order.index(p) for p in phases] == sorted(order.index(p) for p in phases), phases
     first_deployed = phases.index("deployed")
-    assert set(phases[5:first_deployed]) <= {"planning"} and set(phases[first_deployed:]) == {"deployed"}, phases
-    assert [r["freq_mhz"] for r in run.records[2:5]] == [1410, 810, 210]
+    profiled = [r["freq_mhz"] for r in run.records if r["phase"] == "profiling"]
+    assert profiled[:1] == [1410] and set(profiled) == {1410, 810, 210}, profiled
     deployed = run.records[first_deployed:]
     assert all(r["target_time_s"] and r["target_time_s"] > 0 for r in deployed)
     assert all(r["time_s"] > 0 and r["energy_j"] > 0 for r in run.records)
     kinds = {e["event"] for e in run.events}
     assert "phase" in kinds and "fallback" not in kinds, kinds
+
+
+# Probes every 6 deployed steps: checks at deployed steps 6, 12, 18, 24 (docs/runtime.md, "No
+# slowdown, checked while training"). Default profiling deploys within about 50 steps here
+# (42 profiling iterations and 3 planning steps on this machine); 95 steps leave room for
+# patience + 1 = 4 checks after a late deployment.
+PROBE_EVERY = 6
+GUARD_STEPS = 95
+
+
+@pytest.mark.distributed
+def test_unpadded_alexnet_with_the_minimal_section_keeps_no_slowdown_beside_a_busy_loop(tmp_path):
+    settings = GuardSettings()
+    run = run_beside_cpu_hog(tmp_path / "run", GUARD_STEPS, {"probe_every_steps": PROBE_EVERY}, base=MINIMAL,
+                             timeout_s=600.0)
+    assert run.returncode == 0, run.log[-4000:]
+    assert [r["step"] for r in run.records] == list(range(GUARD_STEPS))
+    phases = [r["phase"] for r in run.records]
+    assert "deployed" in phases, f"never deployed with default profiling: {phases}"
+    assert phases.index("deployed") + (settings.patience + 1) * PROBE_EVERY < GUARD_STEPS, (
+        f"deployed at step {phases.index('deployed')}: too late for {settings.patience + 1} checks in {GUARD_STEPS} steps")
+    overhead = next(e["data"] for e in run.events if e["event"] == "profiling_overhead")
+    verdict = check_guard_run(run.records, run.events, settings, PROBE_EVERY)
+    print(f"\nunpadded AlexNet: {overhead['iterations']} profiling iterations, deployed at step "
+          f"{verdict.first_deployed_step}; {verdict.describe()}")

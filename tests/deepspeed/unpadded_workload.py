@@ -2,20 +2,20 @@
 process, and return what rank 0's metrics file recorded.
 
 Issue 24's "Done when": the runtime's decisions are checked on a workload nobody padded, on a
-machine whose load moves. The CPU-bound neighbour (``python -c "while True: pass"``) is started
-before the launch and killed (by its own pid) afterwards, whatever happens.
+machine whose load moves. The CPU-bound neighbour is ``tests/cpu_hog.py``'s.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cpu_hog import cpu_hog
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("alexnet_pipe_train.py")
@@ -30,10 +30,22 @@ SHORT_RUN: dict[str, Any] = {
     "planner_options": {"num_anchors": 2, "num_deadlines": 8, "improve_sweeps": 0, "search_time_s": 0, "beam_width": 0},
 }
 
+# The README's minimal section with default profiling, as a new user runs it, plus what CPU
+# training needs: simulated GPUs, the same small planner not niced (CPU-bound trainers), and
+# the metrics file the guard's decisions are read from (``cache_dir`` and ``metrics_file`` are
+# set per run).
+MINIMAL: dict[str, Any] = {
+    "enabled": True, "mode": "run", "gpu": "sim", "planner_nice": 0,
+    "planner_options": SHORT_RUN["planner_options"],
+}
 
-def ds_config(out: Path, perseus: dict[str, Any] | None = None, micro_batch_size: int = 16) -> dict[str, Any]:
-    """The example's DeepSpeed config with its ``"perseus"`` section (short run, files under ``out``)."""
-    section = {**SHORT_RUN, "cache_dir": str(out / "cache"), "metrics_file": str(out / "metrics.jsonl"), **(perseus or {})}
+
+def ds_config(out: Path, perseus: dict[str, Any] | None = None, micro_batch_size: int = 16,
+              base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The example's DeepSpeed config with its ``"perseus"`` section (``base``: ``SHORT_RUN`` unless
+    given, e.g. ``MINIMAL``; then ``perseus``; files under ``out``)."""
+    section = {**(SHORT_RUN if base is None else base), "cache_dir": str(out / "cache"),
+               "metrics_file": str(out / "metrics.jsonl"), **(perseus or {})}
     return {
         "train_micro_batch_size_per_gpu": micro_batch_size, "gradient_accumulation_steps": 4, "steps_per_print": 1000,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
@@ -55,7 +67,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 
 def run_beside_cpu_hog(out: Path, steps: int, perseus: dict[str, Any] | None = None, *, hog: bool = True,
-                       width: int = 32, micro_batch_size: int = 16, timeout_s: float = 400.0) -> WorkloadRun:
+                       width: int = 32, micro_batch_size: int = 16, timeout_s: float = 400.0,
+                       base: dict[str, Any] | None = None) -> WorkloadRun:
     """torchrun 2 stages of the AlexNet pipeline on CPU (simulated GPUs) beside a busy loop.
 
     The defaults make a step last well over the simulated energy counter's 100 ms update period
@@ -63,19 +76,14 @@ def run_beside_cpu_hog(out: Path, steps: int, perseus: dict[str, Any] | None = N
     """
     out.mkdir(parents=True, exist_ok=True)
     config = out / "ds_config.json"
-    config.write_text(json.dumps(ds_config(out, perseus, micro_batch_size)))
+    config.write_text(json.dumps(ds_config(out, perseus, micro_batch_size, base)))
     env = dict(os.environ, PERSEUS_SIM_GPU_DIR=str(out / "sim"), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={STAGES}", str(SCRIPT),
            "--deepspeed_config", str(config), "-p", str(STAGES), "--steps", str(steps), "--width", str(width),
            "--samples", str(4 * micro_batch_size * 4), "--cpu"]
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
-    try:
+    with cpu_hog(hog):
         proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout_s)
-    finally:
-        if neighbour is not None:
-            os.kill(neighbour.pid, signal.SIGKILL)
-            neighbour.wait()
     log = proc.stdout + proc.stderr
     (out / "launcher.log").write_text(log)
     records, events = read_metrics(out / "metrics.jsonl")

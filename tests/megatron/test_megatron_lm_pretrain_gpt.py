@@ -15,6 +15,11 @@ A launch is what costs (torch, megatron-core and Megatron-LM imported in every r
 shared: the 2-stage 1F1B run of the unmodified checkout also writes Megatron's TensorBoard events
 and iteration lines, which Perseus extends (lifecycle and observability checks), and the restart
 on its cache is the checkout with its line's two patches applied (restart and patch checks).
+
+Issue 24's "Done when" on the real script: unpadded (``simulate_compute=False``) beside a
+CPU-bound process, with default-clock probes and the metrics file on, the no-slowdown guard's
+decisions follow its evidence and the run never ends deployed while measurably slower
+(``tests/guard_checks.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from cpu_hog import cpu_hog  # noqa: E402  (tests/ is on sys.path)
+from guard_checks import check_guard_run, split_run  # noqa: E402
 from megatron_lm_archive import REPO, release_for_installed_core, unpack  # noqa: E402
+from perseus.runtime.time_guard import GuardSettings  # noqa: E402
 from tensorboard_events import read_scalars  # noqa: E402
 from perseus_demo.megatron_lm_cpu import format_summaries, launch, overlap_p2p_args  # noqa: E402
 
@@ -154,3 +162,31 @@ def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp
     (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert json.loads((entry / "key.json").read_text()).get("overlap_p2p", False) is overlapped
     assert json.loads((entry / "frontier.json").read_text()).get("overlap_p2p", False) is overlapped
+
+
+# The shortest run the guard allows: probes every 6 deployed steps (3 counted plan steps per
+# check), patience 2, so checks at deployed steps 6, 12 and 18 are patience + 1 checks.
+GUARD_PROBE_EVERY = 6
+GUARD_PATIENCE = 2
+GUARD_ITERS = 34  # warm-up 2, profiling 4 clocks (a retried clock or two), planning, 19+ deployed
+
+
+def test_unpadded_pretrain_gpt_beside_a_busy_loop_keeps_no_slowdown(checkout, tmp_path):
+    """The real pretrain_gpt.py, its compute not padded to simulated kernel times, beside a busy
+    loop: the guard checked the deployed plan against the same run's default-clock probes, and
+    either it held within margin, or the guard moved faster or fell back, and said why."""
+    metrics = tmp_path / "metrics.jsonl"
+    with cpu_hog():
+        results = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=GUARD_ITERS,
+                                   simulate_compute=False,
+                                   extra_args=["--perseus-probe-every", str(GUARD_PROBE_EVERY),
+                                               "--perseus-guard-patience", str(GUARD_PATIENCE),
+                                               "--perseus-metrics-file", str(metrics)])
+    assert sorted(r["stage"] for r in results) == [0, 1]
+    steps, events = split_run(json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+    assert [r["step"] for r in steps] == list(range(GUARD_ITERS))
+    verdict = check_guard_run(steps, events, GuardSettings(patience=GUARD_PATIENCE), GUARD_PROBE_EVERY)
+    print(f"\nunpadded pretrain_gpt.py: {verdict.describe()}")
+    for r in results:  # every rank applied the same decisions
+        loop = r["closed_loop"]
+        assert loop["guard_moves"] == verdict.moves and loop["guard_fell_back"] == verdict.fell_back, loop
