@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from perseus.errors import PerseusError
+from perseus.runtime.closed_loop import ClosedLoop
 from perseus_demo.job_metrics import write_job_metrics
 
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
@@ -71,7 +72,7 @@ class SimulatedCompute:
         self.listener.on_step_begin()
         phase = self.phase_override or self.listener.phase.value
         loop = getattr(self.listener, "loop", None)  # the runtime's closed loop: default-clock probe steps
-        if phase == "deployed" and loop is not None and loop.probing:
+        if phase == "deployed" and isinstance(loop, ClosedLoop) and loop.probing:
             phase = PROBE_PHASE
         self._phase = phase + self.phase_suffix
         self._instructions = []

@@ -241,8 +241,10 @@ def test_plain_cpu_work_is_stretched_by_the_clock_profiled_and_planned(tmp_path)
 
     device = sim(tmp_path, sleep=sleep)
     port = GPUPort(device, DirectController(device))
+    # noise_k 0: planned on the fitted times themselves; with a noise margin a loaded machine's profile
+    # may rightly plan all-max clocks, and this test is about the simulator's accounting, not noise
     cfg = config(tmp_path, freq_min_mhz=900, freq_step_mhz=255, iters_per_freq=1, early_stop_patience=0,
-                 remeasure_max=0, p_blocking_w=model.p_blocking_w, switch_ahead=False)
+                 remeasure_max=0, noise_k=0.0, p_blocking_w=model.p_blocking_w, switch_ahead=False)
     cpu_s = {"forward": 0.004, "backward": 0.008}
     kernels: list[dict] = []
     with PerseusRuntime(JOB, cfg, gpu=port) as rt:
