@@ -13,6 +13,7 @@ point, or fall back, at the same step.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -21,7 +22,7 @@ from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.probes import ProbeSchedule, StepRole, clocks_label
 from perseus.runtime.stage_plan import StagePlan
-from perseus.runtime.targeting import NoSlowdown, PacedTarget, SpeedUp, Targeting, TimeTarget
+from perseus.runtime.targeting import PacedTarget, SpeedUp, Targeting, TimeTarget
 from perseus.runtime.time_guard import Action, GuardDecision, TimeGuard, target_ratio
 
 log = logging.getLogger("perseus.runtime")
@@ -34,18 +35,19 @@ AB_WINDOW = 400
 class Samples:
     """(time, energy) of counted steps of one kind, newest last, at most ``AB_WINDOW``."""
 
-    time_s: list[float] = field(default_factory=list)
-    energy_j: list[float] = field(default_factory=list)
+    time_s: deque[float] = field(default_factory=lambda: deque(maxlen=AB_WINDOW))
+    energy_j: deque[float] = field(default_factory=lambda: deque(maxlen=AB_WINDOW))
+    changes: int = 0  # bumped by every add and clear: what a figure computed from them depends on
 
     def add(self, time_s: float, energy_j: float) -> None:
         self.time_s.append(time_s)
         self.energy_j.append(energy_j)
-        if len(self.time_s) > AB_WINDOW:
-            del self.time_s[0], self.energy_j[0]
+        self.changes += 1
 
     def clear(self) -> None:
         self.time_s.clear()
         self.energy_j.clear()
+        self.changes += 1
 
 
 class ClosedLoop:
@@ -60,6 +62,8 @@ class ClosedLoop:
         self.plan = Samples()
         self.probes = Samples()
         self.decisions: list[GuardDecision] = []
+        # the run's A/B and the samples' changes it was computed at: recomputed only when they change
+        self._figure: tuple[tuple[int, int], ABFigure | None] | None = None
 
     @property
     def probing(self) -> bool:
@@ -87,19 +91,19 @@ class ClosedLoop:
         """Count the step that ended; at a counted probe, the guard's decision (every rank the same:
         a collective at that step on every rank). None at other steps and with probes off."""
         role = self.role
-        if role is StepRole.PLAN:
-            self.plan.add(time_s, energy_j)
-        elif role is StepRole.PROBE:
-            self.probes.add(time_s, energy_j)
+        if role.counted:
+            (self.plan if role is StepRole.PLAN else self.probes).add(time_s, energy_j)
         if not self.schedule.enabled:
+            return None
+        if role is not StepRole.PROBE:
+            if self.collective.is_root:
+                self.guard.observe(role, time_s)  # a plan step's sample; checks come at probes only
             return None
         decision = None
         if self.collective.is_root:
             at_fastest = targeting.point is not None and targeting.point.time_s <= plan.points[0].time_s
             decision = self.guard.observe(role, time_s, target_ratio=guard_target_ratio(targeting, plan),
                                           at_fastest=at_fastest)
-        if role is not StepRole.PROBE:
-            return None
         decision = self.collective.broadcast_object(decision)
         if decision is not None:
             self.decisions.append(decision)
@@ -126,9 +130,13 @@ class ClosedLoop:
 
     def figure(self) -> ABFigure | None:
         """The run's A/B: counted plan steps against counted default-clock probes (None until both)."""
-        if not self.plan.time_s or not self._comparable():
-            return None
-        return ab_figure(self.plan.time_s, self.plan.energy_j, self.probes.time_s, self.probes.energy_j)
+        at = (self.plan.changes, self.probes.changes)
+        if self._figure is None or self._figure[0] != at:
+            figure = None
+            if self.plan.time_s and self._comparable():
+                figure = ab_figure(self.plan.time_s, self.plan.energy_j, self.probes.time_s, self.probes.energy_j)
+            self._figure = (at, figure)
+        return self._figure[1]
 
     def step_figure(self, time_s: float, energy_j: float) -> ABFigure | None:
         """One plan step against the probes' medians (None before the first probe)."""
@@ -162,5 +170,4 @@ def guard_target_ratio(targeting: Targeting, plan: StagePlan) -> float:
         return target.ratio
     if isinstance(target, TimeTarget):
         return target_ratio(target.seconds, default_s)
-    assert isinstance(target, NoSlowdown) or target is not None
-    return 1.0
+    return 1.0  # NoSlowdown, or a target with no time of its own

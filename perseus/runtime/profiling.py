@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from perseus.errors import PerseusError
 from perseus.profile.fit import interpolation_ok, loo_errors
-from perseus.runtime.aggregate import ClockPoint, RankMeasurements, as_point
+from perseus.runtime.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
 from perseus.runtime.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
 from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
@@ -269,8 +269,6 @@ def partial_saver(cache: Any) -> Callable[[dict[str, Any] | None], None] | None:
 
 def describe_noise(profile: Any) -> str | None:
     """One line when the profile has points whose noise is larger than the effect measured."""
-    from perseus.runtime.aggregate import noisy_points
-
     noisy = noisy_points(profile)
     if not noisy:
         return None
