@@ -99,6 +99,7 @@ class Collective:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        self._owned = process_group is None or dist.get_backend(process_group) != "gloo"
         if process_group is not None and dist.get_backend(process_group) == "gloo":
             self.group = process_group
             self.timeout_s = None  # unknown: the caller's group keeps its own
@@ -246,7 +247,8 @@ class Collective:
                            self.rank < self.rank ^ 1, f"rank {peer}")
 
     def close(self) -> None:
-        if self.group is not None and dist is not None and dist.is_initialized():
+        """Destroy the group this plane created (never a group the caller passed)."""
+        if self.group is not None and getattr(self, "_owned", False) and dist is not None and dist.is_initialized():
             try:
                 dist.destroy_process_group(self.group)
             except Exception:  # noqa: BLE001 - best effort at shutdown

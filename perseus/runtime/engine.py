@@ -440,6 +440,7 @@ class PerseusRuntime:
         try:
             self.gpu.close()
         finally:
+            self.collective.close()  # no collective after this: the control plane's thread and groups go
             self.observe.close()
             if self.is_root and self.phases.history:
                 log.info("%s", summary_line(self.summary()))
