@@ -5,8 +5,9 @@ designs of ``perseus.runtime.control_plane`` in one run, N forked gloo processes
 per rank (median over ranks):
 
 - ``peers_per_rank``: distinct ranks the control plane connects this rank to;
-- ``fds_per_rank``: file descriptors the control plane opened (after − before creating it; the
-  job's own default process group is not counted: under NCCL training it holds no gloo sockets);
+- ``fds_per_rank``: file descriptors the control plane opened (after its checks and a plan
+  delivery − before creating it; the job's own default process group is not counted: under NCCL
+  training it holds no gloo sockets);
 - ``setup_s``: creating the control plane (group creation / peer exchange and connections);
 - ``check_s``: what one periodic job check costs the *training thread*, median of 20 checks
   ``--period-s`` apart (flat: the all-gather; hierarchical: handing the check to the control
@@ -18,7 +19,7 @@ Then it fits each quantity's growth and states it for 1,024 and 8,192 GPUs in th
 docs quote. The machine has 2 cores: absolute times are inflated and noisy (N processes share
 them); the comparison is the two designs in the same run, and the growth.
 
-    python benchmarks/bench_control_plane.py [--max-ranks 48] [--json]
+    python benchmarks/bench_control_plane.py [--max-ranks 48] [--lazy] [--json]
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def _fds() -> int:
 def _rank(rank: int, world: int, dp: int, pp: int, tp: int, design: str, store_path: str, out: str,
           checks: int, period_s: float, slice_bytes: int) -> None:
     try:
+        if design == "flat-lazy":  # torch's lazy gloo initialisation: a pair connects at its first message
+            os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
         import torch.distributed as dist
 
         from perseus.runtime.control_plane import open_control_plane
@@ -69,9 +72,9 @@ def _rank(rank: int, world: int, dp: int, pp: int, tp: int, design: str, store_p
         job = _job(rank, dp, pp, tp)
         dist.barrier()
         fds0, t0 = _fds(), time.perf_counter()
-        plane = open_control_plane(job, None, 300.0, design)
+        plane = open_control_plane(job, None, 300.0, "flat" if design == "flat-lazy" else design)
         plane.all_true(True)  # every rank connected before the clock stops
-        setup_s, fds = time.perf_counter() - t0, _fds() - fds0
+        setup_s = time.perf_counter() - t0
         costs, latencies, pending = [], [], None
         for i in range(checks):
             t = time.perf_counter()
@@ -92,6 +95,7 @@ def _rank(rank: int, world: int, dp: int, pp: int, tp: int, design: str, store_p
                 latencies.append(time.perf_counter() - t)
         before = plane.sent_bytes
         plane.deliver_stage((lambda s: bytes(slice_bytes)) if plane.is_root else None, job.stage)
+        fds = _fds() - fds0  # after checks and a plan delivery: what lazy connections opened counts too
         result = {"peers": plane.peer_count() if hasattr(plane, "peer_count") else world - 1, "fds": fds,
                   "setup_s": setup_s, "check_s": statistics.median(costs),
                   "check_latency_s": statistics.median(latencies) if latencies else statistics.median(costs),
@@ -123,8 +127,9 @@ def measure(dp: int, pp: int, tp: int, design: str, checks: int, period_s: float
                 raise SystemExit(f"rank {r} of {design} {dp}x{pp}x{tp} failed: {row['error']}\n{row.get('traceback', '')}")
             rows.append(row)
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
-    return {"ranks": world, "dp": dp, "pp": pp, "tp": tp, "design": "old" if design == "flat" else "new",
-            "peers_per_rank": med("peers"), "fds_per_rank": med("fds"), "setup_s": med("setup_s"),
+    return {"ranks": world, "dp": dp, "pp": pp, "tp": tp,
+            "design": {"flat": "old", "hierarchical": "new", "flat-lazy": "old-lazy"}[design],
+            "peers_per_rank": med("peers"), "fds_per_rank": med("fds"), "fds_max": max(r["fds"] for r in rows), "setup_s": med("setup_s"),
             "check_s": med("check_s"), "check_latency_s": med("check_latency_s"),
             "rank0_bytes": next(r["rank0_bytes"] for r in rows if r["rank0_bytes"] is not None)}
 
@@ -196,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checks", type=int, default=20)
     ap.add_argument("--period-s", type=float, default=0.25, help="time between two checks (the training steps)")
     ap.add_argument("--slice-bytes", type=int, default=65536, help="one stage's plan slice")
+    ap.add_argument("--lazy", action="store_true",
+                    help="also the flat plane under TORCH_GLOO_LAZY_INIT=1 (rows with design 'old-lazy')")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rows = []
+    designs = ("flat", "hierarchical") + (("flat-lazy",) if args.lazy else ())
     for dp, pp, tp in layouts(args.max_ranks):
-        for design in ("flat", "hierarchical"):
+        for design in designs:
             rows.append(measure(dp, pp, tp, design, args.checks, args.period_s, args.slice_bytes))
             if not args.json:
                 print(f"measured {design} {dp}x{pp}x{tp}", file=sys.stderr, flush=True)
@@ -210,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     print("Measured (median over ranks; 2-core machine, N processes on it):\n")
     print(table(rows))
     new_check = [r for r in rows if r["design"] == "new"]
+    lazy = [r for r in rows if r["design"] == "old-lazy"]  # shown, not fitted
+    if lazy:
+        print("\nFlat plane under TORCH_GLOO_LAZY_INIT=1, descriptors per rank (median / the most, rank 0): " +
+              ", ".join(f"{r['ranks']}: {r['fds_per_rank']:.0f} / {r['fds_max']}" for r in lazy))
     print("\nHierarchical check latency on its own thread (not the training thread's cost): " +
           ", ".join(f"{r['dp']}×{r['pp']}×{r['tp']}: {r['check_latency_s'] * 1e3:.2f} ms" for r in new_check))
     print("\nFitted growth, stated at scale (peers and bytes exact; fds, set-up, check fitted):\n")

@@ -1,18 +1,21 @@
-"""The runtime's few collectives, on a dedicated gloo group (works under NCCL or gloo training).
+"""The runtime's control plane: its few operations, and the flat design (one gloo group).
 
-Every call here is made by all ranks of the group at the same step boundary; none is ever made
-from an instruction hook. Without torch.distributed (single process) every call degenerates to
-the local value, so the runtime runs unchanged in a plain script.
+Every call here is made by all ranks at the same step boundary; none is ever made from an
+instruction hook. Without torch.distributed (single process) every call degenerates to the local
+value, so the runtime runs unchanged in a plain script.
 
-A collective never waits forever: the group Perseus creates has a stated timeout
-(``collective_timeout_s``), and a failed or timed-out collective — another rank died or hung —
-is one ``CollectiveError`` line, never gloo's multi-line traceback. The engine then leaves the
-job at default clocks and makes no further collective (``PerseusRuntime._detach``).
+``Collective`` names the operations the runtime needs: agreement (``all_true``), broadcasts,
+the sweep's votes (``vote_any``), each stage's plan (``deliver_stage``), the job check's rows per
+pipeline (``pipeline_rows``/``start_pipeline_rows``), the profile's gather (``gather_measurements``)
+and the P_blocking pair (``blocking_channel``). Here they run on one gloo group over every rank,
+which connects every pair of ranks: the design before issue 29, kept for small jobs and as the
+reference. ``perseus.runtime.hierarchy`` runs the same operations along the job's grid (the
+default; ``control_plane.open_control_plane`` chooses).
 
-After planning, rank 0 sends each rank only its own stage's slice of the frontier
-(``perseus.runtime.stage_plan``) with ``scatter_bytes``, point to point: a rank never receives
-the other stages' clocks. ``encode_frontier``/``decode_frontier`` (the version 2 file document)
-remain for whole-frontier transport (the planner process hands rank 0 the same document).
+A collective never waits forever: the group has a stated timeout (``collective_timeout_s``), and
+a failed or timed-out collective — another rank died or hung — is one ``CollectiveError`` line,
+never gloo's multi-line traceback. The engine then leaves the job at default clocks and makes no
+further collective (``PerseusRuntime._detach``).
 """
 
 from __future__ import annotations
