@@ -128,3 +128,18 @@ def test_failure_line_is_the_ranks_exception_not_torchruns_summary():
     assert failure_line(log) == "ModuleNotFoundError: No module named 'six'"
     assert failure_line("ok\nall fine\n") is None
     assert failure_line("x\nprog.py: error: unrecognized arguments: --bad\n") == "prog.py: error: unrecognized arguments: --bad"
+
+
+def test_the_install_extras_bring_what_megatron_lm_training_imports():
+    """The README's install (the dev extra) and the megatron extra carry every package the demo checks for."""
+    import ast
+
+    from megatron_lm_archive import REPO
+    from perseus_demo.megatron_lm_cpu import TRAINING_REQUIREMENTS
+
+    tree = ast.parse((REPO / "setup.py").read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    extras = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "extras_require"))
+    for extra in ("megatron", "dev"):
+        names = {req.split(">")[0].split("<")[0].split("=")[0].strip().lower() for req in extras[extra]}
+        assert set(TRAINING_REQUIREMENTS.values()) <= names, (extra, set(TRAINING_REQUIREMENTS.values()) - names)
