@@ -24,7 +24,7 @@ from typing import Sequence
 
 from perseus.errors import PerseusError
 from perseus.store.atomic import write_atomic
-from perseus_megatron.source_patch import PLANNERS, PRETRAIN_GPT, SCHEDULES, apply_insertions, is_patched, revert
+from perseus_megatron.source_patch import PLANNERS, PRETRAIN_GPT, edit, is_patched, patched_text, revert
 
 OPTIONAL = (PRETRAIN_GPT,)  # an installed megatron-core (site-packages) has schedules.py only
 
@@ -56,19 +56,18 @@ def _read(root: Path, path: str) -> str | None:
 def plan_patch(root: Path) -> list[FilePlan]:
     """The patch of every file; raises ``PerseusError`` (one line) if a place cannot be found."""
     plans = []
-    for path, planner in PLANNERS.items():
+    for path in PLANNERS:
         text = _read(root, path)
         if text is None:
             continue
         if is_patched(text, path):
-            expected = apply_insertions(revert(text, path), planner(revert(text, path), path))
-            if expected != text:
+            if patched_text(path, revert(text, path)) != text:
                 raise PerseusError(f"{path}: carries a different Perseus patch (another version of the patcher, or "
                                    "edited by hand); run with --revert, then patch again")
             plans.append(FilePlan(path, text, None, ("already patched",)))
             continue
-        insertions = planner(text, path)
-        plans.append(FilePlan(path, text, apply_insertions(text, insertions), tuple(i.what for i in insertions)))
+        insertions, after = edit(path, text)
+        plans.append(FilePlan(path, text, after, tuple(i.what for i in sorted(insertions, key=lambda i: i.before))))
     return plans
 
 

@@ -306,6 +306,25 @@ PLANNERS: dict[str, Callable[[str, str], list[Insertion]]] = {
 }
 
 
+def edit(path: str, text: str) -> tuple[list[Insertion], str]:
+    """The insertions for the file at ``path`` (relative to the checkout) and the patched text.
+
+    The result is checked before anyone writes it: it must still parse, and :func:`revert` must
+    give ``text`` back exactly.
+    """
+    insertions = PLANNERS[path](text, path)
+    after = apply_insertions(text, insertions)
+    try:
+        compile(after, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise PatchSiteError(f"{path}: the patched file would not parse (line {exc.lineno}: {exc.msg}); the places "
+                             "found are unusual here: use the launcher (python -m perseus_megatron.pretrain_gpt)") from None
+    if revert(after, path) != text:
+        raise PatchSiteError(f"{path}: already has lines ending in '{TAG.strip()}' or a '{BEGIN}' line of its own, so "
+                             "the patch could not be reverted exactly; remove them first")
+    return insertions, after
+
+
 def patched_text(path: str, text: str) -> str:
     """``text`` of the file at ``path`` (relative to the checkout) with the Perseus edits made."""
-    return apply_insertions(text, PLANNERS[path](text, path))
+    return edit(path, text)[1]

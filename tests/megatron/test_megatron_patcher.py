@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,9 +49,8 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env_path = str(REPO)
     return subprocess.run([sys.executable, "-m", "perseus_megatron.patch", *args], capture_output=True, text=True,
-                          env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, cwd=REPO)
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
 
 
 def _decorators(source: str) -> dict[str, list[str]]:
