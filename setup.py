@@ -31,14 +31,17 @@ setup(
     ],
     # megatron-core 0.17+ declare Requires-Python >= 3.12, so on Python 3.11 this resolves to 0.16.1.
     extras_require={
-        "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.20"],
+        # six, regex, pyyaml: Megatron-LM's training code (pretrain_gpt.py, perseus demo --megatron-lm)
+        # imports them, and the megatron-core wheel does not bring them
+        "megatron": ["torch>=2.1", "megatron-core>=0.16,<0.20", "six", "regex", "pyyaml"],
         "deepspeed": ["torch>=2.1", "deepspeed>=0.19,<0.20"],
         "torch": ["torch>=2.13"],
         "bench": ["lowtime==0.3.0"],
         # start_http_server returns its server (so it can be closed) from 0.20 on
         "prometheus": ["prometheus-client>=0.20"],
         # pytest-xdist: pytest.ini runs the suite on 2 workers (most tests wait on simulated GPUs)
-        "dev": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.1", "megatron-core>=0.16,<0.20", "deepspeed>=0.19,<0.20",
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.1", "megatron-core>=0.16,<0.20", "six", "regex", "pyyaml",
+                "deepspeed>=0.19,<0.20",
                 "prometheus-client>=0.20",
                 # tests read the event files Megatron's and DeepSpeed's TensorBoard writers produce
                 "tensorboard>=2.14"],

@@ -312,6 +312,7 @@ def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, m
     from perseus_megatron.pretrain_gpt import check_checkout
 
     check_checkout(Path(checkout))  # one line now, not a traceback from every torchrun rank later
+    check_requirements(Path(checkout))
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = out_dir / "summaries"
@@ -336,19 +337,85 @@ def launch(checkout: Path, out_dir: Path, *, stages: int = 2, chunks: int = 1, m
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={stages}",
            "-m", "perseus_demo.megatron_lm_cpu", SUMMARY_FLAG, str(summaries), "--megatron-lm", str(checkout),
            *([SIMULATE_FLAG] if simulate_compute else []), *CPU_GPT_ARGS, *shape, *perseus, *extra_args]
+    log = out_dir / "pretrain_gpt.log"
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=out_dir)
-    except subprocess.TimeoutExpired:
-        raise PerseusError(f"Megatron-LM pretrain_gpt.py did not finish within {timeout_s:.0f} s") from None
-    (out_dir / "pretrain_gpt.log").write_text(proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired as exc:
+        log.write_text(_text(exc.stdout) + _text(exc.stderr))
+        raise PerseusError(f"Megatron-LM pretrain_gpt.py did not finish within {timeout_s:.0f} s; full log: {log}") from None
+    log.write_text(proc.stdout + proc.stderr)
     results = []
     for rank in range(stages):
         path = summaries / f"rank{rank}.json"
         if proc.returncode != 0 or not path.exists():
-            raise PerseusError(f"Megatron-LM pretrain_gpt.py failed (exit {proc.returncode}; log in "
-                               f"{out_dir / 'pretrain_gpt.log'}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+            cause = failure_line(proc.stdout + proc.stderr) or f"rank {rank} wrote no summary"
+            raise PerseusError(f"Megatron-LM pretrain_gpt.py failed (exit {proc.returncode}): {cause}; full log: {log}")
         results.append(json.loads(path.read_text()))
     return results
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+# An exception's last line ("ModuleNotFoundError: No module named 'six'"), or a launcher's own
+# "prog: error: ..." line; torchrun may put "[rank0]:" in front of a rank's lines.
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)?\d*\]:\s?")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s*\S.*)?$")
+_ERROR_LINE = re.compile(r"^\S+: error: \S")
+_WRAPPERS = ("ChildFailedError",)  # torchrun's summary of the ranks' failure, not its cause
+
+
+def failure_line(log: str) -> str | None:
+    """The line of a failed run's output that says what went wrong: the last exception raised by
+    a rank, or a launcher's one-line error; ``None`` when there is none."""
+    found = None
+    for raw in log.splitlines():
+        line = _RANK_PREFIX.sub("", raw).strip()
+        if _ERROR_LINE.match(line) or (_EXCEPTION_LINE.match(line) and not line.split(":")[0].endswith(_WRAPPERS)):
+            found = line
+    return found
+
+
+# What Megatron-LM's training code (megatron/training, its tokenizers and config loading) imports
+# unconditionally, and the megatron-core wheel does not bring: import name -> what to pip install.
+TRAINING_REQUIREMENTS: dict[str, str] = {"torch": "torch", "megatron.core": "megatron-core", "six": "six",
+                                         "regex": "regex", "yaml": "pyyaml"}
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _dataset_helper_available(checkout: Path) -> bool:
+    """The checkout's dataset helper is built, or the installed wheel's is the same source."""
+    folder = checkout / "megatron" / "core" / "datasets"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    if (folder / f"helpers_cpp{suffix}").exists():
+        return True
+    return (folder / "helpers.cpp").exists() and _wheel_helpers(folder / "helpers.cpp") is not None
+
+
+def missing_requirements(checkout: Path) -> list[str]:
+    """What to pip install before this checkout's ``pretrain_gpt.py`` can start here (empty: nothing)."""
+    missing = [package for module, package in TRAINING_REQUIREMENTS.items() if not _importable(module)]
+    if not _dataset_helper_available(checkout) and not _importable("pybind11"):
+        missing.append("pybind11")  # to build megatron's dataset helper
+    return missing
+
+
+def check_requirements(checkout: Path) -> None:
+    """One line naming what to pip install, before anything is launched."""
+    from perseus.errors import PerseusError
+
+    missing = missing_requirements(checkout)
+    if missing:
+        raise PerseusError(f"Megatron-LM's pretrain_gpt.py needs Python packages that are not installed: "
+                           f"{', '.join(missing)}; run: pip install {' '.join(missing)} "
+                           "(pip install -e '.[megatron]' brings all but pybind11)")
 
 
 def format_summaries(summaries: list[dict[str, Any]]) -> str:
@@ -378,11 +445,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if torch.cuda.is_available():
         raise PerseusError("perseus_demo.megatron_lm_cpu is for CPU-only machines; on GPUs run "
                            "python -m perseus_megatron.pretrain_gpt")
-    if importlib.util.find_spec("six") is None:  # Megatron-LM's tokenizer module imports it unconditionally
-        raise PerseusError("Megatron-LM's pretrain_gpt.py needs the six package: pip install six")
     summary_dir, simulate_compute, rest = split_runner_args(sys.argv[1:] if argv is None else argv)
     checkout, _ = pretrain_gpt.split_checkout(rest)
     pretrain_gpt.check_checkout(checkout)
+    check_requirements(checkout)
     pretrain_gpt.put_checkout_first(checkout)
     _stub_batch_invariant_kernels()
     _patch_initialize()

@@ -14,6 +14,7 @@ _EXPORTS = {
     "add_perseus_args": "perseus_megatron.args",
     "config_from_args": "perseus_megatron.args",
     "compose_providers": "perseus_megatron.args",
+    "with_perseus_args": "perseus_megatron.args",
     "enable": "perseus_megatron.integration",
     "enable_from_argv": "perseus_megatron.integration",
     "enable_from_args": "perseus_megatron.integration",

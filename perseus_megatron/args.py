@@ -8,6 +8,8 @@ returns it). Every flag defaults to ``None`` so that ``PerseusConfig`` alone hol
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -148,6 +150,44 @@ def compose_providers(*providers: Callable[[argparse.ArgumentParser], Any] | Non
         return parser
 
     return provider
+
+
+_PERSEUS_ARGS_MARK = "__perseus_args__"
+_PROVIDER = "extra_args_provider"
+
+
+def with_perseus_args(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with ``add_perseus_args`` composed into its ``extra_args_provider``.
+
+    ``fn`` is Megatron-LM's ``pretrain`` (core ≤ 0.17) or ``parse_and_validate_args`` (core ≥ 0.18);
+    either one hands its provider to Megatron's parser. The ``pretrain_gpt.py`` that
+    ``python -m perseus_megatron.patch`` edits wraps one of them, so that its call stays as
+    Megatron wrote it and the parser still accepts ``--perseus*``. Idempotent.
+    """
+    if getattr(fn, _PERSEUS_ARGS_MARK, False):
+        return fn
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the provider can only go by keyword
+        parameters = []
+    names = [p.name for p in parameters]
+    if parameters and _PROVIDER not in names and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ConfigError(f"{getattr(fn, '__name__', fn)!s} takes no {_PROVIDER}, so Megatron's parser cannot get "
+                          "the --perseus flags; run the script through python -m perseus_megatron.pretrain_gpt instead")
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    index = names.index(_PROVIDER) if _PROVIDER in names else None
+    by_position = index is not None and all(p.kind in positional for p in parameters[:index + 1])
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if by_position and index is not None and len(args) > index:
+            args = (*args[:index], compose_providers(args[index], add_perseus_args), *args[index + 1:])
+        else:
+            kwargs[_PROVIDER] = compose_providers(kwargs.get(_PROVIDER), add_perseus_args)
+        return fn(*args, **kwargs)
+
+    setattr(call, _PERSEUS_ARGS_MARK, True)
+    return call
 
 
 def config_from_args(args: argparse.Namespace) -> PerseusConfig:

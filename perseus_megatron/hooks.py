@@ -3,8 +3,8 @@
 megatron-core's schedules call ``forward_step`` and ``backward_step`` (and
 ``get_forward_backward_func`` returns the schedule functions) through module globals looked up
 at call time, so replacing those module attributes hooks every training iteration. The same
-wrappers serve ``patches/megatron-core-<line>-schedules.patch``, which applies them as decorators in
-the source instead; :func:`install_hooks` then only activates them.
+wrappers serve ``python -m perseus_megatron.patch`` (and ``patches/``), which applies them as
+decorators in the source instead; :func:`install_hooks` then only activates them.
 
 This module imports neither torch nor Megatron at import time, because the patched
 ``schedules.py`` imports it while megatron-core itself is still importing.
@@ -128,7 +128,7 @@ def wrap(point: str, fn: F) -> F:
 
 
 def hook(point: str) -> Callable[[F], F]:
-    """Decorator form of :func:`wrap`, used by ``patches/megatron-core-<line>-schedules.patch``."""
+    """Decorator form of :func:`wrap`, which ``python -m perseus_megatron.patch`` puts in ``schedules.py``."""
     return functools.partial(wrap, point)
 
 
@@ -215,8 +215,8 @@ def install_hooks(
         if replaced and len(replaced) != len(HOOK_POINTS):
             raise PerseusError(
                 "megatron schedules.py is only partly patched for Perseus (hooked: "
-                f"{', '.join(p for p in HOOK_POINTS if p not in replaced)}); re-apply "
-                "patches/megatron-core-<line>-schedules.patch to a clean file"
+                f"{', '.join(p for p in HOOK_POINTS if p not in replaced)}); run python -m perseus_megatron.patch "
+                "--revert on the checkout, then patch it again"
             )
         for point, original in replaced.items():
             setattr(schedules, point, wrap(point, original))

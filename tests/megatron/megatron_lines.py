@@ -26,6 +26,8 @@ RUN_ONCE = {
     "test_megatron_launcher.py": "the launcher on fake checkouts of both generations (the real 0.19 checkout "
                                  "runs in test_megatron_lm_pretrain_gpt.py)",
     "test_megatron_lm_demo_cli.py": "perseus demo --megatron-lm wiring, with the run replaced",
+    "test_megatron_patcher.py": "the patcher edits text: every release's files are read from their archives, "
+                                "so one interpreter checks all four",
     "test_megatron_schedule_oracle.py": "both releases' oracles are read from their archives with ast, so one "
                                         "interpreter checks 0.16.1 and 0.19.0",
     "test_megatron_switch_latency.py": "the runtime's switch-latency hiding; megatron-core is only its workload",

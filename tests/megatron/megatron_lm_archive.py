@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS_ENV = "PERSEUS_MEGATRON_CLIENTS"
 # Release lines with an archive: version -> archive file name.
-RELEASES = {"0.16.1": "megatron-lm-core_v0.16.1.tar.gz", "0.19.0": "megatron-lm-core_v0.19.0.tar.gz"}
+RELEASES = {version: f"megatron-lm-core_v{version}.tar.gz" for version in ("0.16.1", "0.17.1", "0.18.2", "0.19.0")}
 
 
 def clients_dir() -> Path:

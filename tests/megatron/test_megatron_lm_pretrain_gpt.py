@@ -14,7 +14,7 @@ the cached plan without profiling. No savings or times are asserted.
 A launch is what costs (torch, megatron-core and Megatron-LM imported in every rank), so runs are
 shared: the 2-stage 1F1B run of the unmodified checkout also writes Megatron's TensorBoard events
 and iteration lines, which Perseus extends (lifecycle and observability checks), and the restart
-on its cache is the checkout with its line's two patches applied (restart and patch checks).
+on its cache is the checkout patched by ``python -m perseus_megatron.patch`` (restart and patch checks).
 
 Issue 24's "Done when" on the real script: unpadded (``simulate_compute=False``) beside a
 CPU-bound process, with default-clock probes and the metrics file on, the no-slowdown guard's
@@ -25,9 +25,10 @@ decisions follow its evidence and the run never ends deployed while measurably s
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +95,19 @@ def test_1f1b_two_stages_profiles_plans_and_deploys(first_1f1b):
     assert not any(r["hooks_from_patched_source"] for r in first)  # run-time hooks: the checkout is unmodified
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_patched_checkout_restarts_from_the_cache_without_profiling(first_1f1b, tmp_path):
-    """The checkout with its line's patches/megatron-core-<line>-schedules.patch and
-    patches/megatron-lm-core_v<line>-pretrain_gpt.patch applied, restarted on the 1F1B run's cache:
+    """The checkout patched by ``python -m perseus_megatron.patch`` (the patches/ files for this
+    line are its output, checked in test_megatron_patches.py), restarted on the 1F1B run's cache:
     its own __main__ adds the flags and enables Perseus, the decorated schedules report the steps
-    (nothing is replaced at run time), and the cached plan is deployed without profiling or
-    planning again. Deployed without a fallback means every reported instruction matched the plan."""
+    (nothing is replaced at run time: ``hooks_from_patched_source``), and the cached plan is
+    deployed without profiling or planning again. Deployed without a fallback means every
+    reported instruction matched the plan."""
     out, _ = first_1f1b
     root = unpack(RELEASE, tmp_path / "src")
-    for name in (f"megatron-core-{LINE}-schedules.patch", f"megatron-lm-core_v{LINE}-pretrain_gpt.patch"):
-        applied = subprocess.run(["git", "apply", str(REPO / "patches" / name)], cwd=root, capture_output=True, text=True)
-        assert applied.returncode == 0, applied.stderr
+    patched = subprocess.run([sys.executable, "-m", "perseus_megatron.patch", str(root)], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert patched.returncode == 0, patched.stderr
+    assert "_perseus_hook" in (root / "megatron/core/pipeline_parallel/schedules.py").read_text()
     restarted = run_pretrain_gpt(root, tmp_path / "run", stages=2, microbatches=4, train_iters=RESTART_ITERS,
                                  simulate_compute=False, extra_args=["--perseus-cache-dir", str(out / "cache")])
     assert sorted(r["stage"] for r in restarted) == [0, 1]

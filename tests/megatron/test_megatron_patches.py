@@ -1,9 +1,9 @@
 """The Megatron patches apply to the real files of each release line and do what they say.
 
-For every archived release (Megatron-LM core_v0.16.1 and core_v0.19.0) the checkout is unpacked
+For every archived release (Megatron-LM core_v0.16.1, core_v0.17.1, core_v0.18.2 and core_v0.19.0) the checkout is unpacked
 to a temporary directory; both patches must pass ``git apply --check`` and apply with ``patch -p1``
 without offset or fuzz, and must equal what ``scripts/make_megatron_patches.py`` generates from
-the file (so they cannot drift from the generator). Then:
+the file with the patcher (``python -m perseus_megatron.patch``), so they cannot drift from it. Then:
 
 - the patched ``schedules.py`` compiles, carries the five hooks and passes the hook-point check
   (the 0.16 one is also imported and trained through in ``test_megatron_single_process.py``);
@@ -29,7 +29,7 @@ import pytest
 from megatron_lm_archive import REPO, unpack
 from perseus_megatron import compat, hooks
 
-LINES = {"0.16.1": "0.16", "0.19.0": "0.19"}
+LINES = {"0.16.1": "0.16", "0.17.1": "0.17", "0.18.2": "0.18", "0.19.0": "0.19"}
 SCHEDULES = "megatron/core/pipeline_parallel/schedules.py"
 
 
