@@ -75,9 +75,9 @@ class PerseusRuntime:
         install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
         self.gpu = open_port(c, self.collective, job.rank, gpu)
         if self.gpu.is_simulated:
-            self.sim_kernels = SimulatedKernels(self.gpu.device)
+            self.sim_kernels = SimulatedKernels(self.gpu.sim_device)
         if c.trace_clocks:
-            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.device if self.gpu.is_simulated else None,
+            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device,
                                                            getattr(self.gpu.controller, "pid", None))
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
         self.reporter, self.events = self.observe.reporter, self.observe.events
