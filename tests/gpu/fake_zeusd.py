@@ -66,6 +66,7 @@ class FakeZeusd:
         self.no_permission = set(no_permission)
         self.legacy_discover = legacy_discover
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.hold = threading.Lock()  # a test holding it stalls every request (a daemon stuck in the driver)
         self._devices: dict[int, object] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -119,7 +120,8 @@ class FakeZeusd:
 
     # -- the API --------------------------------------------------------------------------------
     def handle(self, method: str, path: str, params: dict[str, str], auth: str | None) -> tuple[int, object]:
-        self.requests.append((method, path, params))
+        with self.hold:
+            self.requests.append((method, path, params))
         scope = required_scope(path)
         if scope is not None and scope not in self.enabled:
             return 404, {"error": f"API group '{scope}' is not enabled on this server."}
