@@ -12,7 +12,8 @@ real Unix socket with Python's http.server). For each backend, in the same run:
 - switch applied: ``set_frequency`` to a new clock then ``flush()``, i.e. until the clock is in
   effect on the (simulated) device (median and p90 over ``--switches``);
 - for zeusd also one HTTP ``set_gpu_locked_clocks`` call on its own (what the controller process
-  waits for per switch).
+  waits for per switch) and one ``get_cumulative_energy`` read (what the energy poller pays per
+  poll while profiling).
 
 Ratios are against the own controller process measured in the same run. The fake zeusd is
 Python; the real one is Rust (actix-web), so its HTTP share of a switch would be smaller, and on a
@@ -106,6 +107,11 @@ def main() -> int:
                 client.set_gpu_locked_clocks(0, 1005 if i % 2 else 1200)
                 calls.append((time.perf_counter() - t) * 1e6)
             client.reset_gpu_locked_clocks(0)
+            reads = []
+            for _ in range(args.switches):
+                t = time.perf_counter()
+                client.energy_mj(0)
+                reads.append((time.perf_counter() - t) * 1e6)
             client.close()
         finally:
             for p in procs:
@@ -120,6 +126,9 @@ def main() -> int:
     calls.sort()
     print(f"one HTTP set_gpu_locked_clocks to the fake zeusd (block=true): median {statistics.median(calls):.0f} µs, "
           f"p90 {calls[int(0.9 * len(calls)) - 1]:.0f} µs")
+    reads.sort()
+    print(f"one get_cumulative_energy read from the fake zeusd: median {statistics.median(reads):.0f} µs, "
+          f"p90 {reads[int(0.9 * len(reads)) - 1]:.0f} µs")
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 
