@@ -17,7 +17,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.gpu.errors import GPUError
+from perseus.gpu.errors import SIM_FIX, GPUError
 
 if TYPE_CHECKING:
     from perseus.runtime.clock_trace import ClockTrace
@@ -86,7 +86,9 @@ class GPUPort:
             device.close()
             raise ConfigError(f"perseus: {problem}" if problem else
                               f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
-                              "or set mode to 'measure-only'")
+                              "(or use perseus clockd / zeusd: docs/gpu.md), or measure without changing clocks: "
+                              "\"mode\": \"measure-only\" in the config (--perseus-mode measure-only for Megatron); "
+                              f"without a GPU, {SIM_FIX}")
         try:  # the controller process opens its own handle of the same device from the spec
             extra = {"clock_check_s": clock_check_s} if control else {}
             controller = make_controller(device.spec(), enabled=control, **extra).start()
@@ -253,9 +255,42 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
     if not collective.all_true(error is None):
         if port is not None:
             port.close()
-        raise error or ConfigError("perseus: another rank could not open its GPU or control its clocks (see its log)")
+        error = error or ConfigError("perseus: another rank could not open its GPU or control its clocks")
+        error.line = job_error_line(collective, rank, error)  # type: ignore[attr-defined]
+        raise error
     assert port is not None
     return port
+
+
+def job_error_line(collective: Collective, rank: int, error: PerseusError) -> str:
+    """The one line this rank prints for a start-up error (``lifecycle.one_line_errors``): rank 0
+    says it once for the job, naming the ranks each distinct error came from; another rank whose
+    error is rank 0's says only that. If the ranks cannot exchange their errors, each its own."""
+    own = str(error)
+    text = own.removeprefix("perseus: ")
+    try:
+        gathered = collective.broadcast_object(collective.gather_to_root((rank, own)))
+    except Exception:  # noqa: BLE001 - a failed exchange must not hide the error itself
+        return f"perseus: rank {rank}: {text}"
+    by_message: dict[str, list[int]] = {}
+    for r, message in gathered:
+        if not message.startswith("perseus: another rank could not"):
+            by_message.setdefault(message, []).append(r)
+    root_message = gathered[0][1]  # in the group's rank order: rank 0's first
+    if collective.is_root:
+        size = len(gathered)
+        parts = [f"{_ranks(ranks, size)}: {message.removeprefix('perseus: ')}" for message, ranks in by_message.items()]
+        return "perseus: " + " | ".join(parts) if parts else f"perseus: rank {rank}: {text}"
+    if own == root_message or own.startswith("perseus: another rank could not"):
+        fix = f"; without a GPU: {SIM_FIX}" if SIM_FIX in root_message else ""
+        return f"perseus: rank {rank}: stopped by the error rank 0 reports for the job{fix}"
+    return f"perseus: rank {rank}: {text}"
+
+
+def _ranks(ranks: list[int], size: int) -> str:
+    if len(ranks) == size and size > 1:
+        return f"all {size} ranks"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def device_index(config: PerseusConfig, rank: int) -> int | None:
