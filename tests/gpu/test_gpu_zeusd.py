@@ -196,3 +196,26 @@ def test_the_runtime_port_changes_clocks_through_zeusd_and_resets_on_close(zeusd
     port.close()
     assert not gpu.is_clock_locked()
     assert [p["max_clock_mhz"] for p in z.calls("/gpu/set_gpu_locked_clocks")] == ["1200", "1005"]
+
+
+def test_a_refusal_mid_run_is_one_failed_notice_and_training_goes_on(zeusd, gpu, monkeypatch):
+    """The token is revoked or expires while training (zeusd answers 401 from then on): the
+    controller process gives up on clock control with one ``failed`` notice naming the refusal, as
+    for a device that refuses a lock, and training goes on without an exception. zeusd refuses
+    the reset as well, so the notice says the GPU was not reset."""
+    z = zeusd(tokens={"t-control": CONTROL})
+    monkeypatch.setenv("ZEUSD_TOKEN", "t-control")
+    spec = ZeusdGPU(SimulatedGPU(0), z.socket_path).spec()
+    with FrequencyController(spec, install_signal_handlers=False) as c:
+        c.set_frequency(1200)
+        assert c.flush().current == 1200 and gpu.locked_sm_clock_mhz() == 1200
+        del z.tokens["t-control"]
+        c.set_frequency(1005)
+        c.flush()
+        notices = c.notices()
+        assert [n.kind for n in notices] == ["failed"]
+        assert "HTTP 401" in notices[0].message and "ZEUSD_TOKEN" in notices[0].message
+        assert notices[0].reset is False  # zeusd refuses the reset too: the notice says so (docs/gpu.md)
+        c.set_frequency(900)  # ignored from now on, never raises
+        c.flush()
+    assert [p["max_clock_mhz"] for p in z.calls("/gpu/set_gpu_locked_clocks")] == ["1200", "1005"]
