@@ -63,6 +63,8 @@ FLAGS: tuple[Flag, ...] = (
          metavar="N"),
     Flag("--perseus-sim-gpu", "sim_gpu", _json_object, "simulated GPU options as JSON, e.g. '{\"preset\": \"A40\"}'",
          metavar="JSON"),
+    Flag("--perseus-zeusd-socket", "zeusd_socket", str, "change clocks and read energy through Zeus's zeusd on this "
+         "Unix socket (default: $PERSEUS_ZEUSD_SOCKET)", metavar="PATH"),
     Flag("--perseus-freq-max", "freq_max_mhz", int, "highest SM clock to profile (MHz)", metavar="MHZ"),
     Flag("--perseus-freq-min", "freq_min_mhz", int, "lowest SM clock to profile (MHz)", metavar="MHZ"),
     Flag("--perseus-freq-step", "freq_step_mhz", int, "profile clocks this many MHz apart", metavar="MHZ"),

@@ -795,7 +795,7 @@ def open_devices(kind: str, indices: list[int] | None, sim_dir: str | None) -> l
     from perseus.gpu.factory import open_gpu
 
     if kind == "sim":
-        return [open_gpu("sim", i, state_dir=sim_dir) for i in (indices if indices is not None else [0])]
+        return [open_gpu("sim", i, zeusd_socket="", state_dir=sim_dir) for i in (indices if indices is not None else [0])]
     if kind != "nvml":
         raise GPUInvalidArgumentError(f"clockd: unknown GPU kind {kind!r} (nvml or sim)")
     from perseus.gpu.nvml import load_pynvml, translate_nvml_error
@@ -812,7 +812,7 @@ def open_devices(kind: str, indices: list[int] | None, sim_dir: str | None) -> l
                 nv.nvmlShutdown()
         except nv.NVMLError as exc:
             raise translate_nvml_error(exc, "clockd: counting GPUs") from exc
-    return [open_gpu("nvml", i) for i in indices]
+    return [open_gpu("nvml", i, zeusd_socket="") for i in indices]  # the daemon clocks its GPUs itself
 
 
 def run(kind: str, indices: list[int] | None, sim_dir: str | None, options: DaemonOptions) -> int:

@@ -41,6 +41,7 @@ import sys
 import time
 from typing import Any
 
+from perseus.gpu import errors as gpu_errors
 from perseus.gpu.clock_keeper import MAX_OVERRIDES, ClockKeeper  # noqa: F401 - MAX_OVERRIDES re-exported
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError
@@ -205,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         if not dev.can_set_clocks():
             dev.set_locked_sm_clock(dev.default_sm_clock_mhz())  # raises the typed permission error
     except GPUError as exc:
-        os.write(status_fd, (json.dumps({"event": "error", "type": type(exc).__name__,
+        # The nearest class the trainer side can rebuild (perseus.gpu.errors): a zeusd refusal
+        # arrives as the GPUPermissionError it is, so a caller may still fall back to measure-only.
+        known = next(c for c in type(exc).__mro__ if getattr(gpu_errors, c.__name__, None) is c)
+        os.write(status_fd, (json.dumps({"event": "error", "type": known.__name__,
                                          "message": str(exc)}) + "\n").encode())
         return 3
     why = "error"

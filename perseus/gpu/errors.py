@@ -15,10 +15,11 @@ PERMISSION_HINT = (
     "or run Perseus in measure-only mode (no frequency changes, profiling and planning still work)."
 )
 
-LIBRARY_HINT = (
-    "Install the NVIDIA driver and `pip install nvidia-ml-py`, or use the simulated GPU by "
-    "setting PERSEUS_GPU=sim (or open_gpu('sim'))."
-)
+# Both ways to choose the simulated GPU: the environment, and the config key of each launcher.
+SIM_FIX = ('PERSEUS_GPU=sim in the environment, or "gpu": "sim" in the config '
+           '(DeepSpeed\'s "perseus" section; --perseus-gpu sim for Megatron)')
+
+LIBRARY_HINT = f"Install the NVIDIA driver and `pip install nvidia-ml-py`, or use the simulated GPU: {SIM_FIX}."
 
 
 class GPUError(PerseusError):

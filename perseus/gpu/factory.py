@@ -30,14 +30,35 @@ def resolve_kind(kind: str = "auto") -> str:
     return kind
 
 
-def open_gpu(kind: str = "auto", index: int | None = None, **sim_kwargs: Any) -> GPUDevice:
+def open_gpu(kind: str = "auto", index: int | None = None, *, zeusd_socket: str | None = None,
+             **sim_kwargs: Any) -> GPUDevice:
     """Open one GPU.
 
     ``kind``: "nvml" (real GPU; ``index`` is the CUDA device index of this process, mapped through
     ``CUDA_VISIBLE_DEVICES``), "sim" (``index`` selects the simulated GPU's shared state file;
     ``sim_kwargs`` go to ``SimulatedGPU``), or "auto" (``$PERSEUS_GPU`` if set, else NVML, and a
     clear ``GPULibraryMissingError`` if NVML is unavailable).
+
+    ``zeusd_socket``: wrap that device in ``ZeusdGPU``, so clock locks, power limits and energy go
+    through Zeus's daemon on that socket; ``None`` means ``$PERSEUS_ZEUSD_SOCKET`` (unset: no
+    zeusd), ``""`` means no zeusd whatever the environment says.
     """
+    from perseus.gpu.zeusd_client import socket_path_from_env
+
+    socket_path = socket_path_from_env() if zeusd_socket is None else zeusd_socket.strip()
+    device = _open_base(kind, index, **sim_kwargs)
+    if not socket_path:
+        return device
+    from perseus.gpu.zeusd_device import ZeusdGPU
+
+    try:
+        return ZeusdGPU(device, socket_path)
+    except BaseException:
+        device.close()
+        raise
+
+
+def _open_base(kind: str, index: int | None, **sim_kwargs: Any) -> GPUDevice:
     resolved = resolve_kind(kind)
     if resolved == "sim":
         from perseus.gpu.sim.device import SimulatedGPU
@@ -63,4 +84,4 @@ def open_gpu(kind: str = "auto", index: int | None = None, **sim_kwargs: Any) ->
 def open_spec(spec: GPUSpec) -> GPUDevice:
     """Open the device a spec describes (attaching, for a simulated GPU): the controller process
     and the clock reset after a controller death open their own handle this way."""
-    return open_gpu(spec.kind, spec.index, **spec.sim)
+    return open_gpu(spec.kind, spec.index, zeusd_socket=spec.zeusd_socket, **spec.sim)

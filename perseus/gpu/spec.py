@@ -14,16 +14,22 @@ from typing import Any
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """``kind`` is "nvml" or "sim"; ``index`` as for ``open_gpu``; ``sim`` holds SimulatedGPU kwargs."""
+    """``kind`` is "nvml" or "sim"; ``index`` as for ``open_gpu``; ``sim`` holds SimulatedGPU kwargs;
+    ``zeusd_socket``: privileged calls and energy go through the zeusd serving that socket ("": none).
+    A zeusd token is never part of the spec (it would show on the controller's command line): the
+    controller process inherits ``$ZEUSD_TOKEN``."""
 
     kind: str
     index: int | None = None
     sim: dict[str, Any] = field(default_factory=dict)
+    zeusd_socket: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({"kind": self.kind, "index": self.index, "sim": self.sim}, sort_keys=True)
+        return json.dumps({"kind": self.kind, "index": self.index, "sim": self.sim, "zeusd_socket": self.zeusd_socket},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> GPUSpec:
         d = json.loads(text)
-        return cls(kind=d["kind"], index=d.get("index"), sim=dict(d.get("sim") or {}))
+        return cls(kind=d["kind"], index=d.get("index"), sim=dict(d.get("sim") or {}),
+                   zeusd_socket=str(d.get("zeusd_socket") or ""))

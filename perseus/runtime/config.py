@@ -47,6 +47,8 @@ class PerseusConfig(BaseModel):
     gpu: GPUBackend = "auto"
     device_index: int | None = Field(default=None, ge=0)
     sim_gpu: dict[str, Any] = Field(default_factory=dict)
+    # Clocks and energy through Zeus's zeusd on this Unix socket (None: $PERSEUS_ZEUSD_SOCKET, if set).
+    zeusd_socket: str | None = None
 
     # Online profiling: which SM clocks to sweep, and how long.
     freq_max_mhz: int | None = Field(default=None, gt=0)

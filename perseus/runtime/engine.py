@@ -29,7 +29,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort, open_port
-from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, track
+from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
 from perseus.runtime.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe import Observer
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
@@ -73,11 +73,12 @@ class PerseusRuntime:
         if self.is_root:
             ensure_log_handler()
         install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
+        one_line_errors()  # a rank that cannot start says why in one line, not in chained tracebacks
         self.gpu = open_port(c, self.collective, job.rank, gpu)
         if self.gpu.is_simulated:
-            self.sim_kernels = SimulatedKernels(self.gpu.device)
+            self.sim_kernels = SimulatedKernels(self.gpu.sim_device)
         if c.trace_clocks:
-            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.device if self.gpu.is_simulated else None,
+            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device,
                                                            getattr(self.gpu.controller, "pid", None))
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
         self.reporter, self.events = self.observe.reporter, self.observe.events

@@ -17,7 +17,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.gpu.errors import GPUError
+from perseus.gpu.errors import SIM_FIX, GPUError
 
 if TYPE_CHECKING:
     from perseus.runtime.clock_trace import ClockTrace
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.notice import ClockNotice
+    from perseus.gpu.sim.device import SimulatedGPU
     from perseus.gpu.timing import InstructionTimer
     from perseus.runtime.collective import Collective, PairChannel
     from perseus.runtime.config import PerseusConfig
@@ -59,26 +60,35 @@ class GPUPort:
 
     @classmethod
     def open(
-        cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool, clock_check_s: float = 0.0
+        cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool, clock_check_s: float = 0.0,
+        zeusd_socket: str | None = None,
     ) -> GPUPort:
         """Open the configured GPU with its controller: a process when clocks may change
         (``control``), the measure-only ``NullController`` otherwise. With
         ``$PERSEUS_CLOCKD_SOCKET`` set, clocks go through the node's ``perseus clockd`` instead,
-        and this process needs no privileges. ``clock_check_s``: how often the controller reads
-        a held clock back (re-applying it if something else changed it)."""
+        and this process needs no privileges; with ``zeusd_socket`` (or ``$PERSEUS_ZEUSD_SOCKET``),
+        the controller process makes them through Zeus's zeusd. ``clock_check_s``: how often the
+        controller reads a held clock back (re-applying it if something else changed it)."""
         from perseus.gpu.clockd_client import socket_path_from_env as clockd_socket_from_env
         from perseus.gpu.controller import make_controller
         from perseus.gpu.factory import open_gpu
 
-        device = open_gpu(backend, device_index, **sim_gpu)
+        device = open_gpu(backend, device_index, zeusd_socket=zeusd_socket, **sim_gpu)
+        through_zeusd = bool(device.spec().zeusd_socket)
+        if through_zeusd and clockd_socket_from_env() is not None:
+            device.close()
+            raise ConfigError("perseus: both zeusd (zeusd_socket / PERSEUS_ZEUSD_SOCKET) and perseus clockd "
+                              "(PERSEUS_CLOCKD_SOCKET) are configured; choose one clock service")
         if control and clockd_socket_from_env() is not None:
             return cls(device, _clockd_controller(device, device_index, clock_check_s))
         if control and not device.can_set_clocks():
+            problem = getattr(device, "control_problem", lambda: None)()
             device.close()
-            raise ConfigError(
-                f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
-                "or set mode to 'measure-only'"
-            )
+            raise ConfigError(f"perseus: {problem}" if problem else
+                              f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
+                              "(or use perseus clockd / zeusd: docs/gpu.md), or measure without changing clocks: "
+                              "\"mode\": \"measure-only\" in the config (--perseus-mode measure-only for Megatron); "
+                              f"without a GPU, {SIM_FIX}")
         try:  # the controller process opens its own handle of the same device from the spec
             extra = {"clock_check_s": clock_check_s} if control else {}
             controller = make_controller(device.spec(), enabled=control, **extra).start()
@@ -177,9 +187,16 @@ class GPUPort:
 
     @property
     def is_simulated(self) -> bool:
+        return self.sim_device is not None
+
+    @property
+    def sim_device(self) -> SimulatedGPU | None:
+        """The simulated GPU under this port (also under a zeusd wrapper), whose kernels the
+        runtime stretches; None on a real GPU."""
         from perseus.gpu.sim.device import SimulatedGPU
 
-        return isinstance(self.device, SimulatedGPU)
+        device = getattr(self.device, "base", self.device)
+        return device if isinstance(device, SimulatedGPU) else None
 
     def instruction_timer(self) -> InstructionTimer:
         """CUDA-event timer on a real GPU (kernels are asynchronous), the simulated GPU's own
@@ -187,7 +204,7 @@ class GPUPort:
         from perseus.gpu.timing import SimulatedKernelTimer, make_instruction_timer
 
         if self.is_simulated:
-            return SimulatedKernelTimer(self.device)
+            return SimulatedKernelTimer(self.sim_device)
         return make_instruction_timer(prefer_cuda=True)
 
     def energy_poller(self, interval_s: float) -> EnergyPoller:
@@ -231,15 +248,49 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
     if port is None:
         try:
             port = GPUPort.open(config.gpu, device_index(config, rank), config.sim_gpu,
-                                control=config.mode != "measure-only", clock_check_s=config.clock_check_s)
+                                control=config.mode != "measure-only", clock_check_s=config.clock_check_s,
+                                zeusd_socket=config.zeusd_socket)
         except PerseusError as exc:
             error = exc
     if not collective.all_true(error is None):
         if port is not None:
             port.close()
-        raise error or ConfigError("perseus: another rank could not open its GPU or control its clocks (see its log)")
+        error = error or ConfigError("perseus: another rank could not open its GPU or control its clocks")
+        error.line = job_error_line(collective, rank, error)  # type: ignore[attr-defined]
+        raise error
     assert port is not None
     return port
+
+
+def job_error_line(collective: Collective, rank: int, error: PerseusError) -> str:
+    """The one line this rank prints for a start-up error (``lifecycle.one_line_errors``): rank 0
+    says it once for the job, naming the ranks each distinct error came from; another rank whose
+    error is rank 0's says only that. If the ranks cannot exchange their errors, each its own."""
+    own = str(error)
+    text = own.removeprefix("perseus: ")
+    try:
+        gathered = collective.broadcast_object(collective.gather_to_root((rank, own)))
+    except Exception:  # noqa: BLE001 - a failed exchange must not hide the error itself
+        return f"perseus: rank {rank}: {text}"
+    by_message: dict[str, list[int]] = {}
+    for r, message in gathered:
+        if not message.startswith("perseus: another rank could not"):
+            by_message.setdefault(message, []).append(r)
+    root_message = gathered[0][1]  # in the group's rank order: rank 0's first
+    if collective.is_root:
+        size = len(gathered)
+        parts = [f"{_ranks(ranks, size)}: {message.removeprefix('perseus: ')}" for message, ranks in by_message.items()]
+        return "perseus: " + " | ".join(parts) if parts else f"perseus: rank {rank}: {text}"
+    if own == root_message or own.startswith("perseus: another rank could not"):
+        fix = f"; without a GPU: {SIM_FIX}" if SIM_FIX in root_message else ""
+        return f"perseus: rank {rank}: stopped by the error rank 0 reports for the job{fix}"
+    return f"perseus: rank {rank}: {text}"
+
+
+def _ranks(ranks: list[int], size: int) -> str:
+    if len(ranks) == size and size > 1:
+        return f"all {size} ranks"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def device_index(config: PerseusConfig, rank: int) -> int | None:

@@ -4,13 +4,19 @@ atexit and SIGTERM (when nobody else handles it) close all live runtimes, which 
 clocks. SIGTERM becomes ``SystemExit`` after the reset, so the trainer's ``finally`` blocks and
 context managers run too. SIGKILL is covered by the GPU layer's controller process, which resets
 the clocks when its parent disappears.
+
+A Perseus error nobody catches (a rank that cannot open its GPU, a bad setting) ends the process
+with one line instead of Python's chained tracebacks (``one_line_errors``): every rank of a job
+prints its own, so tens of lines per rank were the whole screen.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import signal
+import sys
 import threading
 import weakref
 from typing import Any, Protocol
@@ -24,6 +30,8 @@ class Closable(Protocol):
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _EXIT_HOOKED = False
+_ERRORS_HOOKED = False
+ENV_TRACEBACK = "PERSEUS_TRACEBACK"  # set (to anything) to get Python's full traceback instead
 
 
 def track(runtime: Closable) -> None:
@@ -54,6 +62,36 @@ def install_exit_hooks() -> None:
     atexit.register(close_all)
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def one_line_errors() -> None:
+    """An uncaught ``PerseusError`` prints one line on stderr and exits 1 (Python's default exit
+    for an uncaught exception); any other exception, and every error with ``$PERSEUS_TRACEBACK``
+    set, goes to the previous hook unchanged. Callers who catch the error still get it, typed.
+    Once per process."""
+    global _ERRORS_HOOKED
+    if _ERRORS_HOOKED:
+        return
+    _ERRORS_HOOKED = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        from perseus.errors import PerseusError
+
+        if not isinstance(value, PerseusError) or os.environ.get(ENV_TRACEBACK):
+            previous(kind, value, tb)
+            return
+        line = getattr(value, "line", None) or error_line(value)
+        print(f"{line} ({ENV_TRACEBACK}=1 shows the traceback)", file=sys.stderr, flush=True)
+
+    sys.excepthook = hook
+
+
+def error_line(error: BaseException) -> str:
+    """``perseus: rank N: message`` on one line (the rank from the launcher's ``$RANK``)."""
+    text = " ".join(str(error).split()).removeprefix("perseus: ")
+    rank = os.environ.get("RANK")
+    return f"perseus: rank {rank}: {text}" if rank is not None else f"perseus: {text}"
 
 
 def ensure_log_handler() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -18,10 +19,41 @@ from perseus.gpu.controller import (
     NullController,
     make_controller,
 )
+from perseus.gpu.spec import GPUSpec
+
+from fake_zeusd import FakeZeusd
+
+BACKENDS = ["nvml-like", "zeusd"]  # who the controller process asks: the device itself, or zeusd over HTTP
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, sim_dir, sock_dir, monkeypatch):
+    """The clock-safety tests run for both: the controller process locking the (simulated) device
+    itself, and the same process asking a fake zeusd on a real Unix socket. Yields the fake (or
+    None); with it, ``PERSEUS_ZEUSD_SOCKET`` is set for this test and the processes it starts."""
+    if request.param != "zeusd":
+        monkeypatch.delenv("PERSEUS_ZEUSD_SOCKET", raising=False)
+        yield None
+        return
+    pytest.importorskip("httpx")  # the [zeusd] extra (in [dev])
+    with FakeZeusd(sock_dir / "zeusd.sock", sim_dir=sim_dir) as fake:
+        monkeypatch.setenv("PERSEUS_ZEUSD_SOCKET", fake.socket_path)
+        yield fake
+
+
+def _spec(g, fake) -> GPUSpec:
+    """``g``'s spec, through ``fake`` zeusd when there is one."""
+    return dataclasses.replace(g.spec(), zeusd_socket=fake.socket_path) if fake is not None else g.spec()
+
+
+def _went_through(fake) -> None:
+    """With zeusd, the lock and the reset were its HTTP calls (not a local device call)."""
+    if fake is not None:
+        assert fake.calls("/gpu/set_gpu_locked_clocks") and fake.calls("/gpu/reset_gpu_locked_clocks")
 
 TRAINER = """
 import os, signal, sys, time
-from perseus.gpu import SimulatedGPU
+from perseus.gpu import open_gpu
 from perseus.gpu.controller import FrequencyController
 # Python's own SIGINT handling, as in a program started from a terminal: a background job of a
 # non-interactive shell (CI, nohup) inherits SIGINT ignored, and the controller rightly keeps that.
@@ -31,7 +63,7 @@ if "--own-handler" in sys.argv:
         print("own handler ran", flush=True)
         sys.exit(7)
     signal.signal(signal.SIGTERM, own)
-g = SimulatedGPU(0)
+g = open_gpu("sim", 0)  # through zeusd when PERSEUS_ZEUSD_SOCKET is set (the backend fixture)
 c = FrequencyController(g.spec()).start()
 c.set_frequency(1005)
 c.flush()
@@ -99,15 +131,16 @@ def _start_trainer(sim_dir, *args: str) -> tuple[subprocess.Popen[str], int]:
     return p, int(line)
 
 
-def test_sigkilled_trainer_gets_clocks_reset_by_the_controller(sim_dir):
+def test_sigkilled_trainer_gets_clocks_reset_by_the_controller(sim_dir, backend):
     p, ctl_pid = _start_trainer(sim_dir)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=HANG_S)
     _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, HANG_S)
     _wait_until(lambda: _gone(ctl_pid), HANG_S)  # and the controller exits
+    _went_through(backend)
 
 
-def test_forked_child_neither_hides_the_trainers_death_nor_resets_its_clocks(sim_dir):
+def test_forked_child_neither_hides_the_trainers_death_nor_resets_its_clocks(sim_dir, backend):
     p, ctl_pid = _start_trainer(sim_dir, "--fork")
     child = int(p.stdout.readline())
     _SPAWNED.append(child)
@@ -117,9 +150,10 @@ def test_forked_child_neither_hides_the_trainers_death_nor_resets_its_clocks(sim
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=HANG_S)
     _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, HANG_S)
+    _went_through(backend)
 
 
-def test_leaked_pipe_fd_falls_back_to_parent_pid_polling(sim_dir):
+def test_leaked_pipe_fd_falls_back_to_parent_pid_polling(sim_dir, backend):
     p, ctl_pid = _start_trainer(sim_dir, "--leak-fd")
     child = int(p.stdout.readline())  # holds a dup of the request pipe: no EOF on trainer death
     _SPAWNED.append(child)
@@ -127,6 +161,7 @@ def test_leaked_pipe_fd_falls_back_to_parent_pid_polling(sim_dir):
     p.wait(timeout=HANG_S)
     _wait_until(lambda: read_sim_state(0, sim_dir).locked == 0, HANG_S)
     _wait_until(lambda: _gone(ctl_pid), HANG_S)
+    _went_through(backend)
 
 
 def _kill_quietly(pid: int) -> None:
@@ -140,35 +175,38 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
-def test_sigterm_resets_synchronously_then_dies_by_the_signal(sim_dir):
+def test_sigterm_resets_synchronously_then_dies_by_the_signal(sim_dir, backend):
     p, ctl_pid = _start_trainer(sim_dir)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=HANG_S) == -signal.SIGTERM  # chained to the default action
     assert read_sim_state(0, sim_dir).locked == 0  # reset happened before the trainer exited
     _wait_until(lambda: _gone(ctl_pid), HANG_S)
+    _went_through(backend)
 
 
-def test_sigterm_chains_to_the_previous_handler(sim_dir):
+def test_sigterm_chains_to_the_previous_handler(sim_dir, backend):
     p, _ = _start_trainer(sim_dir, "--own-handler")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=HANG_S) == 7
     assert "own handler ran" in p.stdout.read()
     assert read_sim_state(0, sim_dir).locked == 0
+    _went_through(backend)
 
 
-def test_sigint_resets_and_raises_keyboardinterrupt(sim_dir):
+def test_sigint_resets_and_raises_keyboardinterrupt(sim_dir, backend):
     p, _ = _start_trainer(sim_dir)
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=HANG_S) != 0
     assert "KeyboardInterrupt" in p.stderr.read()
     assert read_sim_state(0, sim_dir).locked == 0
+    _went_through(backend)
 
 
-def test_exception_in_with_block_resets_and_restores_handlers(sim_dir):
+def test_exception_in_with_block_resets_and_restores_handlers(sim_dir, backend):
     g = SimulatedGPU(0, reset_state=True)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(RuntimeError, match="boom"):
-        with FrequencyController(g.spec()) as c:
+        with FrequencyController(_spec(g, backend)) as c:
             assert signal.getsignal(signal.SIGTERM) == c._on_signal
             c.set_frequency(1005)
             assert c.flush().current == 1005
@@ -177,11 +215,12 @@ def test_exception_in_with_block_resets_and_restores_handlers(sim_dir):
     assert not g.is_clock_locked()
     assert signal.getsignal(signal.SIGTERM) == before
     assert not c.alive and _gone(c.pid)
+    _went_through(backend)
 
 
-def test_dead_controller_warns_once_and_training_continues_at_default(sim_dir):
+def test_dead_controller_warns_once_and_training_continues_at_default(sim_dir, backend):
     g = SimulatedGPU(0, reset_state=True)
-    c = FrequencyController(g.spec(), install_signal_handlers=False).start()
+    c = FrequencyController(_spec(g, backend), install_signal_handlers=False).start()
     c.set_frequency(1005)
     c.flush()
     os.kill(c.pid, signal.SIGKILL)
@@ -197,6 +236,7 @@ def test_dead_controller_warns_once_and_training_continues_at_default(sim_dir):
     assert not c.alive and c.flush() is None
     _wait_until(lambda: not g.is_clock_locked(), HANG_S)  # background reset of the leftover lock
     c.close()
+    _went_through(backend)
 
 
 def test_requests_are_coalesced_to_the_latest(sim_dir):
@@ -261,21 +301,32 @@ def test_invalid_frequency_and_missing_privileges(sim_dir):
     assert null.requests == 2 and null.flush() is None and not locked.is_clock_locked()
 
 
-def test_requests_never_block_the_training_thread_even_when_the_controller_stalls(sim_dir):
-    # The controller process stopped (SIGSTOP: a stalled NVML call, a descheduled process): far
-    # more requests than the pipe holds still return, and once it runs again the latest is applied.
-    # What a request costs in time is measured by benchmarks/bench_controller.py.
+def test_requests_never_block_the_training_thread_even_when_the_controller_stalls(sim_dir, backend):
+    # The controller process stopped (SIGSTOP: a stalled NVML call, a descheduled process), or
+    # zeusd stuck in an HTTP request: far more requests than the pipe holds still return, and once
+    # it runs again the latest is applied. What a request costs in time is measured by
+    # benchmarks/bench_controller.py and benchmarks/bench_zeusd.py.
     g = SimulatedGPU(0, reset_state=True)
-    with FrequencyController(g.spec(), install_signal_handlers=False) as c:
+    with FrequencyController(_spec(g, backend), install_signal_handlers=False) as c:
         os.kill(c.pid, signal.SIGSTOP)
+        if backend is not None:
+            backend.hold.acquire()  # and zeusd answers nothing meanwhile
         try:
             for i in range(50_000):
                 c.set_frequency(1005 if i % 2 else 1200)
+            if backend is not None:
+                os.kill(c.pid, signal.SIGCONT)  # the controller now sits in an unanswered HTTP call
+                time.sleep(0.2)
+                for i in range(50_000):
+                    c.set_frequency(1005 if i % 2 else 1200)
         finally:
             os.kill(c.pid, signal.SIGCONT)
+            if backend is not None:
+                backend.hold.release()
         c.set_frequency(900)
         c.flush()
         assert g.locked_sm_clock_mhz() == 900
+    _went_through(backend)
 
 
 def test_starting_the_controller_prints_no_runtime_warning(sim_dir):
