@@ -28,7 +28,7 @@ from typing import Callable
 
 from perseus.carbon.forecast import HourlyForecaster
 from perseus.carbon.policy import CarbonPolicy, PointMenu
-from perseus.carbon.signals import GuardedSignal, TraceSource, source_from_spec
+from perseus.carbon.signals import GuardedSignal, TraceSource, as_source, source_from_spec
 from perseus.runtime.collective import Collective
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.events import PipelineJob
@@ -88,6 +88,23 @@ class GridControl:
         if c.power_cap_source is not None:
             self.cap = GuardedSignal(source_from_spec(c.power_cap_source, timeout_s=c.grid_timeout_s),
                                      timeout_s=c.grid_timeout_s, stale_after_s=None, clock=self.clock)
+
+    def use_sources(self, carbon: object = None, power_cap: object = None) -> None:
+        """Python sources instead of (or besides) the config's: a callable, a Zeus
+        ``CarbonIntensityProvider``, a ``SignalSource`` (``perseus.carbon.signals.as_source``).
+        Call it on every rank before training (it turns the grid on, and every rank must agree);
+        only rank 0 reads them."""
+        c = self.config
+        if carbon is not None:
+            self.enabled = True
+            if self.collective.is_root:
+                self.carbon = GuardedSignal(as_source(carbon), timeout_s=c.grid_timeout_s,
+                                            stale_after_s=c.carbon_stale_s, clock=self.clock)
+        if power_cap is not None:
+            self.enabled = True
+            if self.collective.is_root:
+                self.cap = GuardedSignal(as_source(power_cap), timeout_s=c.grid_timeout_s, stale_after_s=None,
+                                         clock=self.clock)
 
     def end_step(self, targeting: Targeting, plan: StagePlan | None) -> GridDecision | None:
         """Called by every rank at the end of every deployed step: at the first and then every

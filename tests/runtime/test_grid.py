@@ -73,11 +73,10 @@ def test_carbon_source_that_fails_runs_the_no_slowdown_point(tmp_path):
     def broken():
         raise TimeoutError("grid API")
 
-    config = PerseusConfig.from_dict({"cache_dir": None, "grid_every_steps": 1, "carbon_source": "x.csv"})
+    config = PerseusConfig.from_dict({"cache_dir": None, "grid_every_steps": 1})
     grid = GridControl(config, Collective(), JOB, clock=lambda: clock[0])
-    from perseus.carbon.signals import CallableSource, GuardedSignal
-
-    grid.carbon = GuardedSignal(CallableSource(broken, "api"), clock=lambda: clock[0])  # what open() would build
+    assert not grid.enabled
+    grid.use_sources(carbon=broken)  # a Python callable
     targeting = Targeting()
     decision = grid.end_step(targeting, plan)
     assert decision.target is None and "raised TimeoutError" in decision.error
@@ -183,3 +182,24 @@ def test_prometheus_exports_the_grid_gauges():
         text = urllib.request.urlopen(exporter.url, timeout=10).read().decode()
     assert "perseus_carbon_intensity_grams_per_kwh 250.0" in text and "perseus_power_cap_watts 900.0" in text
     assert np.isfinite(12.5)
+
+
+def test_a_zeus_provider_drives_the_carbon_target():
+    class ElectricityMapsClient:  # zeus.monitor.carbon's interface, by its one method
+        def __init__(self):
+            self.values = iter([120.0, 480.0])
+
+        def get_current_carbon_intensity(self) -> float:
+            return next(self.values)
+
+    plan = small_plan()
+    clock = [0.0]
+    config = PerseusConfig.from_dict({"cache_dir": None, "grid_every_steps": 1, "carbon_time_budget": 0.2})
+    grid = GridControl(config, Collective(), JOB, clock=lambda: clock[0])
+    grid.use_sources(carbon=ElectricityMapsClient())
+    targeting = Targeting()
+    first = grid.end_step(targeting, plan)
+    assert isinstance(first.target, CarbonTarget) and first.target.intensity == 120.0 and first.error is None
+    clock[0] = 3600.0
+    assert grid.end_step(targeting, plan).target.intensity == 480.0
+    grid.close()
