@@ -10,10 +10,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from perseus.carbon.signals import (CallableSource, FileSource, GuardedSignal, HttpSource, Reading, SignalError,
-                                    SocketSource, TraceSource, ZeusSource, as_source, load_trace, parse_json_reading,
+                                    SocketSource, Trace, TraceSource, ZeusSource, as_source, load_trace, parse_json_reading,
                                     parse_time, source_from_spec)
 
 T0 = parse_time("2022-01-01T00:00:00Z")
@@ -70,10 +71,6 @@ def test_missing_trace_file(tmp_path):
 
 
 def test_trace_source_before_its_start_fails_then_guard_answers_none():
-    trace_path = None  # built in memory
-    from perseus.carbon.signals import Trace
-    import numpy as np
-
     trace = Trace(np.array([T0, T0 + 3600]), np.array([100.0, 300.0]), "mem", "avg_CI")
     guard = GuardedSignal(TraceSource(trace), stale_after_s=5400)
     early = guard.poll(T0 - 10)
@@ -82,7 +79,7 @@ def test_trace_source_before_its_start_fails_then_guard_answers_none():
     assert guard.poll(T0 + 3700).value == 300.0
     # past the end of the trace the newest row goes stale: no value, a clear line
     stale = guard.poll(T0 + 3600 + 6000)
-    assert stale.value is None and "staleness limit" in stale.error and trace_path is None
+    assert stale.value is None and "staleness limit" in stale.error
 
 
 # ---------------------------------------------------------------- the guard

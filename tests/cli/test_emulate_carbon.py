@@ -11,6 +11,7 @@ import pytest
 
 from perseus.cli import main
 
+# Hourly 2022 grid intensity beside the checkout (EIA-930, public domain; avg_CI from HewlettPackard/dc-rl, MIT).
 SHARED = Path(os.environ.get("PERSEUS_CARBON_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data" / "carbon"))
 KEYS = {"carbon_saving", "no_slowdown_carbon_saving", "uniform_carbon_saving", "hindsight_carbon_saving",
         "time_change", "forecast_mae"}
