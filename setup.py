@@ -37,7 +37,8 @@ setup(
         "bench": ["lowtime==0.3.0"],
         # start_http_server returns its server (so it can be closed) from 0.20 on
         "prometheus": ["prometheus-client>=0.20"],
-        # carbon-intensity endpoints (ElectricityMaps, WattTime) over HTTP: perseus/carbon/signals.py
+        # carbon-intensity endpoints (ElectricityMaps, WattTime) over HTTP: perseus/carbon/signals.py. Zeus's
+        # CarbonIntensityProvider objects are taken by their method, so zeus itself is not required
         "carbon": ["httpx>=0.27"],
         # pytest-xdist: pytest.ini runs the suite on 2 workers (most tests wait on simulated GPUs)
         "dev": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.1", "megatron-core>=0.16,<0.20", "deepspeed>=0.19,<0.20",
