@@ -141,6 +141,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--perseus-prometheus-port", "prometheus_port", int,
          "serve Perseus metrics for Prometheus on 127.0.0.1, one exporter per rank (0: any free port; N: port "
          "N + LOCAL_RANK)", metavar="N"),
+    Flag("--perseus-control-plane", "control_plane", str, "the runtime's collectives: hierarchical (along the job's "
+         "TP/PP/DP groups, default) or flat (one gloo group over every rank)", choices=("hierarchical", "flat")),
 )
 
 

@@ -323,20 +323,39 @@ def measure_blocking_power_p2p(
         raise GPUError("measure_blocking_power_p2p needs a different peer rank")
     on_gpu = dist.get_backend(group) == "nccl"
     tensor_device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    token = torch.zeros(1, device=tensor_device)
+    return measure_blocking_power_pair(
+        device, lambda t: dist.send(t, dst=peer, group=group), lambda t: dist.recv(t, src=peer, group=group),
+        me < peer, duration_s, poll_interval_s=poll_interval_s, tensor_device=tensor_device)
+
+
+def measure_blocking_power_pair(
+    device: GPUDevice,
+    send: Callable[[Any], None],
+    recv: Callable[[Any], None],
+    first: bool,
+    duration_s: float = 2.0,
+    *,
+    poll_interval_s: float = 0.002,
+    tensor_device: Any = None,
+) -> BlockingPowerResult:
+    """``measure_blocking_power_p2p`` over any two-rank line (``send``/``recv`` of a one-element
+    tensor to and from the partner; ``first``: this rank is blocked in the first round)."""
+    import torch
+
+    token = torch.zeros(1, device=tensor_device or torch.device("cpu"))
     measured: tuple[Sequence[CounterUpdate], float, float] | None = None
-    for blocked in sorted((me, peer)):
-        if me == blocked:
+    for blocked_round in (True, False):
+        if blocked_round == first:
             with EnergyPoller(device, poll_interval_s) as poller:
-                dist.send(token, dst=peer, group=group)  # "start sleeping"
+                send(token)  # "start sleeping"
                 t0 = time.perf_counter()
-                dist.recv(token, src=peer, group=group)  # blocked here for ~duration_s
+                recv(token)  # blocked here for ~duration_s
                 t1 = time.perf_counter()
             measured = (poller.updates(), t0, t1)
         else:
-            dist.recv(token, src=blocked, group=group)
+            recv(token)
             time.sleep(duration_s)
-            dist.send(token, dst=blocked, group=group)
+            send(token)
     # Evaluated only after both rounds: raising between them (a window too short for the
     # counter) would leave the peer blocked in its round forever.
     assert measured is not None

@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from perseus.timeline.control_plane_cost import ControlPlaneCost
+from perseus.timeline.control_plane_cost import describe as describe_control_plane
+
 if TYPE_CHECKING:  # types only: `perseus show` should not load the emulator
     from perseus.timeline.emulator import EmulationResult, SweepRow
     from perseus.frontier import Frontier
@@ -135,6 +138,7 @@ def emulation_table(result: EmulationResult, frontier: Frontier) -> str:
         render_table(["policy", "energy / iteration", "saving"], rows, left_first=True),
         f"  non-straggler plans: intrinsic point {result.intrinsic_point.time_s:.4f} s, "
         f"straggler-matched point {result.matched_point.time_s:.4f} s (frontier of {len(frontier.points)} points)",
+        describe_control_plane(ControlPlaneCost(job.num_pipelines, job.num_stages, job.tensor_parallel)),
     ]
     return "\n".join(lines)
 
@@ -161,4 +165,5 @@ def sweep_report(rows: Sequence[SweepRow]) -> str:
         ]
         blocks.append(title)
         blocks.append(render_table(headers, table_rows))
+    blocks.append(describe_control_plane(ControlPlaneCost(job.num_pipelines, job.num_stages, job.tensor_parallel)))
     return "\n".join(blocks)

@@ -183,3 +183,57 @@ def noisy_points(profile: Profile) -> list[str]:
                 out.append(f"stage {stage} chunk {chunk} {kind} at {f} MHz")
             prev = t
     return out
+
+
+# ---------------------------------------------------------------- the same combination, in steps
+# The hierarchical control plane (``perseus.runtime.hierarchy``) combines where the data is: a
+# replica's tensor-parallel ranks at its first one, then the replicas of a stage by a sum
+# reduction over a fixed layout of floats, then one entry per stage on rank 0. ``aggregate_profile``
+# of those entries is the profile of every rank's (up to float rounding in the means).
+
+_FIELDS = 7  # present, time, energy, samples, spread, se², decision energy
+
+
+def combine_tensor_parallel(members: Sequence[RankMeasurements]) -> RankMeasurements:
+    """One replica of a stage from its tensor-parallel ranks: max time, summed energy (as
+    ``aggregate_profile``), P_blocking the ranks' mean."""
+    members = sorted(members, key=lambda r: r.tp_rank)
+    first = members[0]
+    measured = [m.p_blocking_w for m in members if m.p_blocking_w is not None]
+    names = sorted({m.gpu_name for m in members})
+    return RankMeasurements(first.stage, 0, first.dp_rank, _combine([m.measurements for m in members], "max", "sum"),
+                            fmean(measured) if measured else None, " / ".join(names))
+
+
+def replica_vector(measurements: Measurements, keys: Sequence[tuple[int, str]], grid: Sequence[int]) -> list[float]:
+    """A replica's measurements as floats at fixed places (``keys`` × ``grid``), to be summed
+    over replicas; a clock it did not measure is absent (``present`` 0)."""
+    out = [0.0] * (len(keys) * len(grid) * _FIELDS)
+    for i, key in enumerate(keys):
+        per_freq = measurements.get(key, {})
+        for j, f in enumerate(grid):
+            if f not in per_freq:
+                continue
+            p = as_point(per_freq[f])
+            at = (i * len(grid) + j) * _FIELDS
+            out[at:at + _FIELDS] = [1.0, p.time_s, p.energy_j, float(p.samples), p.spread_s, p.se_s ** 2,
+                                    p.decision_energy_j]
+    return out
+
+
+def replicas_mean(total: Sequence[float], replicas: int, keys: Sequence[tuple[int, str]],
+                  grid: Sequence[int]) -> Measurements:
+    """The mean replica from the sum of ``replicas`` replica vectors: only clocks every replica
+    measured, means as ``aggregate_profile`` takes them (samples summed, standard errors combined)."""
+    out: Measurements = {}
+    for i, key in enumerate(keys):
+        per_freq: dict[int, Any] = {}
+        for j, f in enumerate(grid):
+            at = (i * len(grid) + j) * _FIELDS
+            present, t, e, samples, spread, se2, step = total[at:at + _FIELDS]
+            if round(present) != replicas:
+                continue
+            per_freq[f] = ClockPoint(t / replicas, e / replicas, int(round(samples)), spread / replicas,
+                                     math.sqrt(se2) / replicas, step / replicas)
+        out[key] = per_freq
+    return out

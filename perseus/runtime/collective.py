@@ -17,9 +17,10 @@ remain for whole-frontier transport (the planner process hands rank 0 the same d
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict
@@ -40,6 +41,30 @@ class CollectiveError(PerseusError):
     """A collective with the other ranks failed or timed out (a rank died, hung or was killed)."""
 
 
+class PipelineRow(NamedTuple):
+    """One data-parallel pipeline at a job check: its slowest rank's natural iteration time, its
+    ranks' energy per iteration summed, whether any of its ranks left the plan."""
+
+    dp: int
+    natural_s: float
+    energy_j: float
+    diverged: bool
+
+
+class PairChannel:
+    """Two ranks' point-to-point line for the P_blocking measurement (``gpu.measurement``):
+    ``first`` is the rank blocked first."""
+
+    def __init__(self, send: Callable[[Any], None], recv: Callable[[Any], None], first: bool, peer: str) -> None:
+        self.send, self.recv, self.first, self.peer = send, recv, first, peer
+
+
+def done(value: Any) -> "Future[Any]":
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future
+
+
 @contextmanager
 def _guard(what: str, timeout_s: float | None) -> Iterator[None]:
     """gloo's error (a RuntimeError, often many lines long) → one ``CollectiveError`` line."""
@@ -52,21 +77,29 @@ def _guard(what: str, timeout_s: float | None) -> Iterator[None]:
 
 
 class Collective:
-    """Gloo group wrapper: flag broadcast, agreement, gather to rank 0, all-gather of floats,
-    per-rank bytes from rank 0.
+    """The flat control plane: one gloo group over the whole job (or the caller's group): flag
+    broadcast, agreement, gather to rank 0, all-gather of floats, per-rank bytes from rank 0.
+    Without torch.distributed, the local one (every call returns the local value).
 
     ``timeout_s`` bounds every collective of the group created here; a gloo ``process_group``
-    given by the caller is reused as it is, with the timeout it was created with.
+    given by the caller is reused as it is, with the timeout it was created with. Every rank
+    connects to every other: fine for a few dozen ranks, not for thousands
+    (``perseus.runtime.hierarchy`` is the default above one process; docs/runtime.md).
     """
+
+    design = "flat"
+    overlapped = False  # the job check's answer is ready at the check that asked for it
 
     def __init__(self, process_group: Any = None, timeout_s: float | None = None) -> None:
         self.group: Any = None
         self.rank = 0
         self.size = 1
         self.timeout_s = timeout_s
+        self.sent_bytes = 0  # plan bytes this rank sent (rank 0: every other rank's slice)
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        self._owned = process_group is None or dist.get_backend(process_group) != "gloo"
         if process_group is not None and dist.get_backend(process_group) == "gloo":
             self.group = process_group
             self.timeout_s = None  # unknown: the caller's group keeps its own
@@ -147,6 +180,7 @@ class Collective:
                 size = torch.tensor([len(payloads[r])], dtype=torch.int64)
                 data = torch.frombuffer(bytearray(payloads[r]), dtype=torch.uint8)
                 keep += [size, data]
+                self.sent_bytes += len(payloads[r]) + 8
                 works.append(dist.isend(size, dst=dst, group=self.group, tag=_TAG_SIZE))
                 works.append(dist.isend(data, dst=dst, group=self.group, tag=_TAG_DATA))
             with _guard("sending the stage plans", self.timeout_s):
@@ -160,8 +194,61 @@ class Collective:
             dist.recv(data, src=self._root, group=self.group, tag=_TAG_DATA)
         return data.numpy().tobytes()
 
+    # ---------------------------------------------------------------- the control plane's operations
+    # (``HierarchicalCollective`` overrides each along the job's grid)
+
+    def vote_any(self, flags: Sequence[float]) -> list[bool]:
+        """Element i is True where any rank's ``flags[i]`` is non-zero."""
+        rows = self.all_gather_floats([float(f) for f in flags])
+        return [any(row[i] for row in rows) for i in range(len(flags))]
+
+    def deliver_stage(self, stage_bytes: Callable[[int], bytes] | None, stage: int) -> bytes:
+        """This rank's stage's bytes from rank 0 (which alone passes ``stage_bytes``): ranks tell
+        rank 0 their stage, rank 0 sends every rank its stage's bytes point to point (each
+        stage's bytes made once)."""
+        stages = self.gather_to_root(stage)
+        payloads: list[bytes] | None = None
+        if self.is_root:
+            assert stages is not None and stage_bytes is not None
+            encoded: dict[int, bytes] = {}
+            for s in stages:
+                if s not in encoded:
+                    encoded[s] = stage_bytes(s)
+            payloads = [encoded[s] for s in stages]
+        return self.scatter_bytes(payloads)
+
+    def pipeline_rows(self, dp: int, natural_s: float, energy_j: float, diverged: bool) -> list[PipelineRow]:
+        """Every data-parallel pipeline's row (``PipelineRow``), by ``dp``, from every rank's own."""
+        rows = self.all_gather_floats([float(dp), natural_s, energy_j, 1.0 if diverged else 0.0])
+        out: dict[int, PipelineRow] = {}
+        for d, t, e, x in rows:
+            prev = out.get(int(d))
+            out[int(d)] = PipelineRow(int(d), t, e, bool(x)) if prev is None else \
+                PipelineRow(int(d), max(prev.natural_s, t), prev.energy_j + e, prev.diverged or bool(x))
+        return [out[d] for d in sorted(out)]
+
+    def start_pipeline_rows(self, dp: int, natural_s: float, energy_j: float,
+                            diverged: bool) -> "Future[list[PipelineRow]]":
+        """``pipeline_rows``, here done before it returns (``overlapped`` is False)."""
+        return done(self.pipeline_rows(dp, natural_s, energy_j, diverged))
+
+    def gather_measurements(self, mine: Any, grid: Sequence[int]) -> list[Any] | None:
+        """The profiling sweep's measurements (``aggregate.RankMeasurements``) on rank 0, for
+        ``aggregate_profile``: here every rank's."""
+        return self.gather_to_root(mine)
+
+    def blocking_channel(self) -> PairChannel | None:
+        """This rank's partner for the P_blocking measurement (ranks in pairs: 0-1, 2-3, ...);
+        None alone."""
+        if not self.distributed or self.rank ^ 1 >= self.size:
+            return None
+        group, peer = self.group, dist.get_global_rank(self.group, self.rank ^ 1)
+        return PairChannel(lambda t: dist.send(t, dst=peer, group=group), lambda t: dist.recv(t, src=peer, group=group),
+                           self.rank < self.rank ^ 1, f"rank {peer}")
+
     def close(self) -> None:
-        if self.group is not None and dist is not None and dist.is_initialized():
+        """Destroy the group this plane created (never a group the caller passed)."""
+        if self.group is not None and getattr(self, "_owned", False) and dist is not None and dist.is_initialized():
             try:
                 dist.destroy_process_group(self.group)
             except Exception:  # noqa: BLE001 - best effort at shutdown

@@ -17,6 +17,7 @@ from perseus.runtime.time_guard import GuardSettings
 
 Mode = Literal["profile", "plan", "run", "measure-only"]
 GPUBackend = Literal["auto", "nvml", "sim"]
+ControlPlaneDesign = Literal["hierarchical", "flat"]
 
 MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
 
@@ -115,6 +116,10 @@ class PerseusConfig(BaseModel):
     # hung): the survivors continue at default clocks. The controller reads the applied clock back
     # this often and re-applies it when something else changed it (0: never).
     collective_timeout_s: float = Field(default=300.0, gt=0)
+    # The runtime's collectives: along the job's grid (tensor-parallel ranks, a pipeline's stages,
+    # a stage's replicas; no rank connects to the whole job), or one gloo group over every rank
+    # (``flat``, the design before 0.x; fine for a few dozen ranks). docs/runtime.md, Control plane.
+    control_plane: ControlPlaneDesign = "hierarchical"
     clock_check_s: float = Field(default=1.0, ge=0)
 
     # Carbon and power targets (docs/carbon.md). A source is a .csv trace, http(s)://... (JSON),

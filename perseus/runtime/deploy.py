@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from concurrent.futures import Future
 from statistics import median
 from time import monotonic
 from typing import Sequence
 
-from perseus.runtime.collective import Collective
+from perseus.runtime.collective import Collective, PipelineRow
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.gpu_port import GPUPort
-from perseus.runtime.job_check import JobCheck, check_job
+from perseus.runtime.job_check import JobCheck, job_check, start_check
 from perseus.runtime.stage_plan import StagePlan, StagePoint
 from perseus.schedules import Instruction
 from perseus.timeline.switch_timing import TimedRequest, request_schedule
@@ -213,6 +214,8 @@ class Deployment:
         self.timed: TimedSwitches | None = None
         self.window: list[tuple[float, float]] = []
         self.steps = 0
+        # An overlapped job check asked at a check and answered at the next: (answer, step asked).
+        self._pending: tuple[Future[list[PipelineRow]], int] | None = None
         self.problem: str | None = None  # why this rank runs default clocks; None while it follows
         self._warned = False
 
@@ -220,6 +223,7 @@ class Deployment:
         """A (new) deployment: the job check counts from here."""
         self.steps = 0
         self.window = []
+        self._pending = None  # every rank restarts at the same step: the answer is dropped everywhere
 
     def follow(self, plan: StagePlan, point: StagePoint) -> None:
         """Follow ``point``'s clocks of this stage from the next instruction on."""
@@ -286,7 +290,9 @@ class Deployment:
     def end_step(self, natural_s: float, energy_j: float, collective: Collective, job: PipelineJob,
                  step: int) -> JobCheck | None:
         """After a deployed (or fallen back) step: every ``check_every`` of them, the periodic job
-        check of the steps since the last (a collective: every rank at the same step), else None."""
+        check of the steps since the last (a collective: every rank at the same step), else None.
+        On an overlapped control plane the check asked now is answered at the next check, and the
+        one asked then is what this returns (None at the first)."""
         if self.timed is not None:
             self.timed.end_step()
         self.window.append((natural_s, energy_j))
@@ -294,4 +300,11 @@ class Deployment:
         if not self.check_every or self.steps % self.check_every:
             return None
         window, self.window = self.window, []
-        return check_job(collective, job, step, window, self.problem is not None)
+        asked = start_check(collective, job, window, self.problem is not None)
+        if not collective.overlapped:
+            return job_check(asked.result(), job, step, collective.is_root)
+        previous, self._pending = self._pending, (asked, step)
+        if previous is None:
+            return None
+        # Asked a whole check period ago: answered by now (gloo's timeout bounds it if a rank died).
+        return job_check(previous[0].result(), job, previous[1], collective.is_root)

@@ -22,8 +22,9 @@ from typing import Any
 from perseus.errors import PerseusError
 from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.closed_loop import ClosedLoop
+from perseus.runtime.collective import CollectiveError
+from perseus.runtime.control_plane import open_control_plane
 from perseus.runtime.grid import GridControl
-from perseus.runtime.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.events import PipelineJob
@@ -66,7 +67,7 @@ class PerseusRuntime:
             return
         job.check()
         self.schedule = job.build_schedule()
-        self.collective = Collective(process_group, c.collective_timeout_s)
+        self.collective = open_control_plane(job, process_group, c.collective_timeout_s, c.control_plane)
         self.rank = self.collective.rank
         self.is_root = self.collective.is_root
         if self.is_root:
@@ -441,6 +442,7 @@ class PerseusRuntime:
         try:
             self.gpu.close()
         finally:
+            self.collective.close()  # no collective after this: the control plane's thread and groups go
             self.observe.close()
             if self.is_root and self.phases.history:
                 log.info("%s", summary_line(self.summary()))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.notice import ClockNotice
     from perseus.gpu.timing import InstructionTimer
-    from perseus.runtime.collective import Collective
+    from perseus.runtime.collective import Collective, PairChannel
     from perseus.runtime.config import PerseusConfig
 
 log = logging.getLogger("perseus.runtime")
@@ -196,16 +196,14 @@ class GPUPort:
 
         return EnergyPoller(self.device, interval_s).start()
 
-    def measure_p_blocking(self, seconds: float, collective: Collective | None = None, peer: int | None = None) -> float:
+    def measure_p_blocking(self, seconds: float, channel: PairChannel | None = None) -> float:
         """P_blocking as Perseus defines it: this GPU's power while its rank is blocked in a P2P
-        receive and the peer rank sleeps (pairs of ranks take turns); alone, plain idle power."""
+        receive and the partner sleeps (``channel``: the pair takes turns); alone, plain idle power."""
         from perseus.gpu import measurement
 
-        if collective is not None and collective.distributed and peer is not None:
-            import torch.distributed as dist
-
-            global_peer = dist.get_global_rank(collective.group, peer)
-            result = measurement.measure_blocking_power_p2p(self.device, global_peer, seconds, group=collective.group)
+        if channel is not None:
+            result = measurement.measure_blocking_power_pair(self.device, channel.send, channel.recv, channel.first,
+                                                             seconds)
         else:
             result = measurement.measure_blocking_power(self.device, seconds)
         return float(result.power_w)

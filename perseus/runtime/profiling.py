@@ -179,8 +179,8 @@ class ProfilingRun:
                 if not interpolation_ok(te, ee, p.se_s / max(p.time_s, 1e-30)):
                     failing.add(f)
         wanted = set(sweep.refinement_candidates(sorted(failing)))
-        votes = self._collective.all_gather_floats([1.0 if f in wanted else 0.0 for f in sweep.frequencies])
-        agreed = [f for i, f in enumerate(sweep.frequencies) if any(v[i] for v in votes)]
+        votes = self._collective.vote_any([1.0 if f in wanted else 0.0 for f in sweep.frequencies])
+        agreed = [f for f, wanted_somewhere in zip(sweep.frequencies, votes) if wanted_somewhere]
         added = sweep.add_refinements(agreed)
         if added and self._collective.is_root:
             log.info("perseus: interpolation is not accurate near %s MHz; measuring %s MHz too",
@@ -278,15 +278,17 @@ def describe_noise(profile: Any) -> str | None:
 
 def measure_p_blocking(gpu: GPUPort, collective: Collective, seconds: float) -> float:
     """P_blocking of this rank's GPU: blocked in a gloo recv while a partner rank sleeps (ranks in
-    pairs); the mean idle power if the measurement fails here, a ``CollectiveError`` if the peer
-    died or hung."""
-    rank = collective.rank
-    peer = rank ^ 1 if rank ^ 1 < collective.size else None
+    pairs, ``Collective.blocking_channel``); the mean idle power if the measurement fails here, a
+    ``CollectiveError`` if the peer died or hung."""
+    channel = collective.blocking_channel()
     try:
-        return gpu.measure_p_blocking(seconds, collective, peer)
+        return gpu.measure_p_blocking(seconds, channel)
+    except CollectiveError:  # the control plane's own line already says which measurement
+        raise
     except RuntimeError as exc:  # gloo: the peer died or hung in the pair's send/recv
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise CollectiveError(f"the P_blocking measurement with rank {peer} failed: {first}") from None
+        peer = channel.peer if channel is not None else "its peer"
+        raise CollectiveError(f"the P_blocking measurement with {peer} failed: {first}") from None
     except PerseusError as exc:
         log.warning("perseus: P_blocking measurement failed (%s); using mean instantaneous idle power", exc)
         return gpu.sample_idle_power(seconds)

@@ -287,20 +287,10 @@ def slices_of(frontier: Frontier, profile: Profile | None = None) -> StageBytes:
 
 def distribute(collective: Any, stage_bytes: StageBytes | None, schedule: Schedule, stage: int) -> Delivery:
     """Collective: rank 0 (which has ``stage_bytes``: the planner process's ``PlannedStages.bytes_of``,
-    or ``slices_of`` a frontier) sends every rank of its group only the bytes of that rank's
-    stage, point to point; every rank returns its own ``StagePlan``.
-
-    Ranks first tell rank 0 their stage (a few bytes each); each stage's bytes are asked for once,
-    however many data-parallel replicas receive them."""
-    stages = collective.gather_to_root(stage)
-    payloads: list[bytes] | None = None
-    if collective.is_root:
-        if stage_bytes is None:
-            raise FrontierError("perseus runtime bug: rank 0 distributes a plan it does not have")
-        encoded: dict[int, bytes] = {}
-        for s in stages:
-            if s not in encoded:
-                encoded[s] = stage_bytes(s)
-        payloads = [encoded[s] for s in stages]
-    mine = collective.scatter_bytes(payloads)
-    return Delivery(decode_stage(mine, schedule, stage), len(mine) if collective.rank != 0 else 0)
+    or ``slices_of`` a frontier) has every rank receive only the bytes of its own stage
+    (``Collective.deliver_stage``: each stage's bytes are made once, however many data-parallel
+    replicas receive them); every rank returns its own ``StagePlan``."""
+    if collective.is_root and stage_bytes is None:
+        raise FrontierError("perseus runtime bug: rank 0 distributes a plan it does not have")
+    mine = collective.deliver_stage(stage_bytes, stage)
+    return Delivery(decode_stage(mine, schedule, stage), 0 if collective.is_root else len(mine))

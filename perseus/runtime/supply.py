@@ -113,7 +113,7 @@ class PlanSupply:
             if self.cache is not None:  # a refused clock: nothing measured is kept, nor resumed
                 self.cache.clear_partial()
             return None
-        gathered = self.collective.gather_to_root(run.measurements(self.job, self.gpu.name))
+        gathered = self.collective.gather_measurements(run.measurements(self.job, self.gpu.name), run.sweep.frequencies)
         if self.collective.is_root:
             assert gathered is not None
             fields = {"cache_key_fields": self.cache_key(),

@@ -52,6 +52,8 @@ def test_emulate_example_plans_and_reports(capsys):
     assert main(["emulate", "--example", "--microbatches", "4", "--gpus", "1024", "--tp", "8", "--straggler-factor", "1.1"]) == 0
     out = capsys.readouterr().out
     assert "1024 GPUs = 32 pipelines x 4 stages x TP 8" in out and "(3) Perseus, straggler-matched" in out
+    # what the control plane costs at this size: 7 tensor-parallel + 3 stage + 31 replica peers
+    assert "control plane: 41 peers per rank" in out and "one world gloo group: 1,023" in out
 
 
 def test_bad_job_or_factor_is_reported_before_planning(monkeypatch, capsys):
