@@ -41,6 +41,9 @@ setup(
         "prometheus": ["prometheus-client>=0.20"],
         # the zeusd backend (perseus/gpu/zeusd_client.py): HTTP over zeusd's Unix socket
         "zeusd": ["httpx>=0.27"],
+        # carbon-intensity endpoints (ElectricityMaps, WattTime) over HTTP: perseus/carbon/signals.py. Zeus's
+        # CarbonIntensityProvider objects are taken by their method, so zeus itself is not required
+        "carbon": ["httpx>=0.27"],
         # pytest-xdist: pytest.ini runs the suite on 2 workers (most tests wait on simulated GPUs)
         "dev": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.1", "megatron-core>=0.16,<0.20", "six", "regex", "pyyaml",
                 "deepspeed>=0.19,<0.20",

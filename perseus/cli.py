@@ -296,6 +296,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from perseus.frontier import load_frontier
     from perseus.output.tables import emulation_table
 
+    if args.carbon_trace is not None or args.power_cap_w is not None:
+        return _emulate_grid(args)
     if args.gpus is None and args.dp is None:
         raise UsageError("give the job size: --gpus N (total GPUs) or --dp D (number of pipelines)")
     if args.sweep:
@@ -323,6 +325,77 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     job = _job(args, frontier.schedule.num_stages)
     result = emulate(frontier, job, args.straggler_factor[0])
     print(emulation_table(result, frontier))
+    return 0
+
+
+def _emulate_grid(args: argparse.Namespace) -> int:
+    """``--carbon-trace`` / ``--power-cap-w``: a trace of hours through the carbon policy, or a cap."""
+    import json
+
+    import numpy as np
+
+    from perseus.carbon.policy import PointMenu
+    from perseus.carbon.replay import replay_carbon, replay_power_cap
+    from perseus.carbon.signals import load_trace
+    from perseus.frontier import load_frontier
+
+    if args.sweep or args.straggler_factor is not None:
+        raise UsageError("--carbon-trace / --power-cap-w replay a job without a straggler; leave out --sweep and "
+                         "--straggler-factor")
+    if args.carbon_trace is None and args.figure is not None:
+        raise UsageError("--figure draws the carbon replay; give --carbon-trace")
+    if args.carbon_trace is not None and not 0.0 <= args.time_budget <= 100.0:
+        raise UsageError(f"--time-budget is a percentage in [0, 100], got {args.time_budget}")
+    trace = load_trace(args.carbon_trace, args.carbon_column) if args.carbon_trace is not None else None
+    if args.frontier is not None:
+        frontier = load_frontier(args.frontier)
+    else:
+        profile, _ = _load_profile_arg(args)
+        microbatches = args.microbatches[0] if args.microbatches else None
+        frontier = _plan(_schedule_for(args, profile, microbatches), profile, args.progress)
+    stages = frontier.schedule.num_stages
+    job = _job(args, stages) if (args.gpus is not None or args.dp is not None) else None
+    gpus = job.num_gpus if job is not None else stages * args.tp
+    scale = gpus / stages  # pipelines x TP: job power = scale x one pipeline's power
+    menu = PointMenu.from_frontier(frontier)
+    out: dict[str, object] = {"gpus": gpus, "stages": stages, "tensor_parallel": args.tp}
+    if trace is not None:
+        hour0 = int((trace.times[0] // 3600) % 24)
+        replay = replay_carbon(menu, trace.hourly(), hour0, args.time_budget / 100.0, scale)
+        out["carbon"] = {"trace": str(args.carbon_trace), "column": trace.column, "missing_hours": trace.missing,
+                         **replay.summary()}
+        if args.figure is not None:
+            from perseus.output.carbon_plot import carbon_week_figure
+
+            carbon_week_figure(replay, args.figure)
+    if args.power_cap_w is not None:
+        windows = len(trace.hourly()) if trace is not None else 1
+        out["power_cap"] = replay_power_cap(menu, np.full(windows, args.power_cap_w), scale).summary()
+    if args.json:
+        flat = dict(out.get("carbon", {}))  # type: ignore[arg-type]
+        flat.update({k: v for k, v in out.items() if k != "carbon"})
+        print(json.dumps(flat, indent=2, sort_keys=True))
+        return 0
+    print(f"perseus emulate: {gpus} GPUs ({stages} stages x TP {args.tp}), frontier of {len(frontier.points)} points")
+    if "carbon" in out:
+        c = out["carbon"]  # type: ignore[assignment]
+        print(f"carbon trace {c['trace']} ({c['column']}, {c['hours']} h, mean {c['mean_ci']:.1f} gCO2/kWh), "
+              f"time budget +{args.time_budget:g} %")
+        rows = [("no slowdown", c["no_slowdown_carbon_saving"], 0.0),
+                (f"uniform +{args.time_budget:g} %", c["uniform_carbon_saving"], c["uniform_time_change"]),
+                ("carbon-aware (forecast)", c["carbon_saving"], c["time_change"]),
+                ("carbon-aware (hindsight)", c["hindsight_carbon_saving"], c["hindsight_time_change"])]
+        print(f"{'policy':<26}{'carbon saving':>14}{'time':>10}")
+        for name, saving, time_change in rows:
+            print(f"{name:<26}{100 * saving:>13.2f}%{100 * time_change:>+9.2f}%")
+        print(f"forecast MAE {c['forecast_mae']:.1f} gCO2/kWh (persistence {c['persistence_mae']:.1f}); "
+              f"{c['carbon_t']:.1f} t CO2, {c['energy_kwh'] / 1000:.1f} MWh over the trace")
+    if "power_cap" in out:
+        p = out["power_cap"]  # type: ignore[assignment]
+        print(f"power cap {args.power_cap_w:g} W (all-max clocks: {p['all_max_power_w']:.0f} W): "
+              f"runs at {p['max_power_w']:.0f} W, throughput loss {100 * p['throughput_loss']:.2f} % "
+              f"(hindsight bound {100 * p['hindsight_throughput_loss']:.2f} %)"
+              + ("; no point is under the cap, the least-power point runs" if p["unreachable_windows"] else ""))
     return 0
 
 
@@ -396,6 +469,8 @@ examples:
   perseus emulate --example --gpus 1024 --tp 8 --straggler-factor 1.2
   perseus emulate --frontier frontier.json --dp 16 --tp 8 --straggler-factor 1.1
   perseus emulate --profile gpt3.csv --p-blocking 83.64 --stages 8 --gpus 1024 --tp 8 --sweep --cache-dir cache/
+  perseus emulate --frontier frontier.json --carbon-trace CISO.csv --time-budget 2.5 --gpus 1024 --tp 8 --json
+  perseus emulate --frontier frontier.json --power-cap-w 250000 --gpus 1024 --tp 8
 
 policies: (1) all max frequency everywhere; (2) intrinsic-only Perseus: every pipeline at the
 no-slowdown point, the others then wait for the straggler; (3) Perseus with the others slowed to
@@ -525,6 +600,15 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--straggler-factor", type=_number_list(float), metavar="F", help="straggler slowdown, >= 1.0 (--sweep: list, default 1.0,1.1,...,1.5)")
     p.add_argument("--sweep", action="store_true", help="table over microbatch counts and straggler factors")
     p.add_argument("--cache-dir", type=Path, metavar="DIR", help="--sweep: reuse frontiers saved here by an earlier run")
+    grid = p.add_argument_group("carbon and power (docs/carbon.md)")
+    grid.add_argument("--carbon-trace", type=Path, metavar="CSV", help="hourly carbon-intensity trace to replay through "
+                      "the carbon policy and its forecaster")
+    grid.add_argument("--carbon-column", metavar="NAME", help="the trace's intensity column (default: found by name)")
+    grid.add_argument("--time-budget", type=float, default=2.5, metavar="PCT",
+                      help="average slowdown allowed, percent of the no-slowdown time (default 2.5)")
+    grid.add_argument("--power-cap-w", type=_positive(float), metavar="W", help="job-wide power cap in watts")
+    grid.add_argument("--figure", type=Path, metavar="IMAGE", help="a week of intensity, chosen point and power")
+    grid.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(handler=cmd_emulate, gpu_name=None)
 
     p = sub.add_parser("clockd", help="per-node GPU clock daemon, so trainers need no privileges", formatter_class=fmt,

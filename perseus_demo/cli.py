@@ -45,17 +45,64 @@ def draw_pictures(cache_dir: Path, out_dir: Path) -> list[Path]:
     return written
 
 
+# --carbon-trace: a trace hour every CARBON_SECONDS_PER_HOUR seconds of the run, a decision every step
+CARBON_SECONDS_PER_HOUR = 1.5
+CARBON_DEPLOYED_STEPS = 36
+
+
+def carbon_settings(trace: Path) -> dict:
+    """The runtime's settings that replay ``trace`` with a compressed clock (checked now: one line)."""
+    from perseus.carbon.signals import load_trace
+
+    load_trace(trace)
+    return {"carbon_source": str(trace.resolve()), "carbon_replay_speed": 3600.0 / CARBON_SECONDS_PER_HOUR,
+            "carbon_time_budget": 0.05, "carbon_horizon_windows": 12, "grid_every_steps": 1}
+
+
+def carbon_lines(metrics: Path) -> list[str]:
+    """What the grid did, from rank 0's metrics file: each change of intensity or point."""
+    import json
+
+    if not metrics.exists():
+        return ["carbon: no metrics file (the plan was not deployed)"]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("carbon_intensity") is not None]
+    if not rows:
+        return ["carbon: no step ran with an intensity (the plan was not deployed long enough)"]
+    lines = ["carbon (trace replayed, an hour every "
+             f"{CARBON_SECONDS_PER_HOUR:g} s): step, intensity gCO2/kWh, planned slowdown of the point run"]
+    last = None
+    for r in rows:
+        key = (round(r["carbon_intensity"], 1), round(r.get("slowdown", 1.0), 4))
+        if key != last:
+            lines.append(f"  step {r['step']:>4}  {r['carbon_intensity']:7.1f}  x{r.get('slowdown', 1.0):.4f}")
+            last = key
+    total = sum(r.get("carbon_g", 0.0) for r in rows)
+    points = len({round(r.get("slowdown", 1.0), 6) for r in rows})
+    lines.append(f"  {len(rows)} steps with an intensity, {points} frontier points run, rank 0's GPU: {total:.3g} g CO2")
+    return lines
+
+
 def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | None, out_dir: Path,
-             schedule: str | None = None) -> str:
-    """Run the demo and return the printable report (``schedule``: the torch demo's schedule)."""
+             schedule: str | None = None, carbon_trace: Path | None = None) -> str:
+    """Run the demo and return the printable report (``schedule``: the torch demo's schedule;
+    ``carbon_trace``: replay it with a compressed clock, one frontier point per trace hour)."""
     module = _framework_demo(framework)
+    grid = carbon_settings(carbon_trace) if carbon_trace is not None else None
     if schedule is not None and framework != "torch":
         raise PerseusError(f"--schedule picks a torch.distributed.pipelining schedule; the {framework} demo runs 1F1B")
     extra: dict = {"schedule": schedule, "chunks": TORCH_SCHEDULES[schedule]} if schedule is not None else {}
     if max_steps is not None:
         extra["max_steps"] = max_steps
+    if grid is not None:
+        extra["deployed_steps"] = CARBON_DEPLOYED_STEPS
     cfg = module.DemoConfig(stages=stages, microbatches=microbatches, **extra)
     cfg.perseus = {**cfg.perseus, "cache_dir": str((out_dir / "cache").resolve())}
+    if grid is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = (out_dir / "carbon-metrics.jsonl").resolve()
+        metrics.unlink(missing_ok=True)
+        cfg.perseus = {**cfg.perseus, **grid, "metrics_file": str(metrics)}
     started = time.perf_counter()
     results = module.launch(cfg, out_dir)
     name = f"{framework} ({schedule})" if schedule else framework
@@ -67,6 +114,8 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
     pictures = draw_pictures(out_dir / "cache", out_dir)
     if pictures:
         lines.append("pictures: " + ", ".join(str(p) for p in pictures))
+    if grid is not None:
+        lines.extend(carbon_lines(out_dir / "carbon-metrics.jsonl"))
     lines.append(f"per-rank results and the runtime cache (profile.json, frontier.json) are in {out_dir}")
     return "\n".join(lines)
 
@@ -102,10 +151,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.megatron_lm:
         if args.framework != "megatron":
             raise PerseusError("--megatron-lm runs Megatron-LM; leave --framework at megatron")
+        if args.carbon_trace:
+            raise PerseusError("--carbon-trace runs with the tiny demo loop; leave out --megatron-lm")
         print(run_megatron_lm_demo(Path(args.megatron_lm).expanduser().resolve(), args.stages, args.microbatches,
                                    args.max_steps, Path(args.out), args.chunks))
         return 0
-    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out), args.schedule))
+    print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out), args.schedule,
+                   Path(args.carbon_trace) if args.carbon_trace else None))
     return 0
 
 
@@ -132,4 +184,7 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
                    f"instead of the tiny megatron-core loop; at most {MEGATRON_LM_ITERATIONS} iterations")
     p.add_argument("--chunks", type=int, default=1,
                    help="with --megatron-lm: virtual chunks per stage (> 1: interleaved 1F1B, needs stages > 2)")
+    p.add_argument("--carbon-trace", metavar="CSV",
+                   help="replay this hourly carbon-intensity trace with a compressed clock (an hour every "
+                        f"{CARBON_SECONDS_PER_HOUR:g} s) and show the frontier points changing with it (docs/carbon.md)")
     p.set_defaults(handler=cmd_demo)

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("perseus.errors", "perseus.store.atomic"),
     ("perseus.schedules",),
     ("perseus.profile", "perseus.frontier", "perseus.examples"),
-    ("perseus.timeline", "perseus.store"),
+    ("perseus.timeline", "perseus.store", "perseus.carbon"),
     ("perseus.planner", "perseus.timeline.emulator"),
     ("perseus.output",),
     ("perseus.gpu",),

@@ -147,10 +147,16 @@ def _phase_color(phase: str, extra: dict[str, str]) -> str:
 
 
 def plot_iterations(run: Run, out: Path) -> None:
-    """Energy (top) and time (bottom) per iteration of one run, phases shaded, events marked."""
+    """Energy (top) and time (middle) per iteration of one run, phases shaded, events marked; with
+    a carbon or power target, the grid's panel below (intensity, the job's power against the cap)."""
     steps = run.steps
     xs = [s.step for s in steps]
-    fig, (ax_e, ax_t) = plt.subplots(2, 1, figsize=(11, 6.2), sharex=True, layout="constrained")
+    grid = any(s.carbon_intensity is not None or s.power_cap_w is not None for s in steps)
+    fig, axes = plt.subplots(3 if grid else 2, 1, figsize=(11, 8.4 if grid else 6.2), sharex=True,
+                             layout="constrained", height_ratios=[1, 1, 0.8] if grid else None)
+    ax_e, ax_t = axes[0], axes[1]
+    if grid:
+        _grid_panel(axes[2], steps)
     extra: dict[str, str] = {}
     spans: list[tuple[str, int, int]] = []
     for s in steps:
@@ -203,7 +209,7 @@ def plot_iterations(run: Run, out: Path) -> None:
         seen.add(ev["event"])
     ax_e.set_ylabel(f"energy / iteration (J)\n{run.energy_scope.split(' (')[0]}")
     ax_t.set_ylabel("time / iteration (ms)")
-    ax_t.set_xlabel("iteration (step)")
+    axes[-1].set_xlabel("iteration (step)")
     ax_t.set_ylim(bottom=0)
     top = max(s.energy_j for s in steps) * 1.18
     ax_e.set_ylim(0, top)
@@ -218,6 +224,28 @@ def plot_iterations(run: Run, out: Path) -> None:
     ax_t.legend(loc="lower left", fontsize=8, ncol=3, framealpha=0.9)
     ax_e.set_title("energy and time of every iteration, phases shaded (profiling clocks in MHz)", fontsize=10)
     save_figure(fig, out)
+
+
+def _grid_panel(ax, steps: list) -> None:
+    """Carbon intensity (left axis) and the job's planned power against its cap (right axis)."""
+    ci = [(s.step, s.carbon_intensity) for s in steps if s.carbon_intensity is not None]
+    if ci:
+        ax.plot(*zip(*ci), color="#333333", linewidth=1.2, drawstyle="steps-mid", label="carbon intensity")
+    ax.set_ylabel("gCO2/kWh")
+    ax.grid(alpha=0.3)
+    power = ax.twinx()
+    job = [(s.step, s.job_power_w / 1000) for s in steps if s.job_power_w is not None]
+    cap = [(s.step, s.power_cap_w / 1000) for s in steps if s.power_cap_w is not None]
+    if job:
+        power.plot(*zip(*job), color="tab:blue", linewidth=1.2, drawstyle="steps-mid", label="job power (planned)")
+    if cap:
+        power.plot(*zip(*cap), color="tab:red", linestyle="--", linewidth=1.2, drawstyle="steps-mid", label="power cap")
+    power.set_ylabel("job power (kW)")
+    handles = ax.get_legend_handles_labels()[0] + power.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, loc="lower left", fontsize=8, ncol=3, framealpha=0.9)
+    total = sum(s.carbon_g for s in steps if s.carbon_g is not None)
+    ax.set_title(f"grid: carbon intensity and power (this GPU's carbon over the run: {total:.3g} g)", fontsize=10)
 
 
 def plot_frontier_used(fr: Frontier, used: list[tuple[FrontierPoint, int, bool]], out: Path) -> None:

@@ -29,6 +29,7 @@ DEPLOYED = "deployed"
 PROBE = "default-clock probe"
 # Steps after a clock change that the same-run A/B leaves out (metrics file ``"counted": false``).
 SETTLE = " (settling)"
+GRID_KEYS = ("carbon_intensity", "carbon_g", "job_power_w", "power_cap_w")
 RUN_ID_KEY = "run_id"
 LATEST = "latest"
 ALL = "all"
@@ -46,6 +47,12 @@ class Step:
     target_time_s: float | None = None
     slowdown: float = 1.0
     energy_ranks: int = 1
+    # carbon and power targets (docs/carbon.md): the intensity in force, the step's carbon, the
+    # job's planned power at the point run and the cap
+    carbon_intensity: float | None = None
+    carbon_g: float | None = None
+    job_power_w: float | None = None
+    power_cap_w: float | None = None
 
 
 @dataclass
@@ -132,6 +139,7 @@ def step_from(row: dict[str, Any], where: str) -> Step:
         target_time_s=_number(target, "target_time_s", where) if target is not None else None,
         slowdown=_number(row.get("slowdown", 1.0), "slowdown", where),
         energy_ranks=int(_number(row.get("energy_ranks", 1), "energy_ranks", where)),
+        **{key: _number(row[key], key, where) for key in GRID_KEYS if row.get(key) is not None},
     )
 
 

@@ -170,4 +170,6 @@ def guard_target_ratio(targeting: Targeting, plan: StagePlan) -> float:
         return target.ratio
     if isinstance(target, TimeTarget):
         return target_ratio(target.seconds, default_s)
+    if hasattr(target, "time_ratio"):  # a grid target (carbon, power cap), paced or not
+        return float(target.time_ratio(default_s))
     return 1.0  # NoSlowdown, or a target with no time of its own

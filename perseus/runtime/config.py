@@ -124,6 +124,22 @@ class PerseusConfig(BaseModel):
     control_plane: ControlPlaneDesign = "hierarchical"
     clock_check_s: float = Field(default=1.0, ge=0)
 
+    # Carbon and power targets (docs/carbon.md). A source is a .csv trace, http(s)://... (JSON),
+    # unix:PATH, file:PATH or a plain path (an operator file). Rank 0 reads them every
+    # grid_every_steps deployed steps; every rank switches at the same step. A carbon source that
+    # fails runs the no-slowdown point; a cap keeps its last value.
+    carbon_source: str | None = None
+    carbon_time_budget: float = Field(default=0.025, ge=0, le=1)  # average slowdown allowed (fraction)
+    carbon_horizon_windows: int = Field(default=168, ge=1)  # the budget is restored over this many windows
+    carbon_window_s: float = Field(default=3600.0, gt=0)  # one point per window
+    carbon_stale_s: float = Field(default=7200.0, gt=0)  # an intensity older than this is not used
+    # A .csv trace replayed this many times faster than real time from its first row (the demo).
+    carbon_replay_speed: float | None = Field(default=None, gt=0)
+    power_cap_w: float | None = Field(default=None, gt=0)  # job-wide cap, watts (all GPUs)
+    power_cap_source: str | None = None  # where the cap is read at runtime (demand response)
+    grid_every_steps: int = Field(default=10, ge=1)
+    grid_timeout_s: float = Field(default=5.0, gt=0)
+
     # Cache and reports.
     cache_dir: str | None = "perseus-cache"
     metrics_file: str | None = None
@@ -154,6 +170,10 @@ class PerseusConfig(BaseModel):
                 f"plan_wait_s ({self.plan_wait_s:g}) must be below collective_timeout_s ({self.collective_timeout_s:g}): "
                 "the other ranks wait for rank 0's planning in a collective"
             )
+        if self.power_cap_w is not None and self.power_cap_source is not None:
+            raise ValueError("give power_cap_w (a fixed cap) or power_cap_source (read at runtime), not both")
+        if self.carbon_replay_speed is not None and not str(self.carbon_source or "").lower().endswith(".csv"):
+            raise ValueError("carbon_replay_speed replays a .csv trace; set carbon_source to one")
         if self.profile_path is not None and self.frontier_path is not None:
             raise ValueError("give profile_path or frontier_path, not both (a frontier already holds the plan)")
         return self

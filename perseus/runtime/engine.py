@@ -1,10 +1,9 @@
 """``PerseusRuntime``: the stateful engine adapters drive with step and instruction events.
 
 One object per training process. It keeps the hot path and the phase transitions (``phases.py``);
-each phase's work is a room of its own: getting a plan (``supply.py``: sources, profiling,
-planning), which frontier point runs (``targeting.py``), following it (``deploy.py``), checking it
-against default-clock probe steps (``closed_loop.py``), what the
-rank shows of its run (``observe.py``) and closing at process exit (``lifecycle.py``).
+each phase's work is a room of its own: getting a plan (``supply.py``), which point runs
+(``targeting.py``; the grid's carbon and power targets: ``grid.py``), following it (``deploy.py``),
+checking it (``closed_loop.py``), what a rank shows (``observe.py``), process exit (``lifecycle.py``).
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
 non-blocking request to the frequency controller. On a simulated GPU they also make each
@@ -25,6 +24,7 @@ from perseus.runtime.clock_trace import ClockTrace
 from perseus.runtime.closed_loop import ClosedLoop
 from perseus.runtime.collective import CollectiveError
 from perseus.runtime.control_plane import open_control_plane
+from perseus.runtime.grid import GridControl
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.events import PipelineJob
@@ -97,12 +97,14 @@ class PerseusRuntime:
                                                    c.straggler_patience))
         self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
         self.loop = ClosedLoop(c, self.collective)  # default-clock probes, the A/B, the no-slowdown guard
+        self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}
         self._step_t0 = self._step_e0 = self._last_end = 0.0
         self._in_step = False
         track(self)
         try:
+            self.grid.open()
             self._load_sources()
             self.cache = self.supply.cache
             self.prometheus = self.observe.start_prometheus(c.prometheus_port, self.collective)
@@ -231,8 +233,7 @@ class PerseusRuntime:
             self.deployment.fall_back(problem)
 
     def _detach(self, exc: CollectiveError) -> None:
-        """Another rank died or hung in a collective: make no further collective (each would wait
-        for it again) and leave this rank's training at default clocks, still measured."""
+        """Another rank died or hung in a collective: no further collective, default clocks, still measured."""
         self._hot = _HOT_IDLE
         self.supply.detach()
         self.gpu.reset()
@@ -359,6 +360,7 @@ class PerseusRuntime:
                 self._event("slowdown_seen", check.slowdown)
                 if self.targeting.observe_slowdown(check.slowdown):
                     self._event("straggler", self.targeting.straggler_ratio)
+        self.grid.end_step(self.targeting, self.frontier)  # every rank: rank 0's grid decision
 
     def _enter_fallback(self) -> None:
         if self.phases.phase is Phase.DEPLOYED:
@@ -380,8 +382,7 @@ class PerseusRuntime:
         self.targeting.set_external(None)
 
     def stop(self) -> None:
-        """Leave the training to itself from now on, at default clocks; waits until they are in effect
-        (A/B comparisons; docs/runtime.md, first paragraph). Only ``close`` follows."""
+        """Default clocks from now on, in effect when this returns (A/B runs; docs/runtime.md). Only ``close`` follows."""
         self._hot = _HOT_IDLE
         self._stopped = True
         if self.enabled and not self._closed:
@@ -437,6 +438,7 @@ class PerseusRuntime:
         if kernels is not None:
             kernels.close()
         self.supply.close(self.config.close_plan_wait_s if plan_wait_s is None else plan_wait_s)
+        self.grid.close()
         self.observe.close_sinks()
         try:
             self.gpu.close()

@@ -41,8 +41,16 @@ SCALARS: dict[str, tuple[str, str]] = {
     "point_slowdown": ("ratio", "deployed frontier point's planned time / no-slowdown point's (deployed steps only)"),
     "point_energy_j": ("J", "deployed frontier point's planned iteration energy, whole pipeline (deployed steps only)"),
     "job_energy_j": ("J", "energy per iteration of all GPUs of the job, from the periodic job check (check steps only)"),
+    "carbon_intensity": ("gCO2/kWh", "grid carbon intensity in force (carbon or power target set; docs/carbon.md)"),
+    "carbon_g": ("g", "carbon of this rank's GPU energy over the step (energy_j x carbon_intensity)"),
+    "carbon_g_total": ("g", "carbon_g summed over the steps with an intensity so far"),
+    "job_power_w": ("W", "planned average power of all the job's GPUs at the point run (grid target set)"),
+    "power_cap_w": ("W", "job-wide power cap in force"),
     "instructions_at_<MHz>mhz": ("count", "this step's instructions of this rank run (as planned) at that SM clock"),
 }
+
+
+GRID_FIELDS = ("carbon_intensity", "carbon_g", "carbon_g_total", "job_power_w", "power_cap_w")
 
 
 def instructions_name(mhz: int) -> str:
@@ -78,6 +86,12 @@ class StepMetrics:
     slowdown: float = 1.0  # deliberate slowdown ratio (straggler or external target)
     clocks: str | None = None  # deployed steps: "plan", or "default" for a default-clock probe (closed_loop.py)
     counted: bool | None = None  # deployed steps: in the same-run A/B (not a settle step after a clock change)
+    # the grid's targets (grid.py): intensity in force, this step's and all steps' carbon, job power and cap
+    carbon_intensity: float | None = None
+    carbon_g: float | None = None
+    carbon_g_total: float | None = None
+    job_power_w: float | None = None
+    power_cap_w: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
@@ -96,6 +110,9 @@ class StepMetrics:
         if self.clocks is not None:
             row["clocks"] = self.clocks
             row["counted"] = bool(self.counted)
+        for name in GRID_FIELDS:
+            if getattr(self, name) is not None:
+                row[name] = getattr(self, name)
         return row
 
     def scalars(self) -> dict[str, float]:
@@ -106,7 +123,7 @@ class StepMetrics:
             "clock_mhz": float(self.clock_mhz), "energy_j_total": self.energy_j_total,
             "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
         }
-        for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j"):
+        for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j", *GRID_FIELDS):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)
@@ -124,6 +141,8 @@ class StepMetrics:
             "point_energy_j": self.point_energy_j, "straggler_ratio": self.straggler_ratio,
             "energy_saving": self.saving_ratio, "energy_saved_total_j": self.saving_j_total,
             "job_energy_per_iteration_j": self.job_energy_j,
+            "carbon_intensity": self.carbon_intensity, "carbon_total_g": self.carbon_g_total,
+            "job_power_w": self.job_power_w, "power_cap_w": self.power_cap_w,
         }
 
 

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("perseus.runtime")
 
+J_PER_KWH = 3.6e6
+
 
 class Observer:
     """One rank's records, events, sinks and exporter; ``close`` closes them all."""
@@ -49,6 +51,7 @@ class Observer:
         self.sinks: list[MetricsSink] = []  # written at step end
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
         self._totals = MetricsBuilder(rank)
+        self.carbon_g_total = 0.0  # this GPU's carbon over the steps with an intensity in force
 
     def start_prometheus(self, port: int | None, collective: Collective) -> Any:
         """One exporter per rank on 127.0.0.1 when ``port`` is set (N: N + LOCAL_RANK; 0: any free
@@ -94,10 +97,23 @@ class Observer:
                              target_time_s=point.time_s if point is not None else None,
                              slowdown=targeting.slowdown if plan_step else 1.0,
                              clocks=loop.clocks if deployed else None,
-                             counted=loop.role.counted if deployed else None)
+                             counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j))
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
+
+    def _grid_fields(self, targeting: Targeting, energy_j: float) -> dict[str, float | None]:
+        """The step's carbon (this GPU's energy at the intensity in force) and the job's planned
+        power against the cap, while a grid target is set (``grid.py``)."""
+        grid = targeting.grid
+        if grid is None:
+            return {}
+        out: dict[str, float | None] = {"job_power_w": grid.job_power_w, "power_cap_w": grid.power_cap_w}
+        if grid.intensity is not None:
+            carbon = energy_j * grid.intensity / J_PER_KWH
+            self.carbon_g_total += carbon
+            out.update(carbon_intensity=grid.intensity, carbon_g=carbon, carbon_g_total=self.carbon_g_total)
+        return out
 
     def publish(self, record: StepMetrics, *, clock_mhz: int, default_mhz: int, follower: PlanFollower | None,
                 point: StagePoint | None, slowdown: float, straggler_ratio: float, job_energy_j: float | None,

@@ -28,6 +28,9 @@ Snapshot keys (all optional; a key left out leaves its metric as it was):
 - ``energy_saved_total_j``: energy saved against the baseline so far, J (a gauge: it may fall).
 - ``job_energy_per_iteration_j``: energy per iteration of all GPUs of the job, J, as of the
   runtime's last periodic job check.
+- ``carbon_intensity``, ``carbon_total_g``, ``job_power_w``, ``power_cap_w``: the grid's
+  intensity (gCO2/kWh) in force, this GPU's carbon so far (g), the job's planned power at the
+  point run and the cap (W) (docs/carbon.md).
 
 A value of ``None`` also leaves its metric unchanged (e.g. no point deployed yet).
 """
@@ -44,6 +47,7 @@ PHASES = ("warmup", "profiling", "planning", "deployed", "fallback", "steady")
 SNAPSHOT_KEYS = frozenset({
     "phase", "clock_mhz", "energy_total_j", "instructions_total", "point_slowdown", "point_energy_j",
     "straggler_ratio", "energy_saving", "energy_saved_total_j", "job_energy_per_iteration_j",
+    "carbon_intensity", "carbon_total_g", "job_power_w", "power_cap_w",
 })
 INSTALL_HINT = "pip install -e '.[prometheus]'"
 
@@ -90,6 +94,13 @@ class PrometheusExporter:
                             registry=r)
         self._job_energy = Gauge("perseus_job_energy_per_iteration_joules",
                                  "Energy per iteration of all GPUs of the job at the last job check (J)", registry=r)
+        self._grid = {
+            "carbon_intensity": Gauge("perseus_carbon_intensity_grams_per_kwh", "Grid carbon intensity in force "
+                                      "(gCO2/kWh)", registry=r),
+            "carbon_total_g": Gauge("perseus_carbon_grams", "Carbon of this GPU's energy so far (g)", registry=r),
+            "job_power_w": Gauge("perseus_job_power_watts", "Planned power of the job at the point run (W)", registry=r),
+            "power_cap_w": Gauge("perseus_power_cap_watts", "Job power cap in force (W)", registry=r),
+        }
         for phase in PHASES:
             self._phase.labels(phase=phase).set(0)
         self._last_energy: dict[str, float] = {}
@@ -130,7 +141,7 @@ class PrometheusExporter:
             for key, gauge in (("clock_mhz", self._clock), ("point_slowdown", self._slowdown),
                                ("point_energy_j", self._point_energy), ("straggler_ratio", self._straggler),
                                ("energy_saving", self._saving), ("energy_saved_total_j", self._saved),
-                               ("job_energy_per_iteration_j", self._job_energy)):
+                               ("job_energy_per_iteration_j", self._job_energy), *self._grid.items()):
                 value = snapshot.get(key)
                 if value is not None:
                     gauge.set(_finite(value, key))

@@ -10,10 +10,14 @@ A ``Target`` picks a point from the plan:
 - ``NoSlowdown``: the least-energy point no slower than all-max clocks (``default_point``);
 - ``TimeTarget(seconds)``: the least-energy point planned to finish within ``seconds``;
 - ``PacedTarget(ratio)``: iterations last ``ratio`` × the default point's time whatever we run
-  (behind a straggler), so the point of least energy when paced to that time (``paced_lookup``).
+  (behind a straggler), so the point of least energy when paced to that time (``paced_lookup``);
+- ``CarbonTarget`` / ``PowerCapTarget``: the point rank 0 chose for the grid (``grid.py``: carbon
+  intensity under a time budget, or the fastest point under a power cap), carried as its planned
+  time so every rank picks the same point; behind a straggler slower than it, the straggler's
+  paced point instead (``GridPaced``), which also keeps the cap (a paced iteration averages less power).
 
 ``Targeting.choose`` composes them: the external target (``set_target_time``,
-``set_target_slowdown``) first, else the straggler policy's ratio (``straggler.py``, fed by the
+``set_target_slowdown``) first, else the grid's target (``set_grid``), else the straggler policy's ratio (``straggler.py``, fed by the
 periodic job check through ``observe_slowdown``) as a ``PacedTarget``, else
 ``NoSlowdown``; then each ``Adjustment`` in order moves the point (a guard's ``SpeedUp`` margin
 picks a faster one). A change of any of these marks a new choice due (``due``); the engine makes
@@ -103,6 +107,60 @@ class SpeedUp:
         return faster if faster.time_s < point.time_s else point
 
 
+@dataclass(frozen=True)
+class CarbonTarget:
+    """The point rank 0 chose for this carbon window (``perseus.carbon.policy``), by its planned
+    time; ``intensity`` (gCO2/kWh) and the job's planned power ride along for the metrics."""
+
+    time_s: float
+    intensity: float
+    job_power_w: float
+    power_cap_w: float | None = None
+
+    def choose(self, plan: StagePlan) -> StagePoint:
+        return plan.lookup(self.time_s)
+
+    def time_ratio(self, default_s: float) -> float:
+        return max(self.time_s / default_s, 1.0)
+
+
+@dataclass(frozen=True)
+class PowerCapTarget:
+    """The fastest point whose job power is under ``power_cap_w`` (rank 0's choice, by its time)."""
+
+    time_s: float
+    power_cap_w: float
+    job_power_w: float
+    intensity: float | None = None
+
+    def choose(self, plan: StagePlan) -> StagePoint:
+        return plan.lookup(self.time_s)
+
+    def time_ratio(self, default_s: float) -> float:
+        return max(self.time_s / default_s, 1.0)
+
+
+GridTarget = CarbonTarget | PowerCapTarget
+
+
+@dataclass(frozen=True)
+class GridPaced:
+    """A grid target behind a straggler: if the straggler's pace is slower than the grid's point,
+    the paced point for that pace (least energy when waiting anyway), else the grid's point."""
+
+    grid: CarbonTarget | PowerCapTarget
+    ratio: float
+
+    def choose(self, plan: StagePlan) -> StagePoint:
+        paced_s = plan.default_point().time_s * self.ratio
+        if paced_s > self.grid.time_s:
+            return plan.paced_lookup(paced_s)
+        return self.grid.choose(plan)
+
+    def time_ratio(self, default_s: float) -> float:
+        return max(self.ratio, self.grid.time_ratio(default_s))
+
+
 NO_SLOWDOWN = NoSlowdown()
 
 
@@ -112,6 +170,7 @@ class Targeting:
     def __init__(self, policy: StragglerPolicy | None = None) -> None:
         self.policy = policy if policy is not None else StragglerPolicy()
         self.external: Target | None = None
+        self.grid: CarbonTarget | PowerCapTarget | None = None  # the grid's target in force (grid.py)
         self._adjustments: dict[str, Adjustment] = {}
         self.point: StagePoint | None = None  # the point being run (None before deployment)
         self.slowdown = 1.0  # its planned time / the default point's: a slowdown applied on purpose
@@ -123,6 +182,15 @@ class Targeting:
         """A user's target (``PerseusRuntime.set_target_*``); None goes back to the straggler / default."""
         self.external = target
         self.due = True
+
+    def set_grid(self, target: CarbonTarget | PowerCapTarget | None) -> None:
+        """The grid's decision (every rank the same, at the same step); a new choice is due only
+        when it names another point (a new intensity alone does not restart the A/B)."""
+        before = self.grid
+        self.grid = target
+        if (before is None) != (target is None) or (before is not None and target is not None
+                                                    and before.time_s != target.time_s):
+            self.due = True
 
     @property
     def straggler_ratio(self) -> float:
@@ -148,9 +216,12 @@ class Targeting:
             self.due = True
 
     def target(self) -> Target:
-        """The target in force: external first, else the straggler's pace, else no slowdown."""
+        """The target in force: external first, else the grid's (paced behind a straggler), else
+        the straggler's pace, else no slowdown."""
         if self.external is not None:
             return self.external
+        if self.grid is not None:
+            return GridPaced(self.grid, self.straggler_ratio) if self.straggler_ratio > 1.0 else self.grid
         if self.straggler_ratio > 1.0:
             return PacedTarget(self.straggler_ratio)
         return NO_SLOWDOWN

@@ -395,3 +395,42 @@ def test_the_page_shows_what_profiling_cost(run_dir, tmp_path):
     assert main(["report", str(run_dir), "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "4 iterations" in page and "of profiling: +12.5% time, -5.9% energy against default clocks" in page
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_a_run_with_a_grid_target_gets_the_carbon_panel(tmp_path, frontier):
+    lines = _metrics_lines(frontier)
+    carbon = 0.0
+    for i, line in enumerate(lines):
+        if line.get("phase") == "deployed":
+            ci = 200.0 + 10 * i
+            carbon = line["energy_j"] * ci / 3.6e6
+            line.update(carbon_intensity=ci, carbon_g=carbon, job_power_w=400.0 + i, power_cap_w=450.0)
+    plain, grid = tmp_path / "plain", tmp_path / "grid"
+    for run, rows in ((plain, _metrics_lines(frontier)), (grid, lines)):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in rows))
+        _write_cache(run, frontier)
+        assert main(["report", str(run), "--out", str(run / "page.html")]) == 0
+    steps = load_run(grid).runs[0].steps
+    deployed = [s for s in steps if s.phase == "deployed"]
+    assert deployed and all(s.carbon_intensity is not None and s.power_cap_w == 450.0 for s in deployed)
+    assert deployed[-1].carbon_g == pytest.approx(carbon)
+    width_plain, height_plain = _png_size(plain / "page-iterations.png")
+    width_grid, height_grid = _png_size(grid / "page-iterations.png")
+    assert width_grid == width_plain and height_grid > height_plain  # a third panel under the two
+
+
+def test_a_grid_field_that_is_not_a_number_is_one_line(tmp_path, frontier, capsys):
+    lines = _metrics_lines(frontier)
+    next(line for line in lines if line.get("phase") == "deployed")["carbon_intensity"] = "high"
+    run = tmp_path / "bad"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["report", str(run), "--out", str(run / "page.html")]) == 2
+    assert "carbon_intensity must be a finite number" in capsys.readouterr().err
