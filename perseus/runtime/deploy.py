@@ -307,4 +307,4 @@ class Deployment:
         if previous is None:
             return None
         # Asked a whole check period ago: answered by now (gloo's timeout bounds it if a rank died).
-        return job_check(previous[0].result(), job, previous[1], collective.is_root)
+        return job_check(previous[0].result(), job, previous[1], collective.is_root, answered_step=step)

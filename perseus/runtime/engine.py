@@ -7,10 +7,9 @@ checking it (``closed_loop.py``), what a rank shows (``observe.py``), process ex
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
 non-blocking request to the frequency controller. On a simulated GPU they also make each
-instruction a kernel of it (``sim_kernels.py``), so lower clocks cost time in any client.
-Everything that talks to other ranks (``collective.py``, a dedicated gloo group) runs in
-``on_step_end`` on every rank at the same step, so phase changes and plan switches happen on all
-ranks together.
+instruction a kernel of it (``sim_kernels.py``), so lower clocks cost time in any client. All talk
+with other ranks (the control plane, ``control_plane.py``) is in ``on_step_end``, every rank at the
+same step, so phase changes and plan switches happen on all ranks together.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ class PerseusRuntime:
                  gpu: GPUPort | None = None) -> None:
         self.job = job
         self.config = c = config if config is not None else PerseusConfig()
-        self._closed = False
-        self._stopped = False
+        self._closed = self._stopped = False
         self._hot = _HOT_IDLE
         self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
         self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
@@ -215,9 +213,8 @@ class PerseusRuntime:
     def _end_warmup(self) -> None:
         self.reporter.set_baseline([r for r in self.reporter.records if r.phase is Phase.WARMUP])
         phase, why = after_warmup(self.frontier is not None, self.supply.have_profile, self.config.mode)
-        start = {Phase.DEPLOYED: self._deploy, Phase.PLANNING: self._start_planning,
-                 Phase.PROFILING: self._start_profiling}.get(phase, lambda: self._steady(why or ""))
-        start()
+        {Phase.DEPLOYED: self._deploy, Phase.PLANNING: self._start_planning,
+         Phase.PROFILING: self._start_profiling}.get(phase, lambda: self._steady(why or ""))()
 
     def _check_notices(self) -> None:
         """What the clock controller reported since the last step (``GPUPort.take_notices``)."""
@@ -383,8 +380,7 @@ class PerseusRuntime:
 
     def stop(self) -> None:
         """Default clocks from now on, in effect when this returns (A/B runs; docs/runtime.md). Only ``close`` follows."""
-        self._hot = _HOT_IDLE
-        self._stopped = True
+        self._hot, self._stopped = _HOT_IDLE, True
         if self.enabled and not self._closed:
             self.gpu.reset()
 
@@ -411,7 +407,7 @@ class PerseusRuntime:
         self.observe.publish(
             record, clock_mhz=self.gpu.current_mhz, default_mhz=self.gpu.default_mhz, follower=self._follower,
             point=self.targeting.point, slowdown=self.targeting.slowdown, straggler_ratio=self.targeting.straggler_ratio,
-            job_energy_j=job.get("energy_per_iteration_j") if job.get("step") == self.step else None,
+            job_energy_j=job.get("energy_per_iteration_j") if job.get("answered_step") == self.step else None,
             stage_instructions=len(self._stage_instructions))
 
     def summary(self) -> dict[str, Any]:
@@ -430,8 +426,7 @@ class PerseusRuntime:
         ``close_plan_wait_s``) to write the frontier to the cache (``planning.finish_at_close``)."""
         if self._closed:
             return
-        self._closed = True
-        self._hot = _HOT_IDLE
+        self._closed, self._hot = True, _HOT_IDLE
         if not self.enabled:
             return
         kernels, self.sim_kernels = self.sim_kernels, None

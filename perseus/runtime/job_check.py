@@ -48,13 +48,16 @@ def start_check(collective: Collective, job: PipelineJob, window: list[tuple[flo
     return collective.start_pipeline_rows(job.dp_rank, natural_s, energy, diverged_here)
 
 
-def job_check(rows: list[PipelineRow], job: PipelineJob, step: int, is_root: bool = False) -> JobCheck:
-    """The check's outcome from every pipeline's row (``Collective.pipeline_rows``), asked at ``step``."""
+def job_check(rows: list[PipelineRow], job: PipelineJob, step: int, is_root: bool = False,
+              answered_step: int | None = None) -> JobCheck:
+    """The check's outcome from every pipeline's row (``Collective.pipeline_rows``), asked at ``step``
+    and used at ``answered_step`` (the same step unless the control plane overlaps the check)."""
     order = [r.dp for r in rows]
     times = [r.natural_s for r in rows]
     slowdown = slowdown_against_slowest(times, order.index(job.dp_rank))
     numbers = {
         "step": step,
+        "answered_step": step if answered_step is None else answered_step,
         "pipeline_natural_time_s": dict(zip(order, times)),
         "energy_per_iteration_j": sum(r.energy_j for r in rows),
         "slowdown_seen": slowdown,

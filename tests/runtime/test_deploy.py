@@ -75,3 +75,45 @@ def test_timed_switches_send_each_request_from_its_hook_after_its_delay():
     assert t.shift_s == pytest.approx(0.003)
     assert t.begin(3, 11.0) == [(1410, pytest.approx(11.022))]
     assert t.begin(0, 12.0)[0] == (900, 12.005)
+
+
+class _OverlappedPlane:
+    """A control plane whose job check is answered later (the hierarchical one's contract), recording asks."""
+
+    overlapped, is_root = True, False
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def start_pipeline_rows(self, dp, natural_s, energy_j, diverged):
+        from concurrent.futures import Future
+
+        from perseus.runtime.collective import PipelineRow
+
+        self.asked.append(natural_s)
+        future = Future()
+        future.set_result([PipelineRow(0, natural_s, energy_j, diverged), PipelineRow(1, 2 * natural_s, energy_j, False)])
+        return future
+
+
+def test_an_overlapped_job_check_is_used_at_the_next_check():
+    """Every K steps a check is asked; on an overlapped plane the answer returned is the one asked
+    a period earlier, marked with the step it is used at (its job energy is published then)."""
+    from perseus.runtime.deploy import Deployment
+    from perseus.runtime.events import PipelineJob
+
+    plane, job = _OverlappedPlane(), PipelineJob(num_stages=2, num_microbatches=4, stage=0, dp_size=2)
+    deployment = Deployment(0, switches=None, check_every=3, gpu=None)
+    answers = {}
+    for step in range(1, 10):
+        check = deployment.end_step(0.1 * (1 + (step > 3)), 1.0, plane, job, step)
+        if check is not None:
+            answers[step] = check
+    assert plane.asked == [0.1, 0.2, 0.2]  # asked at steps 3, 6, 9 (median of each window)
+    assert sorted(answers) == [6, 9]  # nothing at the first check
+    assert answers[6].numbers["step"] == 3 and answers[6].numbers["answered_step"] == 6
+    assert answers[6].slowdown == pytest.approx(2.0)  # pipeline 1 is twice as slow as this one
+    assert answers[9].numbers["pipeline_natural_time_s"] == {0: 0.2, 1: 0.4}
+    deployment.restart()  # a new deployment on every rank at once: the pending answer is dropped
+    assert [deployment.end_step(0.1, 1.0, plane, job, step) for step in (10, 11, 12)] == [None, None, None]
+    assert len(plane.asked) == 4  # asked again at the restarted deployment's first check, answered at its second
