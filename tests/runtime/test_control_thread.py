@@ -28,8 +28,9 @@ def test_calls_run_in_order_on_one_other_thread_and_raise_where_awaited():
 
 def test_close_cancels_calls_not_started():
     thread = ControlThread()
-    gate = threading.Event()
-    running = thread.submit(gate.wait)
+    gate, started = threading.Event(), threading.Event()
+    running = thread.submit(lambda: started.set() or gate.wait())
+    assert started.wait(30)  # the first call is running before the others queue behind it
     queued = [thread.submit(lambda: "never") for _ in range(3)]
     closer = threading.Thread(target=thread.close, kwargs={"wait_s": 5.0})
     closer.start()
