@@ -15,7 +15,7 @@ from perseus_demo.common import format_report, phase_table
 FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo",
               "torch": "perseus_demo.torch_demo"}
 # torch.distributed.pipelining schedules the torch demo runs, and their torch stages per rank
-TORCH_SCHEDULES = {"1f1b": 1, "gpipe": 1, "torch-interleaved": 2, "zb-interleaved": 2, "zbv": 2}
+TORCH_SCHEDULES = {"1f1b": 1, "gpipe": 1, "torch-interleaved": 2, "zb-interleaved": 2, "zbv": 2, "dualpipev": 2}
 
 
 def _framework_demo(framework: str):

@@ -121,10 +121,10 @@ def build_schedule(
     _check_sizes(num_stages, num_microbatches, num_chunks)
     megatron = name in REGISTRY and REGISTRY[name].megatron_exchanges
     if group_size is not None and not megatron:
-        raise ScheduleError(f"a microbatch group size applies to megatron-core's interleaved schedules only, not {name!r}")
+        raise ScheduleError(f"a microbatch group size applies to megatron-core's interleaved schedule only (interleaved, megatron-combined-1f1b), not {name!r}")
     if overlap_p2p and not megatron:
-        raise ScheduleError(f"overlapped p2p (megatron-core's overlap_p2p_comm) applies to megatron-core's interleaved "
-                            f"schedules only, not {name!r}")
+        raise ScheduleError(f"overlapped p2p (megatron-core's overlap_p2p_comm) applies to megatron-core's interleaved schedule only "
+                            f"(interleaved, megatron-combined-1f1b), not {name!r}")
     if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool)):
         raise ScheduleError(f"microbatch group size must be an integer, got {group_size!r}")
     spec = get_schedule_spec(name)
