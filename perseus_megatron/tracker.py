@@ -163,10 +163,12 @@ class ScheduleTracker:
         else:
             kind = "forward_backward" if pair is not None else "forward"
             microbatch, chunk = int(forward[0]), int(forward[1] or 0)  # type: ignore[arg-type]
-        listener.on_instruction_begin(kind, microbatch, chunk, pair)  # type: ignore[arg-type]
+        # the pair only for a fused unit: listeners written for plain kinds keep their three arguments
+        extra = () if pair is None else (pair,)
+        listener.on_instruction_begin(kind, microbatch, chunk, *extra)  # type: ignore[arg-type]
         result = run()
         if forward is not None:
             output = result[0] if isinstance(result, tuple) else result
             self._outputs[id(output)] = (output, microbatch, chunk)
-        listener.on_instruction_end(kind, microbatch, chunk, pair)  # type: ignore[arg-type]
+        listener.on_instruction_end(kind, microbatch, chunk, *extra)  # type: ignore[arg-type]
         return result
