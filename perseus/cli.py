@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Sequence
 from perseus import __version__
 from perseus.errors import ConfigError, PerseusError
 from perseus.examples import EXAMPLE_MICROBATCHES, example_profile_path, load_example_profile
-from perseus.profile import Profile, load_profile, split_backward, split_into_chunks
-from perseus.schedules import SCHEDULES, SPLIT_BACKWARD, Schedule, build_schedule
+from perseus.profile import Profile, fuse_forward_backward, load_profile, split_backward, split_into_chunks
+from perseus.schedules import FUSED, SCHEDULES, SPLIT_BACKWARD, Schedule, build_schedule
 from perseus.frontier import save_frontier
 
 if TYPE_CHECKING:
@@ -71,8 +71,9 @@ def _load_profile_arg(args: argparse.Namespace) -> tuple[Profile, str]:
     return profile, source
 
 
-def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int | None) -> Schedule:
-    """Build the schedule from --schedule/--stages/--chunks, checking it against the profile."""
+def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int | None) -> tuple[Schedule, Profile]:
+    """Build the schedule from --schedule/--stages/--chunks, checking it against the profile (with
+    fused units derived by --fused-sum, or for --example, where the schedule has them)."""
     stages = args.stages
     if stages is None:
         if not getattr(args, "example", False):
@@ -85,9 +86,26 @@ def _schedule_for(args: argparse.Namespace, profile: Profile, microbatches: int 
     schedule = build_schedule(args.schedule, stages, microbatches, args.chunks, getattr(args, "group_size", None),
                               getattr(args, "overlap_p2p", False))
     _check_split_backward(schedule, profile)
+    profile = _fused_profile(args, schedule, profile)
     profile.check_matches(schedule)
     profile.require_p_blocking()
-    return schedule
+    return schedule, profile
+
+
+def _fused_profile(args: argparse.Namespace, schedule: Schedule, profile: Profile) -> Profile:
+    """Overlapped schedules' fused units: measured in the profile, or derived as forward + backward
+    (--fused-sum; always for the synthetic --example, which measures nothing)."""
+    if not any(inst.kind == FUSED for stage in schedule.stages for inst in stage):
+        return profile
+    if any(kind == FUSED for _, _, kind in profile.entries):
+        return profile
+    if not (getattr(args, "fused_sum", False) or getattr(args, "example", False)):
+        raise UsageError(
+            f"schedule {schedule.name!r} runs fused forward+backward units, which {profile.source} does not measure; "
+            "profile them (the runtime's online profiling does) or derive each as its forward plus its backward "
+            "with --fused-sum"
+        )
+    return fuse_forward_backward(profile, schedule)
 
 
 def _adapt_profile(args: argparse.Namespace, profile: Profile) -> Profile:
@@ -211,13 +229,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     out = _output_file(args.out)
     profile, source = _load_profile_arg(args)
-    schedule = _schedule_for(args, profile, args.microbatches)
+    schedule, profile = _schedule_for(args, profile, args.microbatches)
     frontier = _plan(schedule, profile, args.progress)
     frontier.metadata.update(
         {"created_by": f"perseus {__version__} plan", "profile": "example" if args.example else str(args.profile)}
     )
     if args.split_backward is not None:
         frontier.metadata["split_backward"] = args.split_backward
+    if args.fused_sum:
+        frontier.metadata["fused_sum"] = True
     try:
         save_frontier(frontier, out, args.max_points)
     except OSError as exc:
@@ -243,10 +263,11 @@ def _timeline_profile(args: argparse.Namespace, frontier: Frontier) -> Profile:
     share = frontier.metadata.get("split_backward")
     adapt = argparse.Namespace(example=recorded == "example", chunks=frontier.schedule.num_chunks,
                                split_backward=float(share) if share is not None else None)
+    fused = argparse.Namespace(example=recorded == "example", fused_sum=bool(frontier.metadata.get("fused_sum")))
     if recorded == "example":
-        return _adapt_profile(adapt, load_example_profile())
+        return _fused_profile(fused, frontier.schedule, _adapt_profile(adapt, load_example_profile()))
     if recorded and Path(recorded).is_file():
-        return _adapt_profile(adapt, load_profile(recorded, frontier.p_blocking_w))
+        return _fused_profile(fused, frontier.schedule, _adapt_profile(adapt, load_profile(recorded, frontier.p_blocking_w)))
     if recorded:
         raise UsageError(f"the frontier was planned from {recorded}, which is not there; pass --profile P")
     raise UsageError("--timeline needs --profile P (the profile the frontier was planned from)")
@@ -319,7 +340,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         frontier = load_frontier(args.frontier)
     else:
         profile, _ = _load_profile_arg(args)
-        schedule = _schedule_for(args, profile, microbatches)
+        schedule, profile = _schedule_for(args, profile, microbatches)
         _job(args, schedule.num_stages)  # validate the job size before planning
         frontier = _plan(schedule, profile, args.progress)
     job = _job(args, frontier.schedule.num_stages)
@@ -407,8 +428,9 @@ def _emulate_sweep(args: argparse.Namespace) -> int:
         raise UsageError("--sweep plans one frontier per microbatch count; give --profile or --example, not --frontier")
     microbatches = args.microbatches or list(SWEEP_MICROBATCHES)
     factors = args.straggler_factor or list(SWEEP_FACTORS)
-    profile, _ = _load_profile_arg(args)
-    schedules = {m: _schedule_for(args, profile, m) for m in microbatches}  # validate all before planning
+    loaded, _ = _load_profile_arg(args)
+    built = {m: _schedule_for(args, loaded, m) for m in microbatches}  # validate all before planning
+    schedules = {m: schedule for m, (schedule, _) in built.items()}
     num_stages = next(iter(schedules.values())).num_stages
     _job(args, num_stages)
     if any(f < 1.0 for f in factors):
@@ -416,7 +438,7 @@ def _emulate_sweep(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir
 
     def frontier_for(m: int) -> Frontier:
-        return cached_frontier(schedules[m], profile, lambda s, p: _plan(s, p, args.progress), cache_dir)
+        return cached_frontier(schedules[m], built[m][1], lambda s, p: _plan(s, p, args.progress), cache_dir)
 
     rows = sweep(frontier_for, microbatches, factors, args.gpus, args.tp, num_stages, args.dp)
     print(sweep_report(rows))
@@ -488,7 +510,7 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
     p.add_argument("--stages", type=_positive(int), metavar="S", help="pipeline stages (required with --profile)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default: 1f1b)")
     p.add_argument("--chunks", type=_positive(int), default=1, metavar="C",
-                   help="virtual chunks per stage: interleaved, torch-interleaved, zb-interleaved; 2 for zbv "
+                   help="virtual chunks per stage: interleaved, torch-interleaved, zb-interleaved, megatron-combined-1f1b; 2 for zbv and dualpipev "
                         "(--example: its stages split evenly into C chunks)")
     p.add_argument("--group-size", type=_positive(int), metavar="G",
                    help="interleaved: megatron-core's microbatch_group_size_per_vp_stage (default: --stages)")
@@ -498,6 +520,10 @@ def _add_profile_args(p: argparse.ArgumentParser, *, allow_frontier: bool = Fals
     p.add_argument("--split-backward", type=_share, metavar="SHARE",
                    help="zero-bubble schedules (zb-interleaved, zbv) on a profile without I/W: derive backward_input "
                         "as SHARE of each backward's time and energy and backward_weight as the rest (e.g. 0.5)")
+    p.add_argument("--fused-sum", action="store_true",
+                   help="overlapped schedules (dualpipev, megatron-combined-1f1b) on a profile without fused units: "
+                        "derive each forward+backward unit as its forward plus its backward (as torch 2.13 runs "
+                        "DualPipeV's; an upper bound where the overlap hides communication). --example always does")
     p.add_argument("--p-blocking", type=_positive(float), metavar="W", help="power while blocked on communication, watts (overrides the profile's)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="planner progress bar on stderr (default: only on a terminal)")

@@ -15,7 +15,7 @@ from perseus_demo.common import format_report, phase_table
 FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo",
               "torch": "perseus_demo.torch_demo"}
 # torch.distributed.pipelining schedules the torch demo runs, and their torch stages per rank
-TORCH_SCHEDULES = {"1f1b": 1, "gpipe": 1, "torch-interleaved": 2, "zb-interleaved": 2, "zbv": 2}
+TORCH_SCHEDULES = {"1f1b": 1, "gpipe": 1, "torch-interleaved": 2, "zb-interleaved": 2, "zbv": 2, "dualpipev": 2}
 
 
 def _framework_demo(framework: str):
@@ -83,15 +83,26 @@ def carbon_lines(metrics: Path) -> list[str]:
     return lines
 
 
+# --moe: the megatron demo's mixture of experts (4 experts, top-2, alltoall dispatch) over 2 expert-parallel
+# ranks, so 2 data-parallel pipelines. Its CPU work per instruction (routing, two all-to-alls over gloo)
+# is several times a dense layer's, so the simulated kernels are longer, to stay above it.
+MOE = {"num_experts": 4, "expert_parallel": 2, "dp_size": 2, "forward_ms": 30.0, "backward_ms": 60.0}
+
+
 def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | None, out_dir: Path,
-             schedule: str | None = None, carbon_trace: Path | None = None) -> str:
+             schedule: str | None = None, carbon_trace: Path | None = None, moe: bool = False) -> str:
     """Run the demo and return the printable report (``schedule``: the torch demo's schedule;
-    ``carbon_trace``: replay it with a compressed clock, one frontier point per trace hour)."""
+    ``carbon_trace``: replay it with a compressed clock, one frontier point per trace hour;
+    ``moe``: the megatron demo with expert-parallel MoE layers)."""
     module = _framework_demo(framework)
     grid = carbon_settings(carbon_trace) if carbon_trace is not None else None
     if schedule is not None and framework != "torch":
         raise PerseusError(f"--schedule picks a torch.distributed.pipelining schedule; the {framework} demo runs 1F1B")
+    if moe and framework != "megatron":
+        raise PerseusError(f"--moe runs megatron-core's mixture of experts; the {framework} demo has none")
     extra: dict = {"schedule": schedule, "chunks": TORCH_SCHEDULES[schedule]} if schedule is not None else {}
+    if moe:
+        extra.update(MOE)
     if max_steps is not None:
         extra["max_steps"] = max_steps
     if grid is not None:
@@ -105,7 +116,7 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
         cfg.perseus = {**cfg.perseus, **grid, "metrics_file": str(metrics)}
     started = time.perf_counter()
     results = module.launch(cfg, out_dir)
-    name = f"{framework} ({schedule})" if schedule else framework
+    name = f"{framework} ({schedule})" if schedule else f"{framework} (MoE, EP {MOE['expert_parallel']})" if moe else framework
     lines = [
         f"{name} pipeline on CPU: {stages} stages x {microbatches} microbatches, simulated "
         f"{cfg.sim_gpu['preset']} GPUs ({time.perf_counter() - started:.0f} s)",
@@ -157,7 +168,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                    args.max_steps, Path(args.out), args.chunks))
         return 0
     print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out), args.schedule,
-                   Path(args.carbon_trace) if args.carbon_trace else None))
+                   Path(args.carbon_trace) if args.carbon_trace else None, args.moe))
     return 0
 
 
@@ -173,6 +184,9 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--framework", choices=list(FRAMEWORKS), default="megatron")
     p.add_argument("--schedule", choices=list(TORCH_SCHEDULES), default=None,
                    help="--framework torch: the torch.distributed.pipelining schedule (default: 1f1b)")
+    p.add_argument("--moe", action="store_true",
+                   help="--framework megatron: mixture-of-experts layers (4 experts, top-2, alltoall) over 2 "
+                        "expert-parallel ranks, as 2 data-parallel pipelines (2 x stages processes)")
     p.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default: 4)")
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default: 8)")
     p.add_argument("--max-steps", type=int, default=None,

@@ -87,15 +87,17 @@ class SimulatedCompute:
                                 "instruction_times": self._times})
         self.listener.on_step_end()
 
-    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+    def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0,
+                             backward: tuple[int, int] | None = None) -> None:
         self._begin = time.monotonic()
-        self.listener.on_instruction_begin(kind, microbatch, chunk)
+        self.listener.on_instruction_begin(kind, microbatch, chunk, backward)
 
-    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0) -> None:
+    def on_instruction_end(self, kind: Any, microbatch: int, chunk: int = 0,
+                           backward: tuple[int, int] | None = None) -> None:
         # The kernel's max-clock time: the nominal one, or the CPU work if that took longer. The
         # runtime's kernel then waits out the stretched duration in one sleep.
         self.kernels.pad(self.nominal_s.get(kind, 0.0) * self.slow_factor)
-        self.listener.on_instruction_end(kind, microbatch, chunk)
+        self.listener.on_instruction_end(kind, microbatch, chunk, backward)
         self._instructions.append([kind, microbatch, chunk, self.gpu.last_busy_clock_mhz()])
         self._times.append([self._begin, time.monotonic()])
 

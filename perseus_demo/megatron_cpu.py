@@ -84,3 +84,71 @@ def init_cpu_rng(seed: int = 1234) -> None:
 
     torch.manual_seed(seed)
     mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+class _NoStream:
+    """One stand-in CUDA stream (and its events): on the CPU every op is already ordered."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _NoStream:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def moe_cpu_execution() -> Iterator[None]:
+    """:func:`cpu_execution` plus what megatron-core's MoE layers (expert parallelism, the
+    ``alltoall`` token dispatcher) assume beyond it, measured on 0.16.1:
+
+    - the dispatcher copies routing counts to the host on a side CUDA stream
+      (``torch.cuda.Stream``, ``torch.cuda.stream``, ``current_stream``): one stand-in stream, so
+      the copy runs in line and no ``record_stream`` happens;
+    - gradients of the expert-parallel gather allocate on ``torch.cuda.current_device()`` inside
+      autograd's backward, where the device-rewriting mode is not active: it returns "cpu" here;
+    - ``moe_utils.router_gating_linear`` reads ``te_general_gemm``, which is undefined without
+      Transformer Engine (a NameError on CPU): set to None, megatron's own fallback;
+    - the dispatcher passes its split sizes as numpy arrays, which gloo's ``all_to_all_single``
+      binding does not take: converted to lists.
+    """
+    import torch.distributed as dist
+    from megatron.core.transformer.moe import moe_utils
+
+    stream = _NoStream()
+    with cpu_execution():
+        saved = (torch.cuda.current_device, torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream,
+                 dist.all_to_all_single)
+        had_gemm = hasattr(moe_utils, "te_general_gemm")
+        original_a2a = dist.all_to_all_single
+
+        def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,
+                              group: Any = None, async_op: bool = False) -> Any:
+            def as_list(sizes: Any) -> Any:
+                return None if sizes is None else [int(v) for v in sizes]
+
+            return original_a2a(output, input, as_list(output_split_sizes), as_list(input_split_sizes), group=group,
+                                async_op=async_op)
+
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+        torch.cuda.Stream = lambda *args, **kwargs: stream  # type: ignore[assignment,misc]
+        torch.cuda.current_stream = lambda device=None: stream  # type: ignore[assignment,return-value]
+        torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment]
+        dist.all_to_all_single = all_to_all_single  # type: ignore[assignment]
+        if not had_gemm:
+            moe_utils.te_general_gemm = None
+        try:
+            yield
+        finally:
+            (torch.cuda.current_device, torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream,
+             dist.all_to_all_single) = saved
+            if not had_gemm:
+                del moe_utils.te_general_gemm

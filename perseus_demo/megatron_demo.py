@@ -8,6 +8,11 @@ Each torchrun rank is one pipeline stage of a tiny ``GPTModel`` trained with meg
 stretches it, and power is integrated, so Perseus's profiling, planning and per-instruction
 frequency plan change the measured iteration time and energy as they would on hardware.
 Phases: baseline (default clocks) → online profiling → planning → deployed plan.
+
+``num_experts`` > 0 makes every layer a mixture of experts (top-2 routing, megatron-core's
+alltoall token dispatcher) with ``expert_parallel`` ranks of each stage's data-parallel group
+sharing the experts (``dp_size`` must be a multiple of it), run inside
+``megatron_cpu.moe_cpu_execution``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class DemoConfig(DemoSettings):
     # megatron-core's microbatch_group_size_per_vp_stage (interleaved; None: its default, the stage count)
     group_size: int | None = None
     seq_length: int = 32
+    num_experts: int = 0  # > 0: mixture-of-experts layers (alltoall dispatcher)
+    expert_parallel: int = 1  # expert-parallel ranks within each stage's data-parallel group
 
 
 def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
@@ -35,17 +42,18 @@ def run_rank(cfg: DemoConfig, out_dir: Path) -> dict[str, Any]:
     from megatron.core import parallel_state
 
     from perseus.gpu.sim.device import SimulatedGPU
-    from perseus_demo.megatron_cpu import cpu_execution
+    from perseus_demo.megatron_cpu import cpu_execution, moe_cpu_execution
     from perseus_megatron.integration import enable
     from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
     rank = int(os.environ["RANK"])
     shape = TinyGPTShape(num_layers=cfg.stages * cfg.chunks, hidden_size=cfg.hidden_size, seq_length=cfg.seq_length,
-                         micro_batch_size=cfg.micro_batch_size)
+                         micro_batch_size=cfg.micro_batch_size, num_experts=cfg.num_experts,
+                         expert_parallel=cfg.expert_parallel)
     gpu = SimulatedGPU(rank, reset_state=True, **cfg.sim_gpu)
     virtual = cfg.chunks if cfg.chunks > 1 else None
-    with cpu_execution():
-        initialize_parallel(cfg.stages, virtual)
+    with moe_cpu_execution() if cfg.num_experts else cpu_execution():
+        initialize_parallel(cfg.stages, virtual, expert_parallel=cfg.expert_parallel)
         trainer = TinyGPTTrainer(shape, cfg.stages, virtual, group_size=cfg.group_size)
         stage, dp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_data_parallel_rank()
         compute: list[SimulatedCompute] = []

@@ -24,10 +24,17 @@ class TinyGPTShape:
     vocab_size: int = 128
     seq_length: int = 16
     micro_batch_size: int = 2
+    # mixture of experts: 0 is a dense MLP; otherwise this many experts per MoE layer, top-2
+    # routing, megatron-core's alltoall dispatcher over ``expert_parallel`` ranks (run inside
+    # ``megatron_cpu.moe_cpu_execution``)
+    num_experts: int = 0
+    expert_parallel: int = 1
 
 
-def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, seed: int = 1234) -> None:
-    """megatron-core parallel state on the gloo world: TP = 1, DP = world size / pipeline size."""
+def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, seed: int = 1234,
+                        expert_parallel: int = 1) -> None:
+    """megatron-core parallel state on the gloo world: TP = 1, DP = world size / pipeline size, and
+    ``expert_parallel`` ranks of each stage's data-parallel group sharing its experts."""
     from megatron.core import parallel_state
 
     from perseus_demo.megatron_cpu import init_cpu_distributed, init_cpu_rng
@@ -38,6 +45,7 @@ def initialize_parallel(pipeline_size: int, virtual_chunks: int | None = None, s
     parallel_state.initialize_model_parallel(
         pipeline_model_parallel_size=pipeline_size,
         virtual_pipeline_model_parallel_size=virtual_chunks,
+        expert_model_parallel_size=expert_parallel,
     )
     init_cpu_rng(seed)
 
@@ -50,7 +58,10 @@ def transformer_config(shape: TinyGPTShape, pipeline_size: int, virtual_chunks: 
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    extra = {} if group_size is None else {"microbatch_group_size_per_vp_stage": group_size}
+    extra: dict[str, Any] = {} if group_size is None else {"microbatch_group_size_per_vp_stage": group_size}
+    if shape.num_experts:
+        extra.update(num_moe_experts=shape.num_experts, moe_router_topk=2, expert_model_parallel_size=shape.expert_parallel,
+                     moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, moe_aux_loss_coeff=0.0)
     return TransformerConfig(
         **extra,
         num_layers=shape.num_layers,
@@ -85,7 +96,8 @@ def build_model_chunks(shape: TinyGPTShape, config: Any) -> list[torch.nn.Module
         models.append(
             GPTModel(
                 config=config,
-                transformer_layer_spec=get_gpt_layer_local_spec(),
+                transformer_layer_spec=get_gpt_layer_local_spec(num_experts=shape.num_experts or None,
+                                                                moe_grouped_gemm=False),
                 vocab_size=shape.vocab_size,
                 max_sequence_length=shape.seq_length,
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
@@ -161,12 +173,13 @@ class TinyGPTTrainer:
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        size = parallel_state.get_data_parallel_world_size()
-        if size == 1:
-            return
-        group = parallel_state.get_data_parallel_group()
+        dense = (parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_group())
+        experts = dense
+        if self.shape.num_experts:  # each rank's experts are its own; replicas of them are the expert-DP group
+            experts = (parallel_state.get_expert_data_parallel_world_size(), parallel_state.get_expert_data_parallel_group())
         for chunk in self.model:
             for param in chunk.parameters():
-                if param.grad is not None:
+                size, group = dense if getattr(param, "allreduce", True) else experts
+                if param.grad is not None and size > 1:
                     dist.all_reduce(param.grad, group=group)
                     param.grad.div_(size)

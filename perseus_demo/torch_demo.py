@@ -12,7 +12,8 @@ plan change measured time and energy as on hardware. Phases: baseline → online
 planning → deployed plan → default clocks again.
 
 Nominal kernel times: F = ``forward_ms``, B = ``backward_ms``; zero-bubble's split backward takes
-I = W = B / 2 (the zero-bubble paper's T_F = T_B = T_W when B = 2F).
+I = W = B / 2 (the zero-bubble paper's T_F = T_B = T_W when B = 2F); DualPipeV's fused F+B unit
+takes F + B (torch 2.13 runs its forward and its backward one after the other).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from perseus_demo.common import DemoSettings, SimulatedCompute, demo_main, launc
 
 # Perseus schedule name -> torch.distributed.pipelining class name
 TORCH_CLASSES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "torch-interleaved": "ScheduleInterleaved1F1B",
-                 "zb-interleaved": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
+                 "zb-interleaved": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+                 "dualpipev": "ScheduleDualPipeV"}
+V_SCHEDULES = ("zbv", "dualpipev")  # two torch stages per rank, in a V
 
 
 @dataclass
@@ -42,11 +45,12 @@ class DemoConfig(DemoSettings):
     def nominal_s(self, stage: int) -> dict[str, float]:
         kinds = super().nominal_s(stage)
         kinds["backward_input"] = kinds["backward_weight"] = kinds["backward"] / 2
+        kinds["forward_backward"] = kinds["forward"] + kinds["backward"]
         return kinds
 
     def torch_stage_indices(self, rank: int) -> list[int]:
-        """Torch stage indices on a rank: interleaved ``c*S + rank``; ZBV's V ``rank, 2S-1-rank``."""
-        if self.schedule == "zbv":
+        """Torch stage indices on a rank: interleaved ``c*S + rank``; ZBV's and DualPipeV's V ``rank, 2S-1-rank``."""
+        if self.schedule in V_SCHEDULES:
             return [rank, 2 * self.stages - 1 - rank]
         return [c * self.stages + rank for c in range(self.chunks)]
 
@@ -57,7 +61,7 @@ def build_pipeline(cfg: DemoConfig, rank: int, device: Any = None) -> tuple[Any,
     from torch.distributed.pipelining import PipelineStage, schedules
 
     device = device or torch.device("cpu")
-    num_torch_stages = cfg.stages * (cfg.chunks if cfg.schedule != "zbv" else 2)
+    num_torch_stages = cfg.stages * (cfg.chunks if cfg.schedule not in V_SCHEDULES else 2)
     stages = []
     for index in cfg.torch_stage_indices(rank):
         torch.manual_seed(index)

@@ -28,6 +28,9 @@ SCHEDULE_FUNCTIONS: dict[str, str] = {
     "forward_backward_pipelining_without_interleaving": "1f1b",
     "forward_backward_pipelining_with_interleaving": "interleaved",
 }
+# The schedule functions that run megatron-core's combined 1F1B when overlap_moe_expert_parallel_comm
+# is on (without interleaving, a pipeline cannot have it: TransformerConfig asks for virtual stages).
+COMBINED_SCHEDULE_FUNCTIONS = ("forward_backward_no_pipelining", "forward_backward_pipelining_with_interleaving")
 STEP_FUNCTIONS = ("forward_step", "backward_step")
 HOOK_POINTS = (*STEP_FUNCTIONS, *SCHEDULE_FUNCTIONS)
 
@@ -42,6 +45,15 @@ _REQUIRED_PARAMETERS: dict[str, tuple[str, ...]] = {
 }
 # Parameters that must sit at a fixed position because the wrapper reads them positionally.
 _POSITIONAL: dict[str, dict[str, int]] = {"backward_step": {"output_tensor": 1}}
+
+# megatron-core's combined 1F1B (overlap_moe_expert_parallel_comm) runs every unit, warm-up
+# forwards and cool-down backwards included, through combined_1f1b.combined_forward_backward_step,
+# never forward_step/backward_step. The wrapper reads the forward's and the backward's models and
+# the backward's output tensor (to find its forward, as backward_step's) at these positions, and
+# the forward's microbatch and chunk by keyword. Checked the same way as the schedule hook points.
+COMBINED_STEP = "combined_forward_backward_step"
+COMBINED_POSITIONAL = {"f_model": 2, "b_model": 6, "b_output_tensor": 8}
+COMBINED_KEYWORDS = ("f_model_chunk_id", "current_microbatch")
 
 
 class MegatronVersionError(PerseusError):
@@ -81,6 +93,27 @@ def _missing(name: str, params: tuple[str, ...] | None) -> str | None:
         if params.index(param) != index:
             return f"parameter {param} of schedules.{name} at position {index + 1} (found at {params.index(param) + 1})"
     return None
+
+
+def combined_step_problem(fn: Any) -> str | None:
+    """Why ``combined_forward_backward_step`` cannot be hooked (absent, or parameters moved), or None."""
+    if not callable(fn):
+        return f"function combined_1f1b.{COMBINED_STEP}"
+    params = _parameters(fn)
+    for name, index in COMBINED_POSITIONAL.items():
+        if name not in params or params.index(name) != index:
+            return f"parameter {name} of combined_1f1b.{COMBINED_STEP} at position {index + 1}"
+    absent = [name for name in COMBINED_KEYWORDS if name not in params]
+    return f"parameter(s) {', '.join(absent)} of combined_1f1b.{COMBINED_STEP}" if absent else None
+
+
+def load_combined_module() -> tuple[ModuleType | None, str | None]:
+    """megatron-core's ``combined_1f1b`` module and why its step cannot be hooked (None: it can)."""
+    try:
+        from megatron.core.pipeline_parallel import combined_1f1b
+    except ImportError as exc:
+        return None, f"megatron.core.pipeline_parallel.combined_1f1b is not importable ({exc})"
+    return combined_1f1b, combined_step_problem(getattr(combined_1f1b, COMBINED_STEP, None))
 
 
 def missing_hook_points(schedules: ModuleType) -> list[str]:
@@ -159,18 +192,19 @@ def check_call_supported(kwargs: dict[str, Any]) -> None:
         )
 
 
-def check_step_supported(config: Any, forward_only: bool) -> None:
+def check_step_supported(config: Any, forward_only: bool, combined_problem: str | None = None) -> None:
     """Refuse configurations whose compute the forward/backward hooks would not see.
 
     Called at the beginning of every training forward-backward call (the config can change).
+    ``combined_problem``: why the combined 1F1B step could not be hooked (None: it is).
     """
     if forward_only:
         return
-    if getattr(config, "overlap_moe_expert_parallel_comm", False):
+    if getattr(config, "overlap_moe_expert_parallel_comm", False) and combined_problem is not None:
         raise UnsupportedMegatronFeature(
-            "overlap_moe_expert_parallel_comm (MoE combined 1F1B schedule) fuses forward and backward of "
-            "different microbatches into one step that Perseus cannot time separately; disable it "
-            "(--overlap-moe-expert-parallel-comm off) or run without Perseus"
+            "overlap_moe_expert_parallel_comm (MoE combined 1F1B schedule) runs its units through "
+            f"combined_forward_backward_step, which this megatron-core lacks as Perseus expects ({combined_problem}); "
+            "disable it or run without Perseus"
         )
     if getattr(config, "hybrid_context_parallel", False):
         raise UnsupportedMegatronFeature(

@@ -27,6 +27,7 @@ _HOOK_ATTRIBUTE = "__perseus_hook__"
 _lock = threading.Lock()
 _active: ScheduleTracker | None = None
 _active_handle: HookHandle | None = None
+_combined_problem: str | None = "the hooks are not installed"  # why combined 1F1B is not hooked; None: it is
 
 
 
@@ -37,7 +38,9 @@ def _model_config(model: Any) -> Any:
     return get_model_config(first)
 
 
-def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
+def _step_info(schedule: str, kwargs: dict[str, Any], runs_combined: bool = True) -> StepInfo:
+    """The step's shape; ``runs_combined``: the schedule function runs megatron-core's combined 1F1B
+    when ``overlap_moe_expert_parallel_comm`` is on (``compat.COMBINED_SCHEDULE_FUNCTIONS``)."""
     from perseus_megatron.compat import check_call_supported, check_step_supported
 
     model = kwargs.get("model")
@@ -45,11 +48,14 @@ def _step_info(schedule: str, kwargs: dict[str, Any]) -> StepInfo:
     if not forward_only:
         check_call_supported(kwargs)
     config = _model_config(model)
-    check_step_supported(config, forward_only)
-    chunks = len(model) if schedule == "interleaved" and isinstance(model, (list, tuple)) else 1
-    group = getattr(config, "microbatch_group_size_per_vp_stage", None) if schedule == "interleaved" else None
-    # Only the interleaved schedule reads overlap_p2p_comm; 1F1B's exchanges ignore it.
-    overlap = schedule == "interleaved" and bool(getattr(config, "overlap_p2p_comm", False))
+    check_step_supported(config, forward_only, _combined_problem)
+    interleaved = schedule == "interleaved"
+    if runs_combined and getattr(config, "overlap_moe_expert_parallel_comm", False):
+        schedule = "megatron-combined-1f1b"
+    chunks = len(model) if interleaved and isinstance(model, (list, tuple)) else 1
+    group = getattr(config, "microbatch_group_size_per_vp_stage", None) if interleaved else None
+    # Only the interleaved schedules read overlap_p2p_comm; 1F1B's exchanges ignore it.
+    overlap = interleaved and bool(getattr(config, "overlap_p2p_comm", False))
     return StepInfo(
         schedule,
         int(kwargs["num_microbatches"]),
@@ -72,16 +78,16 @@ def _stage_fingerprint(model: Any) -> str:
 
 
 def _schedule_wrapper(fn: F, point: str) -> F:
-    from perseus_megatron.compat import SCHEDULE_FUNCTIONS
+    from perseus_megatron.compat import COMBINED_SCHEDULE_FUNCTIONS, SCHEDULE_FUNCTIONS
 
-    schedule = SCHEDULE_FUNCTIONS[point]
+    schedule, runs_combined = SCHEDULE_FUNCTIONS[point], point in COMBINED_SCHEDULE_FUNCTIONS
 
     @functools.wraps(fn)
     def perseus_schedule(*args: Any, **kwargs: Any) -> Any:
         tracker = _active
         if tracker is None:
             return fn(*args, **kwargs)
-        info = _step_info(schedule, kwargs)
+        info = _step_info(schedule, kwargs, runs_combined)
         with tracker.step(info):
             return fn(*args, **kwargs)
 
@@ -115,10 +121,31 @@ def _backward_wrapper(fn: F) -> F:
     return perseus_backward_step  # type: ignore[return-value]
 
 
+def _combined_wrapper(fn: F) -> F:
+    from perseus_megatron.compat import COMBINED_POSITIONAL
+
+    f_at, b_at, out_at = (COMBINED_POSITIONAL[name] for name in ("f_model", "b_model", "b_output_tensor"))
+
+    @functools.wraps(fn)
+    def perseus_combined_step(*args: Any, **kwargs: Any) -> Any:
+        tracker = _active
+        if tracker is None or not tracker.reporting:
+            return fn(*args, **kwargs)
+        f_model = args[f_at] if len(args) > f_at else kwargs.get("f_model")
+        b_model = args[b_at] if len(args) > b_at else kwargs.get("b_model")
+        output = args[out_at] if len(args) > out_at else kwargs.get("b_output_tensor")
+        forward = (kwargs.get("current_microbatch"), kwargs.get("f_model_chunk_id")) if f_model is not None else None
+        return tracker.combined(forward, output if b_model is not None else None, lambda: fn(*args, **kwargs))
+
+    return perseus_combined_step  # type: ignore[return-value]
+
+
 def wrap(point: str, fn: F) -> F:
     """The Perseus wrapper for one hook point; inert until :func:`install_hooks` activates it."""
     if point == "forward_step":
         wrapped = _forward_wrapper(fn)
+    elif point == "combined_forward_backward_step":
+        wrapped = _combined_wrapper(fn)
     elif point == "backward_step":
         wrapped = _backward_wrapper(fn)
     else:
@@ -139,9 +166,11 @@ def is_hooked(fn: Any, point: str) -> bool:
 class HookHandle:
     """An installed set of hooks; :meth:`uninstall` (or leaving the ``with`` block) restores Megatron."""
 
-    def __init__(self, schedules: Any, replaced: dict[str, Any], tracker: ScheduleTracker):
+    def __init__(self, schedules: Any, replaced: dict[str, Any], tracker: ScheduleTracker,
+                 combined: tuple[Any, Any] | None = None):
         self._schedules = schedules
         self._replaced = replaced  # point -> original function (empty for a patched schedules.py)
+        self._combined = combined  # (combined_1f1b module, its original combined_forward_backward_step)
         self.tracker = tracker
         self.installed = True
 
@@ -167,6 +196,10 @@ class HookHandle:
                         "leaving it as is",
                         stacklevel=2,
                     )
+            if self._combined is not None:
+                module, original = self._combined
+                if getattr(module.combined_forward_backward_step, "__wrapped__", None) is original:
+                    module.combined_forward_backward_step = original
             if _active_handle is self:
                 _active, _active_handle = None, None
 
@@ -187,8 +220,8 @@ def install_hooks(
     creates the runtime once the job's shape is known). Raises ``HooksAlreadyInstalled`` if
     hooks are active, and ``MegatronVersionError`` if megatron-core lacks a hook point.
     """
-    global _active, _active_handle
-    from perseus_megatron.compat import HOOK_POINTS, load_schedules_module
+    global _active, _active_handle, _combined_problem
+    from perseus_megatron.compat import COMBINED_STEP, HOOK_POINTS, load_combined_module, load_schedules_module
 
     if (listener is None) == (listener_for_step is None):
         raise PerseusError("install_hooks needs exactly one of listener= or listener_for_step=")
@@ -220,8 +253,14 @@ def install_hooks(
             )
         for point, original in replaced.items():
             setattr(schedules, point, wrap(point, original))
+        combined_module, _combined_problem = load_combined_module()
+        combined = None
+        if _combined_problem is None:  # not in the source patch: always hooked here
+            original = getattr(combined_module, COMBINED_STEP)
+            setattr(combined_module, COMBINED_STEP, wrap(COMBINED_STEP, original))
+            combined = (combined_module, original)
         tracker = ScheduleTracker(listener_for_step)
-        handle = HookHandle(schedules, replaced, tracker)
+        handle = HookHandle(schedules, replaced, tracker, combined)
         _active, _active_handle = tracker, handle
     return handle
 

@@ -50,6 +50,8 @@ _FINGERPRINT_FIELDS = (
     # kernels and overlap that change an instruction's work
     "bias_activation_fusion", "masked_softmax_fusion", "bias_dropout_fusion", "apply_rope_fusion",
     "gradient_accumulation_fusion", "tp_comm_overlap", "deallocate_pipeline_outputs", "variable_seq_lengths",
+    # combined 1F1B: weight gradients delayed inside each fused unit
+    "delay_wgrad_compute",
 )
 
 
@@ -86,7 +88,8 @@ def job_from_parallel_state(info: StepInfo) -> PipelineJob:
     # megatron-core's microbatch_group_size_per_vp_stage changes the interleaved order (perseus.schedules
     # builds it for any group size, checked against megatron's own order oracle); the default (the
     # pipeline size) is recorded as None so that default jobs keep their cache keys and files.
-    group = info.group_size if info.schedule == "interleaved" and info.group_size != stages else None
+    interleaved = info.schedule in ("interleaved", "megatron-combined-1f1b")
+    group = info.group_size if interleaved and info.group_size != stages else None
     tp, cp = ps.get_tensor_model_parallel_world_size(), ps.get_context_parallel_world_size()
     return PipelineJob(
         num_stages=stages,

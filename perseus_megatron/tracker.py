@@ -26,10 +26,10 @@ T = TypeVar("T")
 class StepInfo:
     """What one forward-backward call of megatron-core looks like."""
 
-    schedule: str  # "1f1b" (also no-pipelining) or "interleaved"
+    schedule: str  # "1f1b" (also no-pipelining), "interleaved", or "megatron-combined-1f1b" (overlap_moe_expert_parallel_comm)
     num_microbatches: int
     num_chunks: int = 1
-    group_size: int | None = None  # microbatch_group_size_per_vp_stage (interleaved only)
+    group_size: int | None = None  # microbatch_group_size_per_vp_stage (interleaved and combined only)
     forward_only: bool = False
     overlap_p2p: bool = False  # the config's overlap_p2p_comm (interleaved only)
     seq_length: int | None = None
@@ -134,4 +134,41 @@ class ScheduleTracker:
         listener.on_instruction_begin("backward", microbatch, chunk)
         result = run()
         listener.on_instruction_end("backward", microbatch, chunk)
+        return result
+
+    def combined(self, forward: tuple[int | None, int | None] | None, backward_output: Any, run: Callable[[], T]) -> T:
+        """Run one ``combined_forward_backward_step`` of megatron-core's combined 1F1B: a forward
+        alone (``forward`` = its (microbatch, chunk)), a backward alone (``backward_output``: the
+        output its forward returned, as ``backward_step`` gets it), or both as one fused unit."""
+        listener = self._listener
+        if listener is None:
+            return run()
+        pair = None
+        if backward_output is not None:
+            entry = self._outputs.pop(id(backward_output), None)
+            if entry is None or entry[0] is not backward_output:
+                raise HookStateError(
+                    "megatron-core's combined 1F1B ran a backward of an output no forward of this iteration "
+                    "returned; the schedule is not one Perseus supports"
+                )
+            pair = (entry[1], entry[2])
+        if forward is not None and forward[0] is None:
+            raise HookStateError("megatron-core's combined 1F1B ran a forward without current_microbatch; this "
+                                 "megatron-core version is not supported by the Perseus hooks")
+        if forward is None and pair is None:
+            return run()  # neither part: nothing megatron-core's schedules call
+        if forward is None:
+            kind, microbatch, chunk = "backward", pair[0], pair[1]  # type: ignore[index]
+            pair = None
+        else:
+            kind = "forward_backward" if pair is not None else "forward"
+            microbatch, chunk = int(forward[0]), int(forward[1] or 0)  # type: ignore[arg-type]
+        # the pair only for a fused unit: listeners written for plain kinds keep their three arguments
+        extra = () if pair is None else (pair,)
+        listener.on_instruction_begin(kind, microbatch, chunk, *extra)  # type: ignore[arg-type]
+        result = run()
+        if forward is not None:
+            output = result[0] if isinstance(result, tuple) else result
+            self._outputs[id(output)] = (output, microbatch, chunk)
+        listener.on_instruction_end(kind, microbatch, chunk, *extra)  # type: ignore[arg-type]
         return result

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from perseus.errors import PerseusError
-from perseus.schedules import UNSUPPORTED
 
 TESTED_VERSIONS = {"torch": "2.13"}
 
@@ -21,7 +20,9 @@ SCHEDULE_NAMES = {
     "ScheduleInterleaved1F1B": "torch-interleaved",
     "ScheduleInterleavedZeroBubble": "zb-interleaved",
     "ScheduleZBVZeroBubble": "zbv",
+    "ScheduleDualPipeV": "dualpipev",
 }
+OVERLAP = "OVERLAP_F_B"  # torch's _ComputationType.OVERLAP_F_B (a str enum): DualPipeV's fused units
 HOOK_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
 
@@ -34,8 +35,6 @@ def schedule_name(schedule: Any) -> str:
     for cls in type(schedule).__mro__:
         if cls.__name__ in SCHEDULE_NAMES:
             return SCHEDULE_NAMES[cls.__name__]
-        if cls.__name__ == "ScheduleDualPipeV":
-            raise UnsupportedTorchSchedule(f"perseus_torch: {UNSUPPORTED['dualpipev']}")
     supported = ", ".join(SCHEDULE_NAMES)
     raise UnsupportedTorchSchedule(
         f"perseus_torch: {type(schedule).__name__} is not a supported pipelining schedule ({supported}); "
@@ -59,6 +58,22 @@ def check_stage(stage: Any) -> None:
                 f"perseus_torch: {type(stage).__name__} has no {attr}; expected a torch.distributed.pipelining "
                 f"PipelineStage (tested with torch {TESTED_VERSIONS['torch']})"
             )
+
+
+def fused_units(schedule: Any, rank: int, chunks: dict[int, int]) -> dict[tuple[int, int], tuple[int, int]]:
+    """This rank's fused units as torch's own action list has them (``pipeline_order_with_comms``,
+    what ``step()`` executes): (forward's chunk, its microbatch) -> (backward's microbatch, its
+    chunk) for every ``OVERLAP_F_B`` action. torch 2.13 runs such an action's forward then its full
+    backward; the tracker reports the two calls as one unit. Empty for schedules without them."""
+    actions = (getattr(schedule, "pipeline_order_with_comms", None) or {}).get(rank) or []
+    units: dict[tuple[int, int], tuple[int, int]] = {}
+    for action in actions:
+        if action is None or str(getattr(action.computation_type, "value", action.computation_type)) != OVERLAP:
+            continue
+        forward, backward = action.sub_actions
+        units[(chunks[int(forward.stage_index)], int(forward.microbatch_index))] = (
+            int(backward.microbatch_index), chunks[int(backward.stage_index)])
+    return units
 
 
 def chunk_map(stages: list[Any]) -> dict[int, int]:

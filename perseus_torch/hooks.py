@@ -21,6 +21,7 @@ from perseus_torch.compat import (
     UnsupportedTorchSchedule,
     check_stage,
     chunk_map,
+    fused_units,
     schedule_name,
     schedule_stages,
 )
@@ -151,7 +152,9 @@ def install_hooks(schedule: Any, listener: InstructionListener, stages: Any = No
 
     Events carry the Perseus chunk (the stage's position among this rank's stages, ascending torch
     stage index) and the microbatch. Raises ``UnsupportedTorchSchedule`` for schedules Perseus
-    cannot follow (DualPipeV, CSV-loaded) and ``HooksAlreadyInstalled`` on a second install.
+    cannot follow (CSV-loaded, unknown classes) and ``HooksAlreadyInstalled`` on a second install.
+    DualPipeV's ``OVERLAP_F_B`` actions are reported as one fused ``forward_backward`` unit each,
+    with the backward's microbatch and chunk (``backward=``).
     """
     if not isinstance(listener, InstructionListener):
         raise PerseusError(
@@ -162,7 +165,8 @@ def install_hooks(schedule: Any, listener: InstructionListener, stages: Any = No
     resolved = resolve_stages(schedule, stages)
     if schedule.__dict__.get(_HANDLE) is not None:
         raise HooksAlreadyInstalled("perseus_torch: this schedule already has Perseus hooks; uninstall them first")
-    handle = HookHandle(schedule, resolved, PipelineTracker(listener), name)
+    fused = fused_units(schedule, int(resolved[0].group_rank), chunk_map(resolved))
+    handle = HookHandle(schedule, resolved, PipelineTracker(listener, fused), name)
     try:
         handle._install()
     except BaseException:

@@ -7,6 +7,11 @@ methods of each ``_PipelineStageBase``, each told the microbatch index first:
 (weight-gradient part W). So the stage the call is made on gives the chunk and the first
 argument the microbatch; no schedule has to be re-implemented to know what ran.
 
+DualPipeV's ``OVERLAP_F_B`` action runs a forward and then a full backward (torch 2.13 runs its
+sub-actions one after the other). Which forwards open such a unit is read from torch's own action
+list (``compat.fused_units``): the tracker reports one ``forward_backward`` unit from that
+forward's begin to the paired backward's end, with the backward's (microbatch, chunk).
+
 No torch import here: the logic is tested with plain objects.
 """
 
@@ -31,12 +36,15 @@ class PipelineTracker:
     plan check. Compute outside ``step()`` is not reported either.
     """
 
-    def __init__(self, listener: InstructionListener) -> None:
+    def __init__(self, listener: InstructionListener,
+                 fused: dict[tuple[int, int], tuple[int, int]] | None = None) -> None:
         self.listener = listener
+        self.fused = dict(fused or {})  # (forward's chunk, microbatch) -> (backward's microbatch, chunk)
         self._in_step = False
         self._in_eval = False
         self._reporting = False
         self._open: tuple[str, int, int] | None = None
+        self._unit: tuple[int, int, tuple[int, int]] | None = None  # an open fused unit: forward's (mb, chunk), backward
 
     @property
     def reporting(self) -> bool:
@@ -63,6 +71,9 @@ class PipelineTracker:
                 self.listener.on_step_begin()
                 self._reporting = True
             yield
+            if self._unit is not None:
+                raise HookStateError(f"the step ended inside a fused unit: forward of microbatch {self._unit[0]} ran "
+                                     f"but not the backward of microbatch {self._unit[2][0]} paired with it")
             if report:
                 self._reporting = False
                 self.listener.on_step_end()
@@ -70,6 +81,7 @@ class PipelineTracker:
             self._in_step = False
             self._reporting = False
             self._open = None
+            self._unit = None
 
     def compute(self, kind: str, microbatch: Any, chunk: int, run: Callable[[], T]) -> T:
         """Run one compute call, reporting it when inside a reported step."""
@@ -82,7 +94,24 @@ class PipelineTracker:
                 f"{kind} of microbatch {microbatch} started inside {self._open[0]} of microbatch {self._open[1]}: "
                 "the schedule overlaps compute (like DualPipeV's OVERLAP_F_B), which Perseus does not support"
             )
+        unit = self._unit
+        if unit is not None:  # the second part of a fused unit: its paired backward, and nothing else
+            if (kind, (microbatch, chunk)) != ("backward", unit[2]):
+                raise HookStateError(
+                    f"{kind} of microbatch {microbatch} (chunk {chunk}) ran inside the fused unit of forward "
+                    f"microbatch {unit[0]}, which pairs the backward of microbatch {unit[2][0]} (chunk {unit[2][1]})")
+            self._open = (kind, microbatch, chunk)
+            result = run()
+            self._open = self._unit = None
+            self.listener.on_instruction_end("forward_backward", unit[0], unit[1], unit[2])  # type: ignore[arg-type]
+            return result
+        pair = self.fused.get((chunk, microbatch)) if kind == "forward" else None
         self._open = (kind, microbatch, chunk)
+        if pair is not None:  # a fused unit begins with its forward and ends after its backward
+            self.listener.on_instruction_begin("forward_backward", microbatch, chunk, pair)  # type: ignore[arg-type]
+            result = run()
+            self._open, self._unit = None, (microbatch, chunk, pair)
+            return result
         self.listener.on_instruction_begin(kind, microbatch, chunk)  # type: ignore[arg-type]
         result = run()
         self.listener.on_instruction_end(kind, microbatch, chunk)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ energy-counter period, and time/energy/power of a matmul loop at several SM cloc
     python scripts/gpu_check.py                 # real GPU 0 through NVML
     python scripts/gpu_check.py --index 1 --json gpu1.json
     python scripts/gpu_check.py --sim --quick   # simulated A100, seconds, no GPU needed
+    python scripts/gpu_check.py --combined-1f1b # also megatron-core's combined 1F1B on CUDA streams
 
 Clocks are always reset in a ``finally`` block, whatever happens.
 """
@@ -12,6 +13,7 @@ Clocks are always reset in a ``finally`` block, whatever happens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -127,6 +129,67 @@ def matmul_sweep(dev: GPUDevice, run: Callable[[int], None], clocks: list[int], 
     return rows
 
 
+def combined_1f1b_case(index: int, sim: bool, n: int, microbatches: int = 4) -> dict[str, Any]:
+    """megatron-core's combined 1F1B (``overlap_moe_expert_parallel_comm``) with perseus_megatron's hooks.
+
+    Runs megatron-core's own ``combined_1f1b_schedule_for_no_pipelining`` with its real
+    ``set_streams`` (CUDA streams: what the CPU tests cannot run) and the hooked
+    ``combined_forward_backward_step``; each unit's compute is a stand-in, one matmul per part on
+    the current stream, because a real combined 1F1B needs a MoE GPT with expert parallelism over 2+
+    GPUs. Checks the hooks report the ``megatron-combined-1f1b`` order with each unit's microbatch
+    pair, and times the three kinds of unit. ``sim``: streams stubbed, CPU matmuls (the path only).
+    """
+    import torch
+    from megatron.core.pipeline_parallel import combined_1f1b
+
+    from perseus.runtime.events import RecordingListener
+    from perseus.schedules import build_schedule
+    from perseus_megatron.hooks import install_hooks
+    from perseus_megatron.tracker import StepInfo
+
+    device = torch.device("cpu") if sim else torch.device("cuda", index)
+    size = 256 if sim else n
+    a = torch.randn(size, size, device=device)
+    times: dict[str, list[float]] = {}
+
+    def sync() -> None:
+        if not sim:
+            torch.cuda.synchronize(device)
+
+    def step(forward_step_func, data_iterator, f_model, num_microbatches, input_tensor, forward_data_store,
+             b_model, b_input_tensor, b_output_tensor, b_output_tensor_grad, config, f_model_chunk_id=None,
+             pre_forward=None, pre_backward=None, post_forward=None, post_backward=None, collect_non_loss_data=False,
+             checkpoint_activations_microbatch=None, is_first_microbatch=False, current_microbatch=None,
+             encoder_decoder_xattn=False):
+        parts = [p for p in (f_model, b_model) if p is not None]
+        kind = "forward_backward" if len(parts) == 2 else "forward" if f_model is not None else "backward"
+        t0 = time.perf_counter()
+        for _ in parts:
+            torch.matmul(a, a)
+        sync()
+        times.setdefault(kind, []).append(1e3 * (time.perf_counter() - t0))
+        return (torch.empty(1, device=device) if f_model is not None else None), 1, None
+
+    saved = combined_1f1b.set_streams, combined_1f1b.combined_forward_backward_step
+    combined_1f1b.combined_forward_backward_step = step
+    if sim:
+        combined_1f1b.set_streams = lambda: None
+    listener = RecordingListener()
+    handle = install_hooks(listener)
+    try:
+        with handle.tracker.step(StepInfo("megatron-combined-1f1b", microbatches)):
+            combined_1f1b.combined_1f1b_schedule_for_no_pipelining(
+                None, None, object(), microbatches, None, None, [], argparse.Namespace(), False, None, False,
+                contextlib.nullcontext, 0, lambda first: first)
+    finally:
+        handle.uninstall()
+        combined_1f1b.set_streams, combined_1f1b.combined_forward_backward_step = saved
+    want = list(build_schedule("megatron-combined-1f1b", 1, microbatches, 1).stages[0])
+    return {"streams": "stubbed (--sim)" if sim else "CUDA", "order_matches": listener.steps == [want],
+            "order": [i.short() for i in (listener.steps or [[]])[0]],
+            "unit_ms": {kind: statistics.median(ts) for kind, ts in times.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sim", action="store_true", help="use the simulated GPU (no hardware needed)")
@@ -137,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", type=int, default=8192, help="matmul size on a GPU")
     ap.add_argument("--sim-kernel-ms", type=float, default=5.0,
                     help="with --sim: the simulated matmul's time at the max clock")
+    ap.add_argument("--combined-1f1b", action="store_true",
+                    help="also run megatron-core's combined 1F1B schedule (CUDA streams) with perseus_megatron's hooks")
     args = ap.parse_args(argv)
 
     if args.sim:
@@ -167,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         run = (_matmul_step_sim(dev, args.sim_kernel_ms) if args.sim  # type: ignore[arg-type]
                else _matmul_step_cuda(args.index, args.matrix))
         out["matmul"] = matmul_sweep(dev, run, test_clocks if can_lock else [clocks[0]], seconds, can_lock)
+        if args.combined_1f1b:
+            out["combined_1f1b"] = combined_1f1b_case(args.index, args.sim, args.matrix)
     finally:
         try:
             dev.reset_locked_sm_clock()
@@ -208,6 +275,12 @@ def report(out: dict[str, Any]) -> str:
     for r in out["matmul"]:
         clock = r["sm_clock_mhz"] if r["sm_clock_mhz"] is not None else "default"
         lines.append(f"    {clock!s:>6}  {r['time_per_iter_ms']:8.3f}  {r['energy_per_iter_j']:7.3f}  {r['power_w']:6.1f}")
+    combined = out.get("combined_1f1b")
+    if combined:
+        units = ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in sorted(combined["unit_ms"].items()))
+        lines.append(f"  megatron-core combined 1F1B ({combined['streams']} streams): hooks report "
+                     f"{' '.join(combined['order'])}: {'matches' if combined['order_matches'] else 'DIFFERS FROM'} "
+                     f"megatron-combined-1f1b; units {units}")
     return "\n".join(lines)
 
 

@@ -45,13 +45,19 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
     table, index = clock_table(_whole_mhz(np.stack([np.asarray(p.freqs_mhz) for p in points + paced])))
     return {
         **document_head(frontier, VERSION),
-        "instructions": [[[i.kind, i.microbatch, i.chunk] for i in stage] for stage in sched.stages],
+        "instructions": [[_encode_instruction(i) for i in stage] for stage in sched.stages],
         **document_provenance(frontier),
         "metadata": dict(frontier.metadata),
         "clocks_mhz": table.tolist(),
         "points": _encode_block(points, index[: len(points)], len(table)),
         "paced_points": _encode_block(paced, index[len(points) :], len(table)),
     }
+
+
+def _encode_instruction(inst: Instruction) -> list[Any]:
+    """``[kind, microbatch, chunk]``; a fused unit adds its backward's ``microbatch, chunk``."""
+    pair = inst.backward_pair()
+    return [inst.kind, inst.microbatch, inst.chunk] if pair is None else [inst.kind, inst.microbatch, inst.chunk, *pair]
 
 
 def _whole_mhz(freqs: np.ndarray) -> np.ndarray:
@@ -167,7 +173,7 @@ def _check_instructions(stages: Any, schedule: Schedule, source: str) -> None:
     if not isinstance(stages, list) or len(stages) != schedule.num_stages:
         raise FrontierError(f"{source}: \"instructions\" must list {schedule.num_stages} stages")
     for s, (stored, expected) in enumerate(zip(stages, schedule.stages)):
-        if [Instruction(str(k), int(m), int(c)) for k, m, c in stored] != list(expected):
+        if [Instruction(str(k), int(m), int(c), *(int(x) for x in pair)) for k, m, c, *pair in stored] != list(expected):
             raise FrontierError(f"{source}: instructions of stage {s} do not follow the {schedule.name} order")
 
 

@@ -44,7 +44,7 @@ def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, An
             "energy_j": point.energy_j,
             "plan": [
                 [
-                    {"kind": inst.kind, "microbatch": inst.microbatch, "chunk": inst.chunk, "freq_mhz": f}
+                    {"kind": inst.kind, "microbatch": inst.microbatch, "chunk": inst.chunk, **_pair(inst), "freq_mhz": f}
                     for inst, f in frontier.stage_plan(point, s)
                 ]
                 for s in range(sched.num_stages)
@@ -60,6 +60,17 @@ def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, An
     }
 
 
+def _pair(inst: Instruction) -> dict[str, int]:
+    """A fused unit's backward (``backward_microbatch``, ``backward_chunk``); nothing for other kinds."""
+    pair = inst.backward_pair()
+    return {} if pair is None else {"backward_microbatch": pair[0], "backward_chunk": pair[1]}
+
+
+def _decode(e: Any) -> Instruction:
+    pair = [int(e[k]) for k in ("backward_microbatch", "backward_chunk") if k in e]
+    return Instruction(e["kind"], int(e["microbatch"]), int(e.get("chunk", 0)), *pair)
+
+
 def decode_v1_points(items: Any, name: str, schedule: Schedule, source: str) -> list[FrontierPoint]:
     """Points of a version 1 file, each checked to follow ``schedule``'s instruction order."""
     points = []
@@ -69,7 +80,7 @@ def decode_v1_points(items: Any, name: str, schedule: Schedule, source: str) -> 
         if len(plan) != schedule.num_stages:
             raise FrontierError(f"{source}: {name}[{n}] has {len(plan)} stages, expected {schedule.num_stages}")
         for s, (stage_plan, stage_insts) in enumerate(zip(plan, schedule.stages)):
-            got = [Instruction(e["kind"], int(e["microbatch"]), int(e.get("chunk", 0))) for e in stage_plan]
+            got = [_decode(e) for e in stage_plan]
             if got != list(stage_insts):
                 raise FrontierError(f"{source}: {name}[{n}] stage {s} does not follow the {schedule.name} order")
             freqs.extend(int(e["freq_mhz"]) for e in stage_plan)

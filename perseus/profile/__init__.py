@@ -11,6 +11,7 @@ from perseus.profile.model import (
     QUALITY_FIELDS,
     InstructionProfile,
     Profile,
+    fuse_forward_backward,
     load_csv,
     load_json,
     load_profile,
@@ -22,5 +23,5 @@ from perseus.profile.model import (
 )
 
 __all__ = ["CSV_COLUMNS", "PROFILE_FORMAT", "PROFILE_VERSION", "PROFILE_VERSIONS", "QUALITY_FIELDS", "InstructionProfile",
-           "Profile", "load_csv", "load_json", "load_profile", "profile_from_json_dict", "required_kinds",
+           "Profile", "fuse_forward_backward", "load_csv", "load_json", "load_profile", "profile_from_json_dict", "required_kinds",
            "split_backward", "split_into_chunks", "uniform_profile"]

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 
 from perseus.store.atomic import write_atomic
 from perseus.errors import ProfileError
-from perseus.schedules import KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
+from perseus.schedules import FUSED, KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
 
 PROFILE_FORMAT = "perseus-profile"
 PROFILE_VERSION = 2
@@ -176,7 +176,7 @@ def _assemble(
         if kind not in KINDS:
             raise ProfileError(
                 f"{where}: instruction must be 'forward' or 'backward' (or zero-bubble's 'backward_input' / "
-                f"'backward_weight'), got {kind!r}"
+                f"'backward_weight', or an overlapped schedule's fused '{FUSED}'), got {kind!r}"
             )
         _check_positive(freq, "frequency", where)
         _check_positive(time_s, "time", where)
@@ -204,7 +204,13 @@ def _assemble(
 
 def required_kinds(present: set[str]) -> tuple[str, ...]:
     """Kinds every (stage, chunk) of a profile must have: forward and backward, or forward and
-    zero-bubble's I and W when the profile has split backwards (plus any full backward it has)."""
+    zero-bubble's I and W when the profile has split backwards (plus any full backward it has).
+    A profile of an overlapped schedule (it has fused units) needs only forward everywhere: which
+    of B, I, W and fused units a (stage, chunk) runs differs along DualPipeV's V and megatron's
+    warm-up (a stage whose microbatches all run in warm-up has no fused unit), so
+    ``check_matches`` asks for exactly the ones a schedule runs."""
+    if FUSED in present:
+        return ("forward",)
     if present & set(SPLIT_BACKWARD):
         return tuple(k for k in KINDS if k in present or k == "forward" or k in SPLIT_BACKWARD)
     return ("forward", "backward")
@@ -369,3 +375,38 @@ def split_backward(profile: Profile, input_share: float = 0.5) -> Profile:
                     p.freqs_mhz, tuple(t * share for t in p.times_s), tuple(e * share for e in p.energies_j))
     return replace(profile, entries=entries, source=f"{profile.source} (I/W = {input_share:g}/{1 - input_share:g} of B)",
                    quality={})
+
+
+def fuse_forward_backward(profile: Profile, schedule: Schedule) -> Profile:
+    """The fused forward+backward units of ``schedule`` derived from ``profile``'s parts: at every
+    clock, a unit keyed (stage, forward's chunk) costs its forward plus the mean, over the units of
+    that key in the schedule, of their backward (time and energy).
+
+    Why a sum: torch 2.13's ``ScheduleDualPipeV`` runs an ``OVERLAP_F_B`` action's forward and
+    backward one after the other, so the unit is their sum as executed. megatron-core's combined
+    1F1B on GPUs hides the expert all-to-all of one part behind the other's compute, so there the
+    sum is an upper bound: measure the units (online profiling does) for a real job. Profiles
+    that measure fused units already, and schedules without them, are returned unchanged.
+    """
+    if any(kind == FUSED for _, _, kind in profile.entries):
+        return profile
+    partners: dict[tuple[int, int], list[int]] = {}
+    for stage, order in enumerate(schedule.stages):
+        for inst in order:
+            if inst.kind == FUSED:
+                partners.setdefault((stage, inst.chunk), []).append(inst.backward_chunk or 0)
+    if not partners:
+        return profile
+    entries = dict(profile.entries)
+    for (stage, chunk), backward_chunks in sorted(partners.items()):
+        forward = profile.get(stage, "forward", chunk)
+        backwards = [profile.get(stage, "backward", c) for c in backward_chunks]
+        if any(b.freqs_mhz != forward.freqs_mhz for b in backwards):
+            raise ProfileError(f"{profile.source}: stage {stage} forward and backward were measured at different "
+                               "clocks; cannot derive its fused forward+backward units from them")
+        n = len(backwards)
+        entries[(stage, chunk, FUSED)] = InstructionProfile(
+            forward.freqs_mhz,
+            tuple(t + sum(b.times_s[i] for b in backwards) / n for i, t in enumerate(forward.times_s)),
+            tuple(e + sum(b.energies_j[i] for b in backwards) / n for i, e in enumerate(forward.energies_j)))
+    return replace(profile, entries=entries, source=f"{profile.source} (fused F+B = F + B)", quality={})

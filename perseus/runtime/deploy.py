@@ -120,13 +120,18 @@ class SwitchTiming:
         return TimedSwitches(requests, len(clocks), float(point.time_s + begin[0] - end[-1]))
 
 
+def _described(kind: str, microbatch: int, chunk: int, backward: tuple[int, int] | None) -> str:
+    text = f"{kind} of microbatch {microbatch} (chunk {chunk})"
+    return text if backward is None else f"{text} with the backward of microbatch {backward[0]} (chunk {backward[1]})"
+
+
 class PlanFollower:
     """Planned clock per executed instruction of one stage; detects a diverging order."""
 
     __slots__ = ("_expected", "_freqs", "_pos", "broken", "problem", "stage")
 
     def __init__(self, plan: Sequence[tuple[Instruction, int]], stage: int = 0) -> None:
-        self._expected = [(inst.kind, inst.microbatch, inst.chunk) for inst, _ in plan]
+        self._expected = [(inst.kind, inst.microbatch, inst.chunk, inst.backward_pair()) for inst, _ in plan]
         self._freqs = [int(f) for _, f in plan]
         self._pos = 0
         self.stage = stage
@@ -140,21 +145,21 @@ class PlanFollower:
     def start_step(self) -> None:
         self._pos = 0
 
-    def next(self, kind: str, microbatch: int, chunk: int) -> int | None:
-        """The planned clock of this instruction, or None if it is not the one the plan expects."""
+    def next(self, kind: str, microbatch: int, chunk: int, backward: tuple[int, int] | None = None) -> int | None:
+        """The planned clock of this instruction, or None if it is not the one the plan expects
+        (``backward``: a fused unit's backward (microbatch, chunk), checked too)."""
         if self.broken:
             return None
         pos = self._pos
-        if pos < len(self._expected) and self._expected[pos] == (kind, microbatch, chunk):
+        if pos < len(self._expected) and self._expected[pos] == (kind, microbatch, chunk, backward):
             self._pos = pos + 1
             return self._freqs[pos]
         if pos < len(self._expected):
-            k, m, c = self._expected[pos]
-            wanted = f"{k} of microbatch {m} (chunk {c})"
+            wanted = _described(*self._expected[pos])
         else:
             wanted = f"no more instructions (the plan has {len(self._expected)})"
         self._break(
-            f"stage {self.stage}, instruction #{pos}: executed {kind} of microbatch {microbatch} (chunk {chunk}) "
+            f"stage {self.stage}, instruction #{pos}: executed {_described(kind, microbatch, chunk, backward)} "
             f"but the plan expects {wanted}"
         )
         return None
@@ -237,11 +242,12 @@ class Deployment:
 
     # ---------------------------------------------------------------- the hooks (hot path: O(1))
 
-    def begin_instruction(self, kind: str, microbatch: int, chunk: int) -> int | None:
+    def begin_instruction(self, kind: str, microbatch: int, chunk: int,
+                          backward: tuple[int, int] | None = None) -> int | None:
         """An instruction begins: its planned clock, asked for now (or, timed, the switches due at
         its begin); None where it is not the planned instruction (the follower says why)."""
         follower = self.follower
-        freq = follower.next(kind, microbatch, chunk)  # type: ignore[union-attr]
+        freq = follower.next(kind, microbatch, chunk, backward)  # type: ignore[union-attr]
         if freq is None:
             return None
         timed = self.timed

@@ -26,7 +26,7 @@ from perseus.runtime.control_plane import open_control_plane
 from perseus.runtime.grid import GridControl
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming
-from perseus.runtime.events import PipelineJob
+from perseus.runtime.events import FusedBackward, PipelineJob
 from perseus.runtime.gpu_port import GPUPort, open_port
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
 from perseus.runtime.metrics import MetricsSink, StepMetrics
@@ -134,13 +134,13 @@ class PerseusRuntime:
         self._step_e0 = self.gpu.energy_j()
         self._step_t0 = self._last_end = perf_counter()
 
-    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0, backward: FusedBackward = None) -> None:
         trace = self.clock_trace
         t0 = monotonic() if trace is not None else 0.0
         hot = self._hot
         freq = None
         if hot == _HOT_DEPLOY:
-            freq = self.deployment.begin_instruction(kind, microbatch, chunk)
+            freq = self.deployment.begin_instruction(kind, microbatch, chunk, backward)
             if freq is None:
                 self._mismatch()
         elif hot == _HOT_PROFILE:
@@ -152,7 +152,7 @@ class PerseusRuntime:
         if kernels is not None:  # after the clock request and the timer: the kernel runs inside both
             kernels.begin()
 
-    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0, backward: FusedBackward = None) -> None:
         trace = self.clock_trace
         t0 = monotonic() if trace is not None else 0.0
         kernels = self.sim_kernels

@@ -13,6 +13,10 @@ from perseus.errors import ConfigError
 from perseus.schedules import Instruction, InstructionKind, Schedule, build_schedule
 
 
+# A fused ``forward_backward`` unit's backward (microbatch, chunk), reported with the unit; None otherwise.
+FusedBackward = tuple[int, int] | None
+
+
 @dataclass(frozen=True)
 class PipelineJob:
     """Where this process sits in the parallel job, and which schedule it runs."""
@@ -67,9 +71,12 @@ class InstructionListener(Protocol):
 
     def on_step_end(self) -> None: ...
 
-    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None: ...
+    # ``backward``: a fused ``forward_backward`` unit's backward (microbatch, chunk); None otherwise.
+    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
+                             backward: tuple[int, int] | None = None) -> None: ...
 
-    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None: ...
+    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
+                           backward: tuple[int, int] | None = None) -> None: ...
 
 
 @dataclass
@@ -85,15 +92,17 @@ class RecordingListener:
     def on_step_end(self) -> None:
         pass
 
-    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
+    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
+                             backward: tuple[int, int] | None = None) -> None:
         if self._open is not None:
             raise AssertionError(f"instruction {self._open} began before the previous one ended")
         if not self.steps:
             self.steps.append([])
-        self._open = Instruction(kind, microbatch, chunk)
+        self._open = Instruction(kind, microbatch, chunk, *(backward or ()))
 
-    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0) -> None:
-        inst = Instruction(kind, microbatch, chunk)
+    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
+                           backward: tuple[int, int] | None = None) -> None:
+        inst = Instruction(kind, microbatch, chunk, *(backward or ()))
         if inst != self._open:
             raise AssertionError(f"instruction {inst} ended but {self._open} was running")
         self.steps[-1].append(inst)

@@ -31,6 +31,11 @@ end of the ring ``pipeline size`` virtual microbatches after the sender's own in
 ``recv_tensor_from_previous_stage``), which is earlier than the instruction that needs them when
 the microbatch group is larger than the pipeline.
 
+megatron-core's combined 1F1B (``overlap_moe_expert_parallel_comm``) runs the same exchanges around
+fused units: a steady step is one forward+backward unit, so the exchange after it sends both its
+outputs and the one before it receives both its inputs, which is the pair and joint-receive rule
+with the pair as one node (no ``joint_receives``; a fused unit counts as a forward and a backward).
+
 Everything is read off the schedule data: per-stage orders, the steady pairs
 (``Schedule.joint_receives``) and ``Schedule.overlap_p2p``. Tensors are identified by their place
 in the order (the j-th forward of every stage runs the same virtual microbatch); on each link they
@@ -57,8 +62,11 @@ def megatron_interleaved_waits(schedule: Schedule) -> list[tuple[Node, Node]]:
     # Overlapped exchanges pair nothing: each output is sent, and each input waited for, at its own instruction.
     paired = bool(schedule.joint_receives) and not schedule.overlap_p2p
     pairs = [dict(p) for p in schedule.joint_receives] if paired else [{} for _ in range(pp)]
-    forwards = [[i for i, inst in enumerate(order) if inst.kind == "forward"] for order in schedule.stages]
-    backwards = [[i for i, inst in enumerate(order) if inst.kind == "backward"] for order in schedule.stages]
+    # (index, chunk) of every forward and every backward, a fused unit's parts included
+    forwards = [[(i, p.chunk) for i, inst in enumerate(order) for p in inst.parts() if p.kind == "forward"]
+                for order in schedule.stages]
+    backwards = [[(i, p.chunk) for i, inst in enumerate(order) for p in inst.parts() if p.kind == "backward"]
+                 for order in schedule.stages]
     paired_backward = [{j for j in p.values()} for p in pairs]
 
     def release(stage: int, index: int) -> Node:
@@ -71,18 +79,18 @@ def megatron_interleaved_waits(schedule: Schedule) -> list[tuple[Node, Node]]:
 
     edges: list[tuple[Node, Node]] = []
     for r in range(pp):
-        for j, q in enumerate(forwards[r]):
+        for j, (q, _) in enumerate(forwards[r]):
             if r > 0:
-                edges.append((release(r - 1, forwards[r - 1][j]), after_exchange(r, q)))
+                edges.append((release(r - 1, forwards[r - 1][j][0]), after_exchange(r, q)))
             elif j >= pp:  # the first stage: what the last stage sent pp virtual microbatches earlier
-                p = forwards[pp - 1][j - pp]
-                if schedule.stages[pp - 1][p].chunk < schedule.num_chunks - 1:
+                p, chunk = forwards[pp - 1][j - pp]
+                if chunk < schedule.num_chunks - 1:
                     edges.append((release(pp - 1, p), after_exchange(r, q)))
-        for j, q in enumerate(backwards[r]):
+        for j, (q, _) in enumerate(backwards[r]):
             if r < pp - 1:
-                edges.append((release(r + 1, backwards[r + 1][j]), after_exchange(r, q)))
+                edges.append((release(r + 1, backwards[r + 1][j][0]), after_exchange(r, q)))
             elif j >= pp:  # the last stage: what the first stage sent pp virtual microbatches earlier
-                p = backwards[0][j - pp]
-                if schedule.stages[0][p].chunk > 0:
+                p, chunk = backwards[0][j - pp]
+                if chunk > 0:
                     edges.append((release(0, p), after_exchange(r, q)))
     return list(dict.fromkeys(edges))  # a pair's exchange can carry two tensors between the same two

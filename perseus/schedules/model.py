@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
-InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
-# forward, full backward, and zero-bubble's split backward: input gradient (I), weight gradient (W).
-KINDS: tuple[InstructionKind, ...] = ("forward", "backward", "backward_input", "backward_weight")
+InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight", "forward_backward"]
+# forward, full backward, zero-bubble's split backward: input gradient (I), weight gradient (W), and
+# the fused unit of overlapped schedules (torch's DualPipeV OVERLAP_F_B, megatron-core's combined
+# 1F1B): the forward of one microbatch and the full backward of another, executed as one unit.
+KINDS: tuple[InstructionKind, ...] = ("forward", "backward", "backward_input", "backward_weight", "forward_backward")
 SPLIT_BACKWARD: tuple[InstructionKind, ...] = ("backward_input", "backward_weight")
-SHORT_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
+FUSED: InstructionKind = "forward_backward"
+SHORT_KIND = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W", "forward_backward": "FB"}
 
 
 class Placement(str, Enum):
@@ -33,14 +36,46 @@ class Placement(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Instruction:
-    """One compute instruction of one stage: a forward or backward of a microbatch on a chunk."""
+    """One compute instruction of one stage: a forward or backward of a microbatch on a chunk.
+
+    A fused unit (kind ``forward_backward``) is the forward of ``microbatch`` on ``chunk`` and the
+    full backward of ``backward_microbatch`` on ``backward_chunk``, clocked and timed as one
+    instruction; every other kind leaves those two None. Its profile key is its forward's chunk.
+    """
 
     kind: InstructionKind
     microbatch: int
     chunk: int = 0
+    backward_microbatch: int | None = None
+    backward_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        fused = self.kind == FUSED
+        if fused != (self.backward_microbatch is not None) or fused != (self.backward_chunk is not None):
+            raise ValueError(f"a {FUSED} instruction, and only it, names its backward's microbatch and chunk: {self!r}")
+
+    @classmethod
+    def fused(cls, forward_microbatch: int, forward_chunk: int, backward_microbatch: int,
+              backward_chunk: int) -> Instruction:
+        """The fused unit: forward of one microbatch overlapped with the backward of another."""
+        return cls(FUSED, forward_microbatch, forward_chunk, backward_microbatch, backward_chunk)
+
+    def parts(self) -> tuple[Instruction, ...]:
+        """What the unit computes, as plain instructions: itself, or a fused unit's forward and backward."""
+        if self.kind != FUSED:
+            return (self,)
+        assert self.backward_microbatch is not None and self.backward_chunk is not None
+        return Instruction("forward", self.microbatch, self.chunk), Instruction("backward", self.backward_microbatch,
+                                                                              self.backward_chunk)
+
+    def backward_pair(self) -> tuple[int, int] | None:
+        """(microbatch, chunk) of a fused unit's backward; None for other kinds (the hooks' ``backward``)."""
+        return None if self.backward_microbatch is None else (self.backward_microbatch, self.backward_chunk or 0)
 
     def short(self) -> str:
-        """Compact label such as ``F3``, ``B1.c1`` or ``W2`` (chunk shown only when nonzero)."""
+        """Compact label such as ``F3``, ``B1.c1``, ``W2`` or ``F3+B1.c1`` (chunk shown only when nonzero)."""
+        if self.kind == FUSED:
+            return "+".join(part.short() for part in self.parts())
         label = f"{SHORT_KIND.get(self.kind, self.kind[:1].upper())}{self.microbatch}"
         return label if self.chunk == 0 else f"{label}.c{self.chunk}"
 
@@ -74,6 +109,9 @@ class Schedule:
     # state each output is sent right after its instruction and each instruction waits for its own
     # input only, not for a joint exchange (perseus.schedules.exchanges). Same order, other dependencies.
     overlap_p2p: bool = False
+    # megatron-core's blocking exchanges decide the cross-stage waits (perseus.schedules.exchanges):
+    # its interleaved 1F1B (with ``joint_receives``) and its combined 1F1B (fused units, none).
+    megatron_exchanges: bool = False
 
     @property
     def num_instructions(self) -> int:

@@ -6,6 +6,10 @@
 - ``interleaved``: megatron-core ``forward_backward_pipelining_with_interleaving`` (virtual
   pipeline chunks, its ``get_schedule_table`` order and warm-up count).
 - ``gpipe``: all forwards, then all backwards (torch's ``ScheduleGPipe``).
+- ``megatron-combined-1f1b``: megatron-core's combined 1F1B (``overlap_moe_expert_parallel_comm``,
+  ``pipeline_parallel/combined_1f1b.py``): the interleaved order with one more warm-up forward,
+  each steady forward/backward pair run as one fused unit; one stage is ``combined_1f1b_schedule_
+  for_no_pipelining`` (F0, F1+B0, ..., B(M-1)), which the same rule gives.
 
 Each generator gives one stage's order; ``tests/megatron`` and ``tests/deepspeed`` record the real
 orders and compare.
@@ -52,17 +56,10 @@ def interleaved_warmup(stage: int, num_stages: int, num_chunks: int, group: int)
     return (num_stages - stage - 1) * 2 + (num_chunks - 1) * group
 
 
-def interleaved_order(
-    stage: int,
-    num_stages: int,
-    num_microbatches: int,
-    num_chunks: int,
-    group_size: int | None = None,
-) -> list[Instruction]:
-    """Interleaved 1F1B order of one stage (megatron-core with virtual pipeline chunks).
-
-    ``group_size`` is megatron-core's ``microbatch_group_size_per_vp_stage`` (default: stages).
-    """
+def _interleaved_parts(stage: int, num_stages: int, num_microbatches: int, num_chunks: int,
+                       group_size: int | None, extra_warmup: int) -> tuple[list[Instruction], list[Instruction], int]:
+    """(forwards, backwards, warm-up count) of megatron-core's interleaved order: the k-th forward
+    and k-th backward by virtual microbatch id, and how many forwards run before the first backward."""
     group = num_stages if group_size is None else group_size
     if not num_stages <= group <= num_microbatches:
         raise ScheduleError(
@@ -77,22 +74,56 @@ def interleaved_order(
         )
     table = _interleaved_table(num_microbatches, num_chunks, group)
     total = num_microbatches * num_chunks
-    warmup = min(interleaved_warmup(stage, num_stages, num_chunks, group), total)
+    warmup = min(interleaved_warmup(stage, num_stages, num_chunks, group) + extra_warmup, total)
+    forwards = [Instruction("forward", m, c) for m, c in table]
+    backwards = [Instruction("backward", m, num_chunks - 1 - c) for m, c in table]
+    return forwards, backwards, warmup
 
-    def forward(k: int) -> Instruction:
-        microbatch, chunk = table[k]
-        return Instruction("forward", microbatch, chunk)
 
-    def backward(k: int) -> Instruction:
-        microbatch, chunk = table[k]
-        return Instruction("backward", microbatch, num_chunks - 1 - chunk)
+def combined_1f1b_order(
+    stage: int,
+    num_stages: int,
+    num_microbatches: int,
+    num_chunks: int,
+    group_size: int | None = None,
+) -> list[Instruction]:
+    """megatron-core's combined 1F1B of one stage (``overlap_moe_expert_parallel_comm``).
 
-    order = [forward(k) for k in range(warmup)]
+    ``get_pp_rank_microbatches`` adds one warm-up forward ("so that the forward and backward
+    computations are independent in all 1f1b steps"); every steady step then calls
+    ``combined_1f1b_schedule_for_interleaved_pipelining`` with the forward of virtual microbatch
+    ``k + warmup`` and the backward of ``k``: one fused unit. Warm-up forwards and cool-down
+    backwards run alone. With one stage (no pipelining) this is F0, F1+B0, ..., B(M-1).
+    ``delay_wgrad_compute`` runs the weight gradients inside the fused unit (per layer), so it
+    does not change the order.
+    """
+    forwards, backwards, warmup = _interleaved_parts(stage, num_stages, num_microbatches, num_chunks, group_size, 1)
+    total = len(forwards)
+    order = forwards[:warmup]
     for k in range(total - warmup):
-        order.append(forward(k + warmup))
-        order.append(backward(k))
-    order.extend(backward(k) for k in range(total - warmup, total))
-    return order
+        f, b = forwards[k + warmup], backwards[k]
+        order.append(Instruction.fused(f.microbatch, f.chunk, b.microbatch, b.chunk))
+    return order + backwards[total - warmup:]
+
+
+def interleaved_order(
+    stage: int,
+    num_stages: int,
+    num_microbatches: int,
+    num_chunks: int,
+    group_size: int | None = None,
+) -> list[Instruction]:
+    """Interleaved 1F1B order of one stage (megatron-core with virtual pipeline chunks).
+
+    ``group_size`` is megatron-core's ``microbatch_group_size_per_vp_stage`` (default: stages).
+    """
+    forwards, backwards, warmup = _interleaved_parts(stage, num_stages, num_microbatches, num_chunks, group_size, 0)
+    total = len(forwards)
+    order = forwards[:warmup]
+    for k in range(total - warmup):
+        order.append(forwards[k + warmup])
+        order.append(backwards[k])
+    return order + backwards[total - warmup:]
 
 
 def interleaved_joint_receives(order: Sequence[Instruction], all_warmup: bool = False) -> tuple[tuple[int, int], ...]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from perseus.errors import ScheduleError
-from perseus.schedules.model import Instruction, Placement, Schedule
-from perseus.schedules.orders import gpipe_order, interleaved_joint_receives, interleaved_order, interleaved_warmup, one_f_one_b_order
+from perseus.schedules.model import FUSED, Instruction, Placement, Schedule
+from perseus.schedules.orders import combined_1f1b_order, gpipe_order, interleaved_joint_receives, interleaved_order, interleaved_warmup, one_f_one_b_order
 from perseus.schedules.torch_orders import torch_order
 
 # (stage, stages, microbatches, chunks, microbatch group size or None) -> that stage's order
@@ -34,8 +34,11 @@ class ScheduleSpec:
     chunks_error: str = ""
     # torch's interleaved schedules need at least as many microbatches as stages
     microbatches_at_least_stages: bool = False
-    # megatron-core's interleaved 1F1B: joint receives, microbatch group size, overlapped p2p
+    # megatron-core's interleaved 1F1B and combined 1F1B: blocking exchanges (joint receives where
+    # the order has forward/backward pairs), microbatch group size, overlapped p2p
     megatron_exchanges: bool = False
+    # one stage takes only this many chunks (megatron-core's combined 1F1B without pipelining)
+    single_stage_chunks: int | None = None
 
     def check(self, num_stages: int, num_microbatches: int, num_chunks: int) -> None:
         """Raise ``ScheduleError`` where this schedule cannot take the shape."""
@@ -43,6 +46,9 @@ class ScheduleSpec:
             raise ScheduleError(self.chunks_error.format(name=self.name, chunks=num_chunks))
         if num_chunks < self.min_chunks:
             raise ScheduleError(self.chunks_error.format(name=self.name, chunks=num_chunks))
+        if num_stages == 1 and self.single_stage_chunks is not None and num_chunks != self.single_stage_chunks:
+            raise ScheduleError(f"{self.name}: one stage runs without virtual chunks; use --chunks "
+                                f"{self.single_stage_chunks}, got {num_chunks}")
         if self.microbatches_at_least_stages and num_microbatches < num_stages:
             raise ScheduleError(f"{self.name}: needs at least as many microbatches ({num_microbatches}) "
                                 f"as stages ({num_stages})")
@@ -68,14 +74,18 @@ REGISTRY: dict[str, ScheduleSpec] = {spec.name: spec for spec in (
                  microbatches_at_least_stages=True),
     ScheduleSpec("zbv", "torch ScheduleZBVZeroBubble", _torch("zbv"), placement=Placement.V, exact_chunks=2,
                  chunks_error="zbv places exactly 2 chunks per stage in a V; use --chunks 2, got {chunks}"),
+    ScheduleSpec("dualpipev", "torch ScheduleDualPipeV (OVERLAP_F_B: fused forward+backward units)", _torch("dualpipev"),
+                 placement=Placement.V, exact_chunks=2,
+                 chunks_error="dualpipev places exactly 2 chunks per stage in a V; use --chunks 2, got {chunks}"),
+    ScheduleSpec("megatron-combined-1f1b",
+                 "megatron-core overlap_moe_expert_parallel_comm (combined 1F1B: fused forward+backward units)",
+                 lambda s, S, M, C, group: combined_1f1b_order(s, S, M, C, group), megatron_exchanges=True,
+                 single_stage_chunks=1),
 )}
 
 SCHEDULES: tuple[str, ...] = tuple(REGISTRY)
 # Schedules Perseus cannot plan, with the reason (one line each).
-UNSUPPORTED = {
-    "dualpipev": "DualPipeV overlaps a forward with a backward in one action (OVERLAP_F_B), so its "
-                 "instructions cannot be clocked one at a time; Perseus does not support it",
-}
+UNSUPPORTED: dict[str, str] = {}
 
 
 def get_schedule_spec(name: str) -> ScheduleSpec:
@@ -104,15 +114,17 @@ def build_schedule(
 ) -> Schedule:
     """Build a named schedule; raises ``ScheduleError`` for impossible configurations.
 
-    ``group_size``: megatron-core's ``microbatch_group_size_per_vp_stage`` (interleaved only;
+    ``group_size``: megatron-core's ``microbatch_group_size_per_vp_stage`` (megatron-core's interleaved and combined 1F1B;
     None or the stage count is the default order). ``overlap_p2p``: megatron-core's
     ``overlap_p2p_comm`` (interleaved only): the exchanges' waits, not the order.
     """
     _check_sizes(num_stages, num_microbatches, num_chunks)
-    if group_size is not None and name != "interleaved":
-        raise ScheduleError(f"a microbatch group size applies to the interleaved schedule only, not {name!r}")
-    if overlap_p2p and name != "interleaved":
-        raise ScheduleError(f"overlapped p2p (megatron-core's overlap_p2p_comm) applies to the interleaved schedule only, not {name!r}")
+    megatron = name in REGISTRY and REGISTRY[name].megatron_exchanges
+    if group_size is not None and not megatron:
+        raise ScheduleError(f"a microbatch group size applies to megatron-core's interleaved schedule only (interleaved, megatron-combined-1f1b), not {name!r}")
+    if overlap_p2p and not megatron:
+        raise ScheduleError(f"overlapped p2p (megatron-core's overlap_p2p_comm) applies to megatron-core's interleaved schedule only "
+                            f"(interleaved, megatron-combined-1f1b), not {name!r}")
     if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool)):
         raise ScheduleError(f"microbatch group size must be an integer, got {group_size!r}")
     spec = get_schedule_spec(name)
@@ -120,7 +132,8 @@ def build_schedule(
     stages = tuple(tuple(spec.order(s, num_stages, num_microbatches, num_chunks, group_size)) for s in range(num_stages))
     joint: tuple[tuple[tuple[int, int], ...], ...] = ()
     group = num_stages if group_size is None else group_size
-    if spec.megatron_exchanges:
+    fused = any(inst.kind == FUSED for order in stages for inst in order)
+    if spec.megatron_exchanges and not fused:  # a fused unit receives both its inputs itself
         joint = tuple(
             interleaved_joint_receives(
                 order, interleaved_warmup(s, num_stages, num_chunks, group) >= num_microbatches * num_chunks
@@ -128,4 +141,4 @@ def build_schedule(
             for s, order in enumerate(stages)
         )
     return Schedule(name, num_stages, num_microbatches, num_chunks, stages, joint, spec.placement,
-                    None if group == num_stages else group, bool(overlap_p2p))
+                    None if group == num_stages else group, bool(overlap_p2p), spec.megatron_exchanges)

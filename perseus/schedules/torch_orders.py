@@ -8,6 +8,9 @@ Besides the ``1f1b`` and ``gpipe`` orders of ``orders`` (``Schedule1F1B``, ``Sch
   ``backward_input`` (I, the input gradient sent upstream) and ``backward_weight`` (W, local).
 - ``zbv``: ``ScheduleZBVZeroBubble``: two chunks per rank in a V (rank r holds torch stages r and
   2S-1-r); the hop from torch stage S-1 to S (both on rank S-1) is local, no P2P.
+- ``dualpipev``: ``ScheduleDualPipeV`` (DeepSeek's DualPipe in a V, same placement as ZBV): its
+  ``OVERLAP_F_B`` actions (the forward of one chunk's microbatch with the full backward of the
+  other chunk's) are fused units (``Instruction.fused``); some backwards split into I and W.
 
 These are ports of torch's own ``pipeline_order`` generators (compute actions, idle slots
 dropped); ``tests/torch`` checks them against torch's schedule objects.
@@ -126,6 +129,82 @@ def _torch_zbv_rank_ops(rank: int, num_stages: int, num_microbatches: int) -> li
     return [op for op in ops if op[2] < num_microbatches]
 
 
+def dualpipev_order(rank: int, num_stages: int, num_microbatches: int) -> list[Instruction]:
+    """``ScheduleDualPipeV._calculate_single_rank_operations`` as Perseus instructions (chunk 0 is
+    torch stage ``rank``, chunk 1 is ``2S-1-rank``).
+
+    Eight steps: forwards on chunk 0, then F0 F1 pairs, then zero-bubble I1 W F1, the main fused
+    F0+B1 / F1+B0 steps (the last rank runs its first pair unfused), B1 with F1+B0, then B1 B0
+    (from the middle on split into I, odd ranks one instruction earlier), W with B0, and the
+    remaining W. A W runs the oldest pending I's weight gradient. torch counts microbatches per
+    (torch stage, kind); a full backward advances both the I and the W count.
+    """
+    if num_microbatches < 2 * num_stages:
+        raise ScheduleError(f"dualpipev: needs at least as many microbatches ({num_microbatches}) as torch stages "
+                            f"({2 * num_stages} = 2 x {num_stages} ranks), as torch's ScheduleDualPipeV requires")
+    forwards = [0, 0]
+    backwards = [0, 0]  # the I count: full backwards and I both advance it
+    pending: list[tuple[int, int]] = []  # (chunk, microbatch) of I whose W has not run
+    order: list[Instruction] = []
+
+    def forward(chunk: int) -> None:
+        order.append(Instruction("forward", forwards[chunk], chunk))
+        forwards[chunk] += 1
+
+    def backward(chunk: int, split: bool = False) -> None:
+        order.append(Instruction("backward_input" if split else "backward", backwards[chunk], chunk))
+        if split:
+            pending.append((chunk, backwards[chunk]))
+        backwards[chunk] += 1
+
+    def weight() -> None:
+        if pending:
+            chunk, microbatch = pending.pop(0)
+            order.append(Instruction("backward_weight", microbatch, chunk))
+
+    def fused(forward_chunk: int) -> None:
+        back = 1 - forward_chunk
+        order.append(Instruction.fused(forwards[forward_chunk], forward_chunk, backwards[back], back))
+        forwards[forward_chunk] += 1
+        backwards[back] += 1
+
+    ranks, last = num_stages, num_stages - 1
+    for _ in range((ranks - rank - 1) * 2):
+        forward(0)
+    for _ in range(rank + 1):
+        forward(0)
+        forward(1)
+    for _ in range(ranks - rank - 1):
+        backward(1, split=True)
+        weight()
+        forward(1)
+    for i in range(num_microbatches - ranks * 2 + rank + 1):
+        if i == 0 and rank == last:
+            forward(0)
+            backward(1)
+        else:
+            fused(0)
+        fused(1)
+    for _ in range(ranks - rank - 1):
+        backward(1)
+        fused(1)
+    split = False
+    steps = rank + 1
+    for i in range(steps):
+        if i == steps // 2 and rank % 2 == 1:
+            split = True
+        backward(1, split)
+        if i == steps // 2 and rank % 2 == 0:
+            split = True
+        backward(0, split)
+    for _ in range(ranks - rank - 1):
+        weight()
+        backward(0, split)
+    for _ in range(rank + 1):
+        weight()
+    return order
+
+
 def torch_rank_order(name: str, rank: int, num_stages: int, num_microbatches: int,
                      num_chunks: int) -> list[tuple[int, InstructionKind, int]]:
     """One rank's compute actions ``(torch stage index, kind, microbatch)`` under a torch schedule."""
@@ -137,6 +216,8 @@ def torch_rank_order(name: str, rank: int, num_stages: int, num_microbatches: in
 def torch_order(name: str, rank: int, num_stages: int, num_microbatches: int, num_chunks: int) -> list[Instruction]:
     """A torch rank's order as Perseus instructions: chunk = position of the torch stage among the
     rank's stages in ascending torch stage index (``stage // S`` interleaved; 0 and 1 along the V)."""
+    if name == "dualpipev":
+        return dualpipev_order(rank, num_stages, num_microbatches)
     local = sorted({stage for stage, _, _ in torch_rank_order(name, rank, num_stages, num_microbatches, num_chunks)})
     chunk_of = {stage: i for i, stage in enumerate(local)}
     return [Instruction(kind, mb, chunk_of[stage])

@@ -38,3 +38,18 @@ def test_gpu_check_sim_quick(sim_dir, tmp_path):
     assert powers[0] == max(powers) and powers[-1] == min(powers) and powers[0] <= 400
     st = read_sim_state(0, sim_dir)
     assert st.locked == 0 and st.n_lock > 0  # clocks were changed, and reset at the end
+
+
+def test_gpu_check_runs_megatrons_combined_1f1b_with_the_hooks(sim_dir, tmp_path):
+    """The --combined-1f1b case's path on the simulated GPU (streams stubbed; CUDA only on a GPU)."""
+    import pytest
+
+    pytest.importorskip("megatron.core")
+    env = {**os.environ, "PERSEUS_SIM_GPU_DIR": str(sim_dir)}
+    out_json = tmp_path / "check.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--sim", "--quick", "--combined-1f1b", "--json", str(out_json)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "combined 1F1B (stubbed (--sim) streams): hooks report F0 F1+B0 F2+B1 F3+B2 B3: matches" in p.stdout
+    data = json.loads(out_json.read_text())["combined_1f1b"]
+    assert data["order_matches"] and set(data["unit_ms"]) == {"forward", "forward_backward", "backward"}

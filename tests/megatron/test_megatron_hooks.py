@@ -134,7 +134,6 @@ def test_backward_step_output_tensor_must_be_second(monkeypatch):
 @pytest.mark.parametrize(
     "config, match",
     [
-        (SimpleNamespace(overlap_moe_expert_parallel_comm=True), "combined 1F1B"),
         (SimpleNamespace(hybrid_context_parallel=True), "hybrid_context_parallel"),
         (SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=[CudaGraphScope.full_iteration]), "full-iteration"),
     ],

@@ -21,9 +21,12 @@ def synthetic_profile(
     p_blocking_w: float = 80.0,
     noise: float = 0.01,
     split_backward: bool = False,
+    fused: bool = False,
 ) -> Profile:
     """``split_backward``: zero-bubble kinds, forward, backward_input and backward_weight (each
-    about as long as the forward, with their own memory-boundness and power), instead of backward."""
+    about as long as the forward, with their own memory-boundness and power), instead of backward.
+    ``fused``: every kind of the overlapped schedules, forward, backward, I, W and the fused
+    forward+backward unit (2.4 to 3 forwards long: its own shape, not its parts' sum)."""
     rng = np.random.default_rng(seed)
     freqs = np.linspace(1410, 1410 - 15 * (num_freqs - 1), num_freqs).round().astype(int)
     entries = {}
@@ -32,6 +35,9 @@ def synthetic_profile(
             base = rng.uniform(0.04, 0.06)
             kinds = ((("forward", 1.0), ("backward_input", rng.uniform(0.9, 1.1)), ("backward_weight", rng.uniform(0.8, 1.2)))
                      if split_backward else (("forward", 1.0), ("backward", rng.uniform(1.8, 2.2))))
+            if fused:
+                kinds = (("forward", 1.0), ("backward", rng.uniform(1.8, 2.2)), ("backward_input", rng.uniform(0.9, 1.1)),
+                         ("backward_weight", rng.uniform(0.8, 1.2)), ("forward_backward", rng.uniform(2.4, 3.0)))
             for kind, scale in kinds:
                 t0 = base * scale
                 mem = rng.uniform(0.15, 0.35)

@@ -80,6 +80,15 @@ def test_zero_bubble_split_backward(name, stages, microbatches, seed):
     check_against_milp(build_schedule(name, stages, microbatches, 2), profile, limit=GAP_LIMIT_SPLIT_BACKWARD)
 
 
+@pytest.mark.parametrize("name,stages,microbatches,chunks,seed", [("dualpipev", 2, 4, 2, 8),
+                                                                  ("megatron-combined-1f1b", 2, 4, 2, 9)])
+def test_fused_forward_backward_units(name, stages, microbatches, chunks, seed):
+    # Fused F+B units (one node for both parts: waits for both inputs, feeds both consumers),
+    # DualPipeV's V with its I/W, megatron-core's combined 1F1B with its exchanges.
+    profile = synthetic_profile(stages, 12, seed, num_chunks=chunks, fused=True)
+    check_against_milp(build_schedule(name, stages, microbatches, chunks), profile, limit=GAP_LIMIT_SPLIT_BACKWARD)
+
+
 def test_real_a100_profile_slice(a100_slice):
     check_against_milp(build_schedule("1f1b", 3, 4), a100_slice(3))
 

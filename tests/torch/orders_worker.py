@@ -49,9 +49,9 @@ def run_case(cfg, rank: int) -> dict:
     indices = {int(s.stage_index) for s in stages}
     x = torch.randn(cfg.micro_batch_size * cfg.microbatches, cfg.hidden_size)
     last = int(stages[0].num_stages) - 1
-    # torch 2.13's ZBV eval() fails on its own (get_local_bwd_output asserts without backward)
+    # torch 2.13's ZBV and DualPipeV eval() fail on their own (get_local_bwd_output asserts without backward)
     with torch.no_grad():
-        if cfg.schedule != "zbv":
+        if cfg.schedule not in ("zbv", "dualpipev"):
             schedule.eval(*((x,) if 0 in indices else ()), **({"target": x} if last in indices else {}))
     after_eval = len(listener.steps)
     handle.uninstall()
@@ -59,7 +59,8 @@ def run_case(cfg, rank: int) -> dict:
                                                                  "backward_weight_one_chunk"))
     restored = restored and "step" not in schedule.__dict__ and "eval" not in schedule.__dict__
     step()
-    return {"rank": rank, "steps": [[[i.kind, i.microbatch, i.chunk] for i in s] for s in listener.steps],
+    return {"rank": rank, "steps": [[[i.kind, i.microbatch, i.chunk, *(i.backward_pair() or ())] for i in s]
+                                    for s in listener.steps],
             "trained_steps": trained, "after_eval": after_eval, "after_uninstall": len(listener.steps),
             "restored": restored, "torch_stages": sorted(indices)}
 

@@ -60,8 +60,37 @@ class ScheduleZBVZeroBubble:
             self._has_backward = saved
 
 
+class Action:
+    """What the tracker reads of torch's ``_Action``: a str-enum computation type and sub-actions."""
+
+    def __init__(self, stage_index, computation_type, microbatch_index=None, sub_actions=None):
+        self.stage_index, self.computation_type = stage_index, computation_type
+        self.microbatch_index, self.sub_actions = microbatch_index, sub_actions
+
+
 class ScheduleDualPipeV(ScheduleZBVZeroBubble):
-    pass
+    """Runs ("FB", forward's stage, its microbatch, backward's stage, its microbatch) as torch 2.13
+    runs OVERLAP_F_B: the forward, then the full backward; its action list says which are fused."""
+
+    def __init__(self, stages, actions, n_microbatches=2, rank=0):
+        super().__init__(stages, actions, n_microbatches)
+        self.pipeline_order_with_comms = {rank: [
+            Action(-1, "OVERLAP_F_B", None, (Action(a[1], "F", a[2]), Action(a[3], "B", a[4])))
+            if a[0] == "FB" else Action(a[0], a[1], a[2]) for a in actions]}
+
+    def step(self, *args, **kwargs):
+        by_index = {s.stage_index: s for s in self._stages}
+        for action in self._actions:
+            if action[0] == "FB":
+                by_index[action[1]].forward_one_chunk(action[2], ())
+                by_index[action[3]].backward_one_chunk(action[4])
+            else:
+                index, what, mb = action
+                stage = by_index[index]
+                if what == "F":
+                    stage.forward_one_chunk(mb, ())
+                elif what == "B":
+                    stage.backward_one_chunk(mb)
 
 
 class Custom(ScheduleZBVZeroBubble):
@@ -111,10 +140,31 @@ def test_chunk_mapping_and_job_for_a_v_placement():
     assert job.model_config["torch_stages"] == [0, 3]
 
 
+def test_dualpipev_fused_units_are_reported_as_one_instruction_with_their_microbatch_pair():
+    stages = [Stage(3), Stage(0)]
+    actions = [(0, "F", 0), (0, "F", 1), (3, "F", 0), ("FB", 3, 1, 0, 0), ("FB", 0, 2, 3, 0), (3, "B", 1)]
+    schedule = ScheduleDualPipeV(stages, actions)
+    listener = RecordingListener()
+    with install_hooks(schedule, listener):
+        schedule.step()
+    assert listener.steps == [[Instruction("forward", 0, 0), Instruction("forward", 1, 0), Instruction("forward", 0, 1),
+                               Instruction.fused(1, 1, 0, 0), Instruction.fused(2, 0, 0, 1), Instruction("backward", 1, 1)]]
+    assert job_from_schedule(schedule).schedule == "dualpipev"
+
+
+def test_a_fused_forward_not_followed_by_its_backward_is_a_hook_state_error():
+    for ran, problem in (([(0, "F", 0), (3, "F", 0), (0, "F", 1), (0, "B", 0)], "inside the fused unit of forward "
+                                                                               "microbatch 1"),
+                         ([(0, "F", 0), (3, "F", 0), (0, "F", 1)], "step ended inside a fused unit")):
+        schedule = ScheduleDualPipeV([Stage(3), Stage(0)], [(0, "F", 0), (3, "F", 0), ("FB", 0, 1, 3, 0)])
+        schedule._actions = ran  # what runs differs from its action list
+        install_hooks(schedule, RecordingListener())
+        with pytest.raises(HookStateError, match=problem):
+            schedule.step()
+
+
 def test_refusals():
     _, stages = zbv_rank0()
-    with pytest.raises(UnsupportedTorchSchedule, match="DualPipeV overlaps a forward with a backward"):
-        install_hooks(ScheduleDualPipeV(stages, []), RecordingListener())
     with pytest.raises(UnsupportedTorchSchedule, match="not a supported pipelining schedule"):
         schedule_name(object())
     schedule, stages = zbv_rank0()

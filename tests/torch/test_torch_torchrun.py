@@ -9,7 +9,7 @@ one of 4 run, one after another in one process group,
 2. **the torch demo** (``perseus_demo.torch_demo``'s rank body) end to end: online profiling,
    planning and deployment on the schedules only torch has, Interleaved1F1B and the zero-bubble
    ones (ZB-interleaved on 2 ranks, ZBV on 4: its V placement on 2 ranks is checked by the order
-   cases). 1F1B's plan is deployed in the Megatron and DeepSpeed demos, and torch's Schedule1F1B
+   cases), and DualPipeV's fused forward+backward units (2 ranks). 1F1B's plan is deployed in the Megatron and DeepSpeed demos, and torch's Schedule1F1B
    reports exactly that schedule's data (the order cases, 2 and 4 ranks). The plan deploys without
    fallback only if every reported instruction matched the schedule data (the runtime checks each
    one); the checks are on what the run did (``tests/demo_checks.py``), not on wall-clock time.
@@ -41,10 +41,11 @@ CASES = [
     ("1f1b", 2, 1, 4), ("gpipe", 2, 1, 3), ("torch-interleaved", 2, 2, 4), ("zb-interleaved", 2, 2, 4),
     ("zbv", 2, 2, 4), ("zb-interleaved", 2, 1, 3),
     ("1f1b", 4, 1, 6), ("zbv", 4, 2, 8), ("torch-interleaved", 4, 2, 8),
+    ("dualpipev", 2, 2, 4), ("dualpipev", 2, 2, 6), ("dualpipev", 4, 2, 8),
 ]
 
 
-DEMOS = [("torch-interleaved", 2, 2, 4), ("zb-interleaved", 2, 2, 4), ("zbv", 4, 2, 8)]
+DEMOS = [("torch-interleaved", 2, 2, 4), ("zb-interleaved", 2, 2, 4), ("zbv", 4, 2, 8), ("dualpipev", 2, 2, 6)]
 
 
 def case_id(schedule: str, stages: int, chunks: int, microbatches: int) -> str:
@@ -115,7 +116,7 @@ def test_reported_orders_equal_the_schedule_data(launches, schedule, stages, chu
     assert [r["rank"] for r in results] == list(range(stages))
     for result in results:
         rank = result["rank"]
-        want = [[i.kind, i.microbatch, i.chunk] for i in data.stages[rank]]
+        want = [[i.kind, i.microbatch, i.chunk, *(i.backward_pair() or ())] for i in data.stages[rank]]
         assert result["trained_steps"] == 2 and result["steps"] == [want, want], f"rank {rank}"
         assert result["after_eval"] == 2 and result["after_uninstall"] == 2
         assert result["restored"]

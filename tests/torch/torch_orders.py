@@ -14,6 +14,7 @@ CLASSES = {
     "torch-interleaved": S.ScheduleInterleaved1F1B,
     "zb-interleaved": S.ScheduleInterleavedZeroBubble,
     "zbv": S.ScheduleZBVZeroBubble,
+    "dualpipev": S.ScheduleDualPipeV,
 }
 COMPUTE = {S._ComputationType.FORWARD: "forward", S._ComputationType.FULL_BACKWARD: "backward",
            S._ComputationType.BACKWARD_INPUT: "backward_input", S._ComputationType.BACKWARD_WEIGHT: "backward_weight"}
@@ -30,12 +31,26 @@ class StandInStage:
 
 
 def torch_stage_indices(name: str, pp: int, chunks: int, rank: int) -> list[int]:
-    return [rank, 2 * pp - 1 - rank] if name == "zbv" else [c * pp + rank for c in range(chunks)]
+    return [rank, 2 * pp - 1 - rank] if name in ("zbv", "dualpipev") else [c * pp + rank for c in range(chunks)]
 
 
-def torch_compute_order(name: str, pp: int, microbatches: int, chunks: int, rank: int) -> list[tuple[int, str, int]]:
-    """(torch stage index, kind, microbatch) of every compute action ``step()`` runs on ``rank``."""
+def torch_schedule(name: str, pp: int, microbatches: int, chunks: int, rank: int) -> S._PipelineSchedule:
+    """torch's schedule object of ``rank``, built on stand-in stages (not run)."""
     stages = [StandInStage(i, pp * chunks, pp, rank) for i in torch_stage_indices(name, pp, chunks, rank)]
-    schedule = CLASSES[name](stages, microbatches, loss_fn=lambda out, target: out.sum())
-    return [(a.stage_index, COMPUTE[a.computation_type], a.microbatch_index)
-            for a in schedule.pipeline_order_with_comms[rank] if a.computation_type in COMPUTE]
+    return CLASSES[name](stages, microbatches, loss_fn=lambda out, target: out.sum())
+
+
+def torch_compute_order(name: str, pp: int, microbatches: int, chunks: int, rank: int) -> list[tuple]:
+    """(torch stage index, kind, microbatch) of every compute action ``step()`` runs on ``rank``;
+    an ``OVERLAP_F_B`` action is ``(forward's stage, "forward_backward", its microbatch, backward's
+    stage, its microbatch)`` after checking it is a forward then a full backward, as torch runs it."""
+    schedule = torch_schedule(name, pp, microbatches, chunks, rank)
+    out: list[tuple] = []
+    for a in schedule.pipeline_order_with_comms[rank]:
+        if a.computation_type == S._ComputationType.OVERLAP_F_B:
+            f, b = a.sub_actions
+            assert (f.computation_type, b.computation_type) == (S.FORWARD, S.FULL_BACKWARD), a
+            out.append((f.stage_index, "forward_backward", f.microbatch_index, b.stage_index, b.microbatch_index))
+        elif a.computation_type in COMPUTE:
+            out.append((a.stage_index, COMPUTE[a.computation_type], a.microbatch_index))
+    return out
