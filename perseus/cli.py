@@ -373,7 +373,8 @@ def _emulate_grid(args: argparse.Namespace) -> int:
     else:
         profile, _ = _load_profile_arg(args)
         microbatches = args.microbatches[0] if args.microbatches else None
-        frontier = _plan(_schedule_for(args, profile, microbatches), profile, args.progress)
+        schedule, profile = _schedule_for(args, profile, microbatches)
+        frontier = _plan(schedule, profile, args.progress)
     stages = frontier.schedule.num_stages
     job = _job(args, stages) if (args.gpus is not None or args.dp is not None) else None
     gpus = job.num_gpus if job is not None else stages * args.tp
