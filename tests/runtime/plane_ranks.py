@@ -3,6 +3,7 @@ dp × pp × tp grid, and collect what each returned (the control-plane tests' dr
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -44,8 +45,13 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         ctx = mp.get_context("fork")
         procs = [ctx.Process(target=_child, args=(fn, r, world, os.path.join(tmp, "store"), tmp, args))
                  for r in range(world)]
-        for p in procs:
-            p.start()
+        gc.collect()
+        gc.freeze()  # the forked ranks never collect the parent's objects (toy_pipeline.start says why)
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            gc.unfreeze()
         for p in procs:
             p.join(timeout_s)
         for p in procs:
