@@ -36,15 +36,20 @@ def stand_in_step(forward_step_func, data_iterator, f_model, num_microbatches, i
                   b_model, b_input_tensor, b_output_tensor, b_output_tensor_grad, config, f_model_chunk_id=None,
                   pre_forward=None, pre_backward=None, post_forward=None, post_backward=None,
                   collect_non_loss_data=False, checkpoint_activations_microbatch=None, is_first_microbatch=False,
-                  current_microbatch=None, encoder_decoder_xattn=False):
-    """combined_forward_backward_step's signature; a fresh output object per forward, no compute."""
+                  current_microbatch=None, encoder_decoder_xattn=False, **later_releases):
+    """combined_forward_backward_step's signature (0.19 adds keywords such as ``fsdp_wrapper``); a
+    fresh output object per forward, no compute."""
     output = SimpleNamespace(microbatch=current_microbatch) if f_model is not None else None
     return output, 1, None
 
 
+# The schedule's config: megatron-core 0.19 passes this flag to ``set_streams`` (stubbed above).
+CONFIG = SimpleNamespace(high_priority_a2a_comm_stream=False)
+
+
 @pytest.fixture
 def hooked(monkeypatch):
-    monkeypatch.setattr(combined_1f1b, "set_streams", lambda: None)
+    monkeypatch.setattr(combined_1f1b, "set_streams", lambda *args, **kwargs: None)
     monkeypatch.setattr(combined_1f1b, "combined_forward_backward_step", stand_in_step)
     listener = RecordingListener()
     handle = install_hooks(listener)
@@ -58,7 +63,7 @@ def test_no_pipelining_reports_megatrons_combined_units(hooked):
     handle, listener = hooked
     with handle.tracker.step(StepInfo("megatron-combined-1f1b", 4)):
         combined_1f1b.combined_1f1b_schedule_for_no_pipelining(
-            None, None, object(), 4, None, None, [], SimpleNamespace(), False, None, False,
+            None, None, object(), 4, None, None, [], CONFIG, False, None, False,
             contextlib.nullcontext, 0, lambda first: first)
     assert listener.steps == [list(build_schedule("megatron-combined-1f1b", 1, 4, 1).stages[0])]
 
@@ -81,7 +86,7 @@ def test_interleaved_pipelining_reports_megatrons_combined_units(hooked, stages,
 
     def unit(f=None, b=None):
         combined_1f1b.combined_1f1b_schedule_for_interleaved_pipelining(
-            SimpleNamespace(), None, [None] * chunks, model, microbatches, [],
+            CONFIG, None, [None] * chunks, model, microbatches, [],
             lambda vid, chunk, mb: None,                                   # forward_step_helper_preprocess
             lambda chunk, output, tokens: outputs[chunk].append(output),    # forward_step_helper_postprocess
             lambda vid, chunk: (None, outputs[chunk].pop(0), None),         # backward_step_helper_preprocess
