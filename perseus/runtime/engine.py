@@ -417,7 +417,7 @@ class PerseusRuntime:
         return self.observe.summary(self.observe.facts(
             job=self.job, phases=self.phases, steps=self.step, supply=self.supply, deployment=self.deployment,
             targeting=self.targeting, frontier=self.frontier, clock_mhz=self.gpu.current_mhz,
-            job_numbers=self.job_numbers, loop=self.loop))
+            job_numbers=self.job_numbers, loop=self.loop, grid=self.grid.summary()))
 
     def close(self, *, plan_wait_s: float | None = None) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths.

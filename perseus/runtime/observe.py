@@ -155,7 +155,8 @@ class Observer:
 
     def facts(self, *, job: PipelineJob, phases: PhaseMachine, steps: int, supply: PlanSupply, deployment: Deployment,
               targeting: Targeting, frontier: StagePlan | None, clock_mhz: int,
-              job_numbers: dict[str, Any], loop: ClosedLoop | None = None) -> RunFacts:
+              job_numbers: dict[str, Any], loop: ClosedLoop | None = None,
+              grid: dict[str, Any] | None = None) -> RunFacts:
         """The summary's facts, read off the engine's rooms."""
         c, run = self.config, supply.profiling
         sweep = run.sweep if run is not None else None
@@ -165,7 +166,7 @@ class Observer:
             clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
             profiling_iterations=c.warmup_steps + run.iterations() if run is not None else None,
             frontier=frontier, point=targeting.point,
-            closed_loop=loop.summary() if loop is not None and loop.steps else None)
+            closed_loop=loop.summary() if loop is not None and loop.steps else None, grid=grid)
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""

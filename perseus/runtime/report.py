@@ -144,6 +144,7 @@ class RunFacts:
     frontier: Frontier | StagePlan | None = None
     point: FrontierPoint | StagePoint | None = None
     closed_loop: dict[str, Any] | None = None  # ``ClosedLoop.summary()``: the same-run A/B, probes, guard
+    grid: dict[str, Any] | None = None  # ``GridControl.summary()``: carbon/power decisions (None: no grid target)
 
 
 def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
@@ -183,6 +184,8 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["profiling_overhead"] = profiling_overhead(reporter.records, reporter.baseline_time_s, reporter.baseline_energy_j)
     if f.closed_loop is not None:
         out["closed_loop"] = f.closed_loop
+    if f.grid is not None:
+        out["grid"] = f.grid
     if frontier is not None:
         out["frontier"] = {
             "points": len(frontier.points),

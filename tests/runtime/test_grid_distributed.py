@@ -83,6 +83,9 @@ def test_a_cap_changed_at_runtime_moves_every_rank_at_the_same_step(tmp_path):
     (down, _), (up, _) = switches[0]
     assert down == deployed + 2 * EVERY + 1 and up == deployed + 4 * EVERY + 1
     assert server.served >= 5
+    for r in results:  # every rank's summary counts the grid's decisions (one every EVERY deployed steps)
+        grid = r["summary"]["grid"]
+        assert grid["every_steps"] == EVERY and grid["decisions"] >= 5 and grid["errors"] == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     capped = [row for row in rows if row.get("power_cap_w") is not None and row["power_cap_w"] < 1e8]
     assert capped and all(row["job_power_w"] <= row["power_cap_w"] for row in capped)
