@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-_TAG_SIZE, _TAG_DATA = 7311, 7312
+_TAG_SIZE, _TAG_DATA, _TAG_PAIR = 7311, 7312, 7321
 
 
 class AxisGroup:
@@ -49,6 +49,12 @@ class AxisGroup:
         out = [[torch.empty_like(tensor) for _ in range(self.size)]]
         self._pg.allgather(out, [tensor]).wait()
         return out[0]
+
+    def send_tensor(self, tensor: torch.Tensor, dst: int) -> None:
+        self._pg.send([tensor], dst, _TAG_PAIR).wait()
+
+    def recv_tensor(self, tensor: torch.Tensor, src: int) -> None:
+        self._pg.recv([tensor], src, _TAG_PAIR).wait()
 
     # ---------------------------------------------------------------- bytes and objects
 

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 
 DEFAULT_TIMEOUT_S = 300.0
-_TAG_SIZE, _TAG_DATA = 7301, 7302  # scatter_bytes' messages, apart from the trainer's own tags
+_TAG_SIZE, _TAG_DATA = 7301, 7302  # _scatter_bytes' messages, apart from the trainer's own tags
 
 
 class CollectiveError(PerseusError):
@@ -69,7 +69,7 @@ def done(value: Any) -> "Future[Any]":
 
 
 @contextmanager
-def _guard(what: str, timeout_s: float | None) -> Iterator[None]:
+def collective_errors(what: str, timeout_s: float | None) -> Iterator[None]:
     """gloo's error (a RuntimeError, often many lines long) → one ``CollectiveError`` line."""
     try:
         yield
@@ -128,7 +128,7 @@ class Collective:
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.int64)
-        with _guard("a broadcast", self.timeout_s):
+        with collective_errors("a broadcast", self.timeout_s):
             dist.broadcast(t, src=self._root, group=self.group)
         return int(t.item())
 
@@ -137,7 +137,7 @@ class Collective:
         if not self.distributed:
             return flag
         t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        with _guard("an agreement (all-reduce)", self.timeout_s):
+        with collective_errors("an agreement (all-reduce)", self.timeout_s):
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return bool(t.item())
 
@@ -147,7 +147,7 @@ class Collective:
             return [list(values)]
         local = torch.tensor(values, dtype=torch.float64)
         out = [torch.empty_like(local) for _ in range(self.size)]
-        with _guard("an all-gather", self.timeout_s):
+        with collective_errors("an all-gather", self.timeout_s):
             dist.all_gather(out, local, group=self.group)
         return [t.tolist() for t in out]
 
@@ -156,7 +156,7 @@ class Collective:
         if not self.distributed:
             return [obj]
         out: list[Any] | None = [None] * self.size if self.is_root else None
-        with _guard("a gather to rank 0", self.timeout_s):
+        with collective_errors("a gather to rank 0", self.timeout_s):
             dist.gather_object(obj, out, dst=self._root, group=self.group)
         return out
 
@@ -165,11 +165,11 @@ class Collective:
         if not self.distributed:
             return obj
         box = [obj if self.is_root else None]
-        with _guard("a broadcast", self.timeout_s):
+        with collective_errors("a broadcast", self.timeout_s):
             dist.broadcast_object_list(box, src=self._root, group=self.group)
         return box[0]
 
-    def scatter_bytes(self, payloads: list[bytes] | None) -> bytes:
+    def _scatter_bytes(self, payloads: list[bytes] | None) -> bytes:
         """Rank i's own bytes ``payloads[i]`` from rank 0, point to point: each rank receives only
         its own (a length, then the bytes); rank 0 keeps ``payloads[0]``. Only rank 0 passes a list."""
         if not self.distributed:
@@ -186,12 +186,12 @@ class Collective:
                 self.sent_bytes += len(payloads[r]) + 8
                 works.append(dist.isend(size, dst=dst, group=self.group, tag=_TAG_SIZE))
                 works.append(dist.isend(data, dst=dst, group=self.group, tag=_TAG_DATA))
-            with _guard("sending the stage plans", self.timeout_s):
+            with collective_errors("sending the stage plans", self.timeout_s):
                 for work in works:
                     work.wait()
             return payloads[0]
         size = torch.empty(1, dtype=torch.int64)
-        with _guard("receiving this stage's plan", self.timeout_s):
+        with collective_errors("receiving this stage's plan", self.timeout_s):
             dist.recv(size, src=self._root, group=self.group, tag=_TAG_SIZE)
             data = torch.empty(int(size.item()), dtype=torch.uint8)
             dist.recv(data, src=self._root, group=self.group, tag=_TAG_DATA)
@@ -218,7 +218,7 @@ class Collective:
                 if s not in encoded:
                     encoded[s] = stage_bytes(s)
             payloads = [encoded[s] for s in stages]
-        return self.scatter_bytes(payloads)
+        return self._scatter_bytes(payloads)
 
     def pipeline_rows(self, dp: int, natural_s: float, energy_j: float, diverged: bool) -> list[PipelineRow]:
         """Every data-parallel pipeline's row (``PipelineRow``), by ``dp``, from every rank's own."""

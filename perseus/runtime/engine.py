@@ -134,7 +134,8 @@ class PerseusRuntime:
         self._step_e0 = self.gpu.energy_j()
         self._step_t0 = self._last_end = perf_counter()
 
-    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0, backward: FusedBackward = None) -> None:
+    def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
+                             backward: FusedBackward = None) -> None:
         trace = self.clock_trace
         t0 = monotonic() if trace is not None else 0.0
         hot = self._hot
@@ -152,7 +153,8 @@ class PerseusRuntime:
         if kernels is not None:  # after the clock request and the timer: the kernel runs inside both
             kernels.begin()
 
-    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0, backward: FusedBackward = None) -> None:
+    def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
+                           backward: FusedBackward = None) -> None:
         trace = self.clock_trace
         t0 = monotonic() if trace is not None else 0.0
         kernels = self.sim_kernels
@@ -299,8 +301,7 @@ class PerseusRuntime:
             log.info("perseus: plan deployed at step %d (%d frontier points)", self.step, len(self.frontier.points))
 
     def _follow(self, point: StagePoint | None, changed: bool = True) -> None:
-        """The hooks follow ``point``'s clocks of this stage from the next instruction on (None: the
-        point being run stays)."""
+        """The hooks follow ``point``'s clocks of this stage from the next instruction (None: no change)."""
         if point is None:
             return
         assert self.frontier is not None
@@ -313,8 +314,7 @@ class PerseusRuntime:
                 log.info("perseus: switching to the frontier point at %.4f s (slowdown x%.3f)", point.time_s, slowdown)
 
     def _begin_deployed_step(self) -> None:
-        """A new point when the targets changed (targeting.py); this step's clocks: the plan's, or
-        default clocks for a probe (closed_loop.py)."""
+        """A new point when the targets changed (targeting.py); this step's clocks: the plan's or a probe's."""
         if self.targeting.due and self.phases.phase is Phase.DEPLOYED:
             self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
             self.loop.retarget()

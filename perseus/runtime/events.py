@@ -73,10 +73,10 @@ class InstructionListener(Protocol):
 
     # ``backward``: a fused ``forward_backward`` unit's backward (microbatch, chunk); None otherwise.
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
-                             backward: tuple[int, int] | None = None) -> None: ...
+                             backward: FusedBackward = None) -> None: ...
 
     def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
-                           backward: tuple[int, int] | None = None) -> None: ...
+                           backward: FusedBackward = None) -> None: ...
 
 
 @dataclass
@@ -93,7 +93,7 @@ class RecordingListener:
         pass
 
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
-                             backward: tuple[int, int] | None = None) -> None:
+                             backward: FusedBackward = None) -> None:
         if self._open is not None:
             raise AssertionError(f"instruction {self._open} began before the previous one ended")
         if not self.steps:
@@ -101,7 +101,7 @@ class RecordingListener:
         self._open = Instruction(kind, microbatch, chunk, *(backward or ()))
 
     def on_instruction_end(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
-                           backward: tuple[int, int] | None = None) -> None:
+                           backward: FusedBackward = None) -> None:
         inst = Instruction(kind, microbatch, chunk, *(backward or ()))
         if inst != self._open:
             raise AssertionError(f"instruction {inst} ended but {self._open} was running")

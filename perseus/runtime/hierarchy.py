@@ -32,7 +32,7 @@ import torch.distributed as dist
 from perseus.errors import ProfileError
 from perseus.runtime.aggregate import RankMeasurements, combine_tensor_parallel, replica_vector, replicas_mean
 from perseus.runtime.axis_group import AxisGroup
-from perseus.runtime.collective import DEFAULT_TIMEOUT_S, Collective, PairChannel, PipelineRow, _guard
+from perseus.runtime.collective import DEFAULT_TIMEOUT_S, Collective, PairChannel, PipelineRow, collective_errors
 from perseus.runtime.control_thread import ControlThread
 from perseus.runtime.events import PipelineJob
 from perseus.runtime.layout import AXES, AxisPeers, Coordinates, GridShape, exchange_peers
@@ -55,11 +55,11 @@ class HierarchicalCollective(Collective):
         shape = GridShape(job.dp_size, job.num_stages, job.tp_size)
         me = Coordinates(job.dp_rank, job.stage, job.tp_rank)
         store = dist.PrefixStore(f"perseus/plane/{next(_generations)}/", dist.distributed_c10d._get_default_store())
-        with _guard("finding this rank's control-plane peers", self.timeout_s):
+        with collective_errors("finding this rank's control-plane peers", self.timeout_s):
             self.peers: AxisPeers = exchange_peers(store, shape, me, self.rank, self.timeout_s)
         lines = {"tp": f"{me.dp}/{me.stage}", "pp": f"{me.dp}/{me.tp}", "dp": f"{me.stage}/{me.tp}"}
         self._axes: dict[str, AxisGroup] = {}
-        with _guard("connecting the control plane's groups", self.timeout_s):
+        with collective_errors("connecting the control plane's groups", self.timeout_s):
             for axis in AXES:
                 members = self.peers.ranks[axis]
                 if len(members) > 1:
@@ -82,10 +82,6 @@ class HierarchicalCollective(Collective):
     def sent_bytes(self) -> int:  # type: ignore[override]
         return sum(g.sent_bytes for g in self._axes.values())
 
-    @sent_bytes.setter
-    def sent_bytes(self, _: int) -> None:  # Collective.__init__'s counter is not used here
-        pass
-
     def peer_count(self) -> int:
         return self.peers.peer_count()
 
@@ -94,7 +90,7 @@ class HierarchicalCollective(Collective):
         assert self._thread is not None, "the control plane is closed"
 
         def guarded() -> T:
-            with _guard(what, self.timeout_s):
+            with collective_errors(what, self.timeout_s):
                 return fn()
 
         return self._thread.call(guarded)
@@ -158,9 +154,6 @@ class HierarchicalCollective(Collective):
         ordered = [v for _, v in sorted(rows)] if rows is not None else None
         return self.broadcast_object(ordered)
 
-    def scatter_bytes(self, payloads: list[bytes] | None) -> bytes:
-        raise NotImplementedError("the hierarchical control plane delivers plans per stage: deliver_stage")
-
     def deliver_stage(self, stage_bytes: Callable[[int], bytes] | None, stage: int) -> bytes:
         """The root sends each stage's bytes once, to that stage's leader along the pipeline of
         replica 0; the leader broadcasts them to its stage's replicas, each to its tensor-parallel ranks."""
@@ -205,7 +198,7 @@ class HierarchicalCollective(Collective):
         assert self._thread is not None, "the control plane is closed"
 
         def run() -> list[PipelineRow]:
-            with _guard("the job check", self.timeout_s):
+            with collective_errors("the job check", self.timeout_s):
                 return self._rows(dp, natural_s, energy_j, diverged)
 
         return self._thread.submit(run)
@@ -254,13 +247,12 @@ class HierarchicalCollective(Collective):
             peer = group.index ^ 1
             if peer >= group.size:
                 return None
-            pg = group._pg  # noqa: SLF001 - the pair's tensors go over this axis' group
 
-            def send(t: Any, pg: Any = pg, peer: int = peer) -> None:
-                self._run("the P_blocking measurement", lambda: pg.send([t], peer, 7321).wait())
+            def send(t: Any, group: AxisGroup = group, peer: int = peer) -> None:
+                self._run("the P_blocking measurement", lambda: group.send_tensor(t, peer))
 
-            def recv(t: Any, pg: Any = pg, peer: int = peer) -> None:
-                self._run("the P_blocking measurement", lambda: pg.recv([t], peer, 7321).wait())
+            def recv(t: Any, group: AxisGroup = group, peer: int = peer) -> None:
+                self._run("the P_blocking measurement", lambda: group.recv_tensor(t, peer))
 
             return PairChannel(send, recv, group.index < peer, f"rank {group.members[peer]}")
         return None

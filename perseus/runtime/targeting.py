@@ -108,14 +108,10 @@ class SpeedUp:
 
 
 @dataclass(frozen=True)
-class CarbonTarget:
-    """The point rank 0 chose for this carbon window (``perseus.carbon.policy``), by its planned
-    time; ``intensity`` (gCO2/kWh) and the job's planned power ride along for the metrics."""
+class GridTarget:
+    """A point rank 0 chose from the grid's signals, by its planned time (never faster than no slowdown)."""
 
     time_s: float
-    intensity: float
-    job_power_w: float
-    power_cap_w: float | None = None
 
     def choose(self, plan: StagePlan) -> StagePoint:
         return plan.lookup(self.time_s)
@@ -125,19 +121,22 @@ class CarbonTarget:
 
 
 @dataclass(frozen=True)
-class PowerCapTarget:
+class CarbonTarget(GridTarget):
+    """The point rank 0 chose for this carbon window (``perseus.carbon.policy``), by its planned
+    time; ``intensity`` (gCO2/kWh) and the job's planned power ride along for the metrics."""
+
+    intensity: float
+    job_power_w: float
+    power_cap_w: float | None = None
+
+
+@dataclass(frozen=True)
+class PowerCapTarget(GridTarget):
     """The fastest point whose job power is under ``power_cap_w`` (rank 0's choice, by its time)."""
 
-    time_s: float
     power_cap_w: float
     job_power_w: float
     intensity: float | None = None
-
-    def choose(self, plan: StagePlan) -> StagePoint:
-        return plan.lookup(self.time_s)
-
-    def time_ratio(self, default_s: float) -> float:
-        return max(self.time_s / default_s, 1.0)
 
 
 GridTarget = CarbonTarget | PowerCapTarget
