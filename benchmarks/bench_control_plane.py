@@ -1,7 +1,7 @@
 """The runtime's control plane alone (no model), flat against hierarchical, N local processes.
 
 For each number of ranks N and layout (data-parallel × pipeline × tensor-parallel) this runs both
-designs of ``perseus.runtime.control_plane`` in one run, N forked gloo processes each, and reports
+designs of ``perseus.runtime.plane.design`` in one run, N forked gloo processes each, and reports
 per rank (median over ranks):
 
 - ``peers_per_rank``: distinct ranks the control plane connects this rank to;
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from perseus.runtime.events import PipelineJob
+from perseus.runtime.job import PipelineJob
 
 KEYS = ("ranks", "dp", "pp", "tp", "design", "peers_per_rank", "fds_per_rank", "setup_s", "check_s", "rank0_bytes")
 # Layouts at 1,024 and 8,192 GPUs (dp, pp, tp): GPT-3-scale runs as the docs and `perseus emulate` quote them.
@@ -65,7 +65,7 @@ def _rank(rank: int, world: int, dp: int, pp: int, tp: int, design: str, store_p
             os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
         import torch.distributed as dist
 
-        from perseus.runtime.control_plane import open_control_plane
+        from perseus.runtime.plane.design import open_control_plane
 
         dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world,
                                 timeout=timedelta(seconds=300))

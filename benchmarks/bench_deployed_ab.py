@@ -5,7 +5,7 @@ loop, docs/runtime.md "No slowdown, checked while training"). This measures what
 run deploys with default profiling settings (iterations to deployment reported), runs default-
 clock probes every ``--probe-every`` deployed steps, and its own metrics file gives the A/B:
 counted plan steps of the point it ended on against the counted probes of the same run (medians,
-robust spread: ``perseus.runtime.ab``), the time change and the energy saving, and what the guard
+robust spread: ``perseus.runtime.guard.ab``), the time change and the energy saving, and what the guard
 decided (``tests/guard_checks.py``'s verdict, which also checks the decisions follow the evidence).
 
 Workloads (2 stages under torchrun on CPU, simulated GPUs):
@@ -39,9 +39,9 @@ for _path in (ROOT, ROOT / "tests", ROOT / "tests" / "deepspeed"):
 from cpu_hog import cpu_hog  # noqa: E402
 from guard_checks import check_guard_run, split_run  # noqa: E402
 
-from perseus.runtime.ab import ab_figure  # noqa: E402
-from perseus.runtime.probes import ProbeSchedule, StepRole  # noqa: E402
-from perseus.runtime.time_guard import GuardSettings  # noqa: E402
+from perseus.runtime.guard.ab import ab_figure  # noqa: E402
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole  # noqa: E402
+from perseus.runtime.guard.time_guard import GuardSettings  # noqa: E402
 
 
 def run_padded(out: Path, deployed_steps: int, probe_every: int) -> list[dict[str, Any]]:

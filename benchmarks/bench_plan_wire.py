@@ -2,7 +2,7 @@
 
 Before: rank 0 broadcast the whole frontier (its version 2 document, ``broadcast_object``) and
 every rank held all of it. Now: rank 0 sends each rank only its stage's slice
-(``perseus.runtime.stage_plan``: every point's time and energy, that stage's clocks as a
+(``perseus.planner.stage_plan``: every point's time and energy, that stage's clocks as a
 compressed index matrix), point to point, and every rank holds only that.
 
 Builds a synthetic frontier of the given size without running the planner (interleaved 1F1B,
@@ -47,9 +47,9 @@ from bench_frontier_file import synthetic_points  # noqa: E402
 
 from perseus.store.cache import RunCache  # noqa: E402
 from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict  # noqa: E402
-from perseus.runtime.collective import decode_frontier, encode_frontier  # noqa: E402
-from perseus.runtime.planner_process import hand_over, planned_stages  # noqa: E402
-from perseus.runtime.stage_plan import decode_stage, encode_stage  # noqa: E402
+from perseus.runtime.plane.collective import decode_frontier, encode_frontier  # noqa: E402
+from perseus.planner.process import hand_over, planned_stages  # noqa: E402
+from perseus.planner.stage_plan import decode_stage, encode_stage  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 
 CLOCKS_MHZ = np.arange(210, 1981, 15)  # H100 SM clocks: 119 values

@@ -121,7 +121,7 @@ class _PlannerThread:
 def planning_window(mode: str, args: argparse.Namespace, schedule, profile) -> tuple[np.ndarray, float]:
     """Step times while ``mode`` plans, and the planner's CPU share (CPU s per wall s) meanwhile."""
     from perseus.planner import PlannerOptions
-    from perseus.runtime.planner_process import ProcessPlanner, start_child
+    from perseus.planner.process import ProcessPlanner, start_child
 
     if mode == "thread":
         planner = _PlannerThread(schedule, profile)

@@ -11,7 +11,7 @@ a nominal 3/6 ms at the max clock, 4 microbatches, 1 stage) through warm-up and 
   interpolation, 3 iterations per clock, a slow first one dropped).
 
 Overhead = the profiling steps' time and energy minus the warm-up median × as many steps
-(``perseus.runtime.profiling.profiling_overhead``), as a share of one default-clock iteration.
+(``perseus.runtime.observe.report.profiling_overhead``), as a share of one default-clock iteration.
 
 Part 2 models a GPT-3-scale job: 10 s iterations at the max clock (compute-bound share 0.8 on the
 same curve), a 24-hour run. Profiling time/energy overhead comes from the clocks each sweep

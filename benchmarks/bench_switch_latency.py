@@ -48,7 +48,7 @@ from demo_ab import DemoRun, run_demo  # noqa: E402
 from demo_checks import cached_profile, traced_on_model, traced_steps, true_profile  # noqa: E402
 
 from perseus.schedules.dag import InstructionDAG  # noqa: E402
-from perseus.runtime.clock_trace import Breakdown, breakdown, from_dict  # noqa: E402
+from perseus.runtime.port.clock_trace import Breakdown, breakdown, from_dict  # noqa: E402
 from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan  # noqa: E402
 from perseus.timeline.switch_lag import simulate_with_latency  # noqa: E402
 

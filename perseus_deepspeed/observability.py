@@ -3,7 +3,7 @@
 ``engine.monitor`` is DeepSpeed's ``MonitorMaster``: whatever the DeepSpeed config enables
 (``"tensorboard"``, ``"wandb"``, ``"csv_monitor"``, ``"comet"``) receives
 ``write_events([(name, value, x), ...])``, written on global rank 0 only. ``MonitorSink`` hands
-it the ``perseus/*`` scalars (perseus/runtime/metrics.py) at every step end with DeepSpeed's own
+it the ``perseus/*`` scalars (perseus/runtime/observe/metrics.py) at every step end with DeepSpeed's own
 x-axis, ``engine.global_samples`` (its ``Train/Samples/train_loss`` uses the same), so Perseus's
 curves line up with the loss. The numbers are therefore global rank 0's GPU, plus the whole job's
 ``perseus/job_energy_j`` at the steps of a periodic job check.

@@ -19,7 +19,7 @@ from statistics import median
 from typing import Any
 
 from perseus.errors import PerseusError
-from perseus.runtime.closed_loop import ClosedLoop
+from perseus.runtime.guard.closed_loop import ClosedLoop
 from perseus_demo.job_metrics import write_job_metrics
 
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}

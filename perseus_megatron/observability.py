@@ -3,7 +3,7 @@
 Megatron-LM (``megatron.training``) keeps one TensorBoard ``SummaryWriter`` and one wandb writer
 in ``megatron.training.global_vars``, created by ``initialize_megatron`` on the last rank when
 ``--tensorboard-dir`` / ``--wandb-project`` are given. ``MegatronWritersSink`` looks them up at
-every step end and writes the ``perseus/*`` scalars (perseus/runtime/metrics.py) at Megatron's
+every step end and writes the ``perseus/*`` scalars (perseus/runtime/observe/metrics.py) at Megatron's
 iteration number, so they sit next to Megatron's own curves. With megatron-core alone there is no
 ``megatron.training``: nothing is imported and the sink does nothing.
 

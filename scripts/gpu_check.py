@@ -142,7 +142,7 @@ def combined_1f1b_case(index: int, sim: bool, n: int, microbatches: int = 4) -> 
     import torch
     from megatron.core.pipeline_parallel import combined_1f1b
 
-    from perseus.runtime.events import RecordingListener
+    from perseus.runtime.job import RecordingListener
     from perseus.schedules import build_schedule
     from perseus_megatron.hooks import install_hooks
     from perseus_megatron.tracker import StepInfo

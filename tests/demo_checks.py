@@ -39,8 +39,8 @@ from perseus.schedules.dag import InstructionDAG
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile, load_json
-from perseus.runtime.clock_trace import InstructionTrace, from_dict, kernel_on_model
-from perseus.runtime.straggler import StragglerPolicy
+from perseus.runtime.port.clock_trace import InstructionTrace, from_dict, kernel_on_model
+from perseus.runtime.clocks.straggler import StragglerPolicy
 from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan
 from perseus_demo.common import DEFAULT_PERSEUS, PROBE_PHASE, DemoSettings
 

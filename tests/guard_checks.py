@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from perseus.runtime.ab import Ratio, median_ratio
-from perseus.runtime.probes import ProbeSchedule, StepRole
-from perseus.runtime.time_guard import GuardSettings
+from perseus.runtime.guard.ab import Ratio, median_ratio
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole
+from perseus.runtime.guard.time_guard import GuardSettings
 
 MOVES = ("faster", "fallback")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from guard_checks import check_guard_run, split_run
-from perseus.runtime.probes import ProbeSchedule
-from perseus.runtime.time_guard import GuardSettings, TimeGuard
+from perseus.runtime.guard.probes import ProbeSchedule
+from perseus.runtime.guard.time_guard import GuardSettings, TimeGuard
 
 SETTINGS = GuardSettings()
 EVERY = 6

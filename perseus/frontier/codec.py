@@ -7,7 +7,7 @@ At 16,384 instructions and hundreds of points that is megabytes where version 1,
 ``{kind, microbatch, chunk, freq_mhz}`` for every instruction of every point, needs hundreds.
 The layout is documented in docs/frontier-format.md.
 
-The same JSON document is what the runtime sends between ranks (``perseus.runtime.collective``).
+The same JSON document is what the runtime sends between ranks (``perseus.runtime.plane.collective``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A metrics file is appended, so it may hold several runs (restarts, reruns with the same config).
 Records carry the run id of the runtime that wrote them (``run_id``, see
-``perseus.runtime.metrics_file``); records of older files without one are split where a run
+``perseus.runtime.observe.metrics_file``); records of older files without one are split where a run
 starts again: a step number that does not go forward, or an event about an earlier step than the
 last one recorded. One run (the latest by default) or every run is then chosen for the page.
 

@@ -2,7 +2,7 @@
 
 "−3.9 % less energy" reads as a saving to anyone skimming; it means 3.9 % *more* energy. Every
 place that puts a saving into words (the report page and its figures, the runtime's per-step log
-line through ``perseus.runtime.ab``) uses these, so they cannot drift apart.
+line through ``perseus.runtime.guard.ab``) uses these, so they cannot drift apart.
 """
 
 from __future__ import annotations

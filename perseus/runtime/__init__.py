@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from perseus.runtime.attachment import Attachment
 from perseus.runtime.config import MODES, PerseusConfig
 from perseus.runtime.errors import HookStateError, HooksAlreadyInstalled
-from perseus.runtime.events import InstructionListener, PipelineJob, RecordingListener
-from perseus.runtime.fingerprint import describe_value, stage_fingerprint, value_digest
-from perseus.runtime.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
+from perseus.runtime.job import InstructionListener, PipelineJob, RecordingListener
+from perseus.runtime.supply.fingerprint import describe_value, stage_fingerprint, value_digest
+from perseus.runtime.observe.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
 from perseus.runtime.phases import Phase
 
 if TYPE_CHECKING:

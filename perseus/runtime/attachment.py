@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Callable
 
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
+from perseus.runtime.job import PipelineJob
 
 Undo = Callable[[], None]
 

@@ -12,14 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.planner.settings import PlannerOptions
-from perseus.runtime.probes import ProbeSchedule
-from perseus.runtime.time_guard import GuardSettings
 
 Mode = Literal["profile", "plan", "run", "measure-only"]
 GPUBackend = Literal["auto", "nvml", "sim"]
 ControlPlaneDesign = Literal["hierarchical", "flat"]
 
 MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
+# The smallest probe period that keeps one counted plan step between default-clock probe blocks
+# (guard/probes.py: ProbeSchedule.min_every with its one settle step; a test keeps them equal).
+MIN_PROBE_EVERY_STEPS = 4
 
 
 def _planner_options(value: Any) -> PlannerOptions:
@@ -97,7 +98,7 @@ class PerseusConfig(BaseModel):
     # the wait between them (off: at the instruction's own start, as the plan assumes).
     switch_ahead: bool = True
     # Record per instruction when its clock was requested and took effect, hook time, the
-    # simulated kernel's stretch and wake-up (perseus/runtime/clock_trace.py); for diagnosis.
+    # simulated kernel's stretch and wake-up (perseus/runtime/port/clock_trace.py); for diagnosis.
     trace_clocks: bool = False
     straggler_period_steps: int = Field(default=10, ge=0)
     straggler_threshold: float = Field(default=0.05, gt=0)
@@ -160,10 +161,10 @@ class PerseusConfig(BaseModel):
                 f"straggler_recover_threshold ({self.straggler_recover_threshold}) must be below "
                 f"straggler_threshold ({self.straggler_threshold}) so the policy has a hysteresis band"
             )
-        if 0 < self.probe_every_steps < ProbeSchedule.min_every(ProbeSchedule.settle):
+        if 0 < self.probe_every_steps < MIN_PROBE_EVERY_STEPS:
             raise ValueError(
                 f"probe_every_steps ({self.probe_every_steps}) leaves no counted plan step between default-clock "
-                f"probes; use 0 (off) or at least {ProbeSchedule.min_every(ProbeSchedule.settle)}"
+                f"probes; use 0 (off) or at least {MIN_PROBE_EVERY_STEPS}"
             )
         if self.plan_wait_s >= self.collective_timeout_s:
             raise ValueError(
@@ -189,14 +190,6 @@ class PerseusConfig(BaseModel):
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
-
-    def probe_schedule(self) -> ProbeSchedule:
-        """Which deployed steps run at default clocks (``probe_every_steps``; 0: none)."""
-        return ProbeSchedule(every=self.probe_every_steps)
-
-    def guard_settings(self) -> GuardSettings:
-        """The no-slowdown guard's tolerance, noise allowance and patience."""
-        return GuardSettings(tolerance=self.guard_tolerance, patience=self.guard_patience, noise_z=self.guard_noise_z)
 
     def replace(self, **changes: Any) -> PerseusConfig:
         """Validated copy with some fields changed."""

@@ -1,14 +1,14 @@
 """``PerseusRuntime``: the stateful engine adapters drive with step and instruction events.
 
 One object per training process. It keeps the hot path and the phase transitions (``phases.py``);
-each phase's work is a room of its own: getting a plan (``supply.py``), which point runs
-(``targeting.py``; the grid's carbon and power targets: ``grid.py``), following it (``deploy.py``),
-checking it (``closed_loop.py``), what a rank shows (``observe.py``), process exit (``lifecycle.py``).
+each phase's work is a room of its own: getting a plan (``supply/``), which point runs
+(``clocks/targeting.py``; the grid's carbon and power targets: ``clocks/grid.py``), following it (``clocks/deploy.py``),
+checking it (``guard/``), what a rank shows (``observe/``), process exit (``lifecycle.py``).
 
 Cost discipline: the instruction hooks do O(1) work — a clock read, an index compare, at most one
 non-blocking request to the frequency controller. On a simulated GPU they also make each
-instruction a kernel of it (``sim_kernels.py``), so lower clocks cost time in any client. All talk
-with other ranks (the control plane, ``control_plane.py``) is in ``on_step_end``, every rank at the
+instruction a kernel of it (``port/sim_kernels.py``), so lower clocks cost time in any client. All talk
+with other ranks (the control plane, ``plane/``) is in ``on_step_end``, every rank at the
 same step, so phase changes and plan switches happen on all ranks together.
 """
 
@@ -19,27 +19,27 @@ from time import monotonic, perf_counter
 from typing import Any
 
 from perseus.errors import PerseusError
-from perseus.runtime.clock_trace import ClockTrace
-from perseus.runtime.closed_loop import ClosedLoop
-from perseus.runtime.collective import CollectiveError
-from perseus.runtime.control_plane import open_control_plane
-from perseus.runtime.grid import GridControl
+from perseus.runtime.port.clock_trace import ClockTrace
+from perseus.runtime.guard.closed_loop import ClosedLoop
+from perseus.runtime.plane.collective import CollectiveError
+from perseus.runtime.plane.design import open_control_plane
+from perseus.runtime.clocks.grid import GridControl
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.deploy import Deployment, PlanFollower, SwitchTiming
-from perseus.runtime.events import FusedBackward, PipelineJob
-from perseus.runtime.gpu_port import GPUPort, open_port
+from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
+from perseus.runtime.job import FusedBackward, PipelineJob
+from perseus.runtime.port.gpu_port import GPUPort, open_port
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
-from perseus.runtime.metrics import MetricsSink, StepMetrics
-from perseus.runtime.observe import Observer
+from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
+from perseus.runtime.observe.observer import Observer
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
-from perseus.runtime.profiler import instruction_keys
-from perseus.runtime.report import summary_line
-from perseus.runtime.sim_kernels import SimulatedKernels
-from perseus.runtime.stage_plan import StagePlan, StagePoint
-from perseus.runtime.straggler import StragglerPolicy, natural_time
-from perseus.runtime.supply import PlanSupply, ready_line
-from perseus.runtime.targeting import PacedTarget, Targeting, TimeTarget
-from perseus.runtime.time_guard import GuardDecision
+from perseus.runtime.measure.instruction_samples import instruction_keys
+from perseus.runtime.observe.report import summary_line
+from perseus.runtime.port.sim_kernels import SimulatedKernels
+from perseus.planner.stage_plan import StagePlan, StagePoint
+from perseus.runtime.clocks.straggler import StragglerPolicy, natural_time
+from perseus.runtime.supply.plan_supply import PlanSupply, ready_line
+from perseus.runtime.clocks.targeting import PacedTarget, Targeting, TimeTarget
+from perseus.runtime.guard.time_guard import GuardDecision
 from perseus.schedules import InstructionKind
 
 log = logging.getLogger("perseus.runtime")

@@ -1,6 +1,6 @@
 """What the runtime's control plane costs a job of a given shape: exact counts, both designs.
 
-The hierarchical plane (``perseus.runtime.hierarchy``) connects a rank to its tensor-parallel
+The hierarchical plane (``perseus.runtime.plane.hierarchy``) connects a rank to its tensor-parallel
 ranks, its pipeline's stages and its stage's replicas; the flat one (one gloo group) to every
 rank. gloo connects every pair of a group, so connections and descriptors follow the peer count.
 Measured times per check and set-up are in docs/runtime.md (benchmarks/bench_control_plane.py);

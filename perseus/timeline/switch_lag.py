@@ -17,7 +17,7 @@ Several iterations run one after the other (every stage starts the next ``betwee
 after the slowest has ended, as after an optimizer step), so requests made in one iteration for
 the next land as they would; under ``"timed"``, those are delayed by how much longer than planned
 the time between steps was in the iteration before, as the runtime does
-(``perseus.runtime.deploy.TimedSwitches``). The last iteration is reported, with the same energy
+(``perseus.runtime.clocks.deploy.TimedSwitches``). The last iteration is reported, with the same energy
 accounting as the planner's (instruction energy plus P_blocking while a stage does not compute,
 from the iteration's first start to its last end). With latency 0 every policy gives the
 planner's numbers.

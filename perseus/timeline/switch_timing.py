@@ -25,7 +25,7 @@ Model of one stage (times on the planned timeline of one iteration, which starts
   must be asked for before the step's first instruction begins is asked for in the step before
   (``TimedRequest.next_step``). Between steps the host does work no plan knows (the optimizer
   step, a data-parallel all-reduce), so the runtime delays those requests by how much longer than
-  planned it saw the time between steps (``perseus.runtime.deploy``).
+  planned it saw the time between steps (``perseus.runtime.clocks.deploy``).
 
 Each switch lands as early as it can (``end(a)``, or ``latency`` after the previous landing):
 for a chain of windows with a minimum spacing, earliest-first is feasible whenever any

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from perseus.runtime.layout import AXES, AxisPeers, Coordinates, GridShape
+from perseus.runtime.plane.layout import AXES, AxisPeers, Coordinates, GridShape
 from perseus.timeline.control_plane_cost import ControlPlaneCost
 
 

@@ -9,7 +9,7 @@ from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile, load_json
 from perseus.profile.fit import (first_is_outlier, interpolate, interpolation_ok, isotonic_times, loo_errors,
                                  pessimistic_times, robust_stats)
-from perseus.runtime.aggregate import ClockPoint, RankMeasurements, aggregate_profile, noisy_points
+from perseus.profile.aggregate import ClockPoint, RankMeasurements, aggregate_profile, noisy_points
 
 
 def test_robust_stats_drops_outliers_and_reports_spread():

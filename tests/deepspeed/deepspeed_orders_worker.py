@@ -38,7 +38,7 @@ class Tee:
 
 
 def main(out_dir: Path, microbatches: int) -> None:
-    from perseus.runtime.events import RecordingListener
+    from perseus.runtime.job import RecordingListener
     from perseus_deepspeed import get_handle, initialize
     from perseus_demo.deepspeed_cpu import init_cpu_distributed
     from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demo_checks import check_deployed_demo  # noqa: E402
 from deepspeed_monitor_files import read_csv  # noqa: E402
 
-from perseus.runtime.metrics import PHASE_CODES  # noqa: E402
+from perseus.runtime.observe.metrics import PHASE_CODES  # noqa: E402
 from perseus_demo.common import format_report, phase_table  # noqa: E402
 from perseus_demo.deepspeed_demo import DemoConfig, launch  # noqa: E402
 

@@ -18,7 +18,7 @@ from deepspeed.runtime.pipe import schedule as ds_schedule  # noqa: E402
 from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 
 import perseus.runtime  # noqa: E402
-from perseus.runtime.events import RecordingListener  # noqa: E402
+from perseus.runtime.job import RecordingListener  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_deepspeed import compat  # noqa: E402
 from perseus_deepspeed.compat import DeepSpeedVersionError, UnsupportedDeepSpeedFeature  # noqa: E402

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from perseus.errors import ConfigError  # noqa: E402
 from perseus.runtime.config import PerseusConfig  # noqa: E402
-from perseus.runtime.events import RecordingListener  # noqa: E402
+from perseus.runtime.job import RecordingListener  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_deepspeed import UnsupportedDeepSpeedFeature, get_handle, initialize, installed_handle  # noqa: E402
 from perseus_demo.tiny_pipe import (  # noqa: E402

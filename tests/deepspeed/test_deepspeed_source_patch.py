@@ -22,7 +22,7 @@ deepspeed = pytest.importorskip("deepspeed")
 
 import deepspeed.runtime.pipe.engine as installed_engine  # noqa: E402
 
-from perseus.runtime.events import RecordingListener  # noqa: E402
+from perseus.runtime.job import RecordingListener  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_deepspeed.hooks import install_hooks, installed_handle  # noqa: E402
 from perseus_demo.tiny_pipe import (  # noqa: E402

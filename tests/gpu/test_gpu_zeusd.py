@@ -168,7 +168,7 @@ def test_the_controller_refuses_to_start_with_zeusds_one_line(zeusd, gpu, monkey
 
 
 def test_the_runtime_port_says_what_zeusd_refused(zeusd, gpu, monkeypatch):
-    from perseus.runtime.gpu_port import GPUPort
+    from perseus.runtime.port.gpu_port import GPUPort
 
     z = zeusd(tokens={"t-read": READ_ONLY})
     monkeypatch.setenv("ZEUSD_TOKEN", "t-read")
@@ -184,7 +184,7 @@ def test_the_runtime_port_says_what_zeusd_refused(zeusd, gpu, monkeypatch):
 
 
 def test_the_runtime_port_changes_clocks_through_zeusd_and_resets_on_close(zeusd, gpu, sim_dir):
-    from perseus.runtime.gpu_port import GPUPort
+    from perseus.runtime.port.gpu_port import GPUPort
 
     z = zeusd()
     port = GPUPort.open("sim", 0, {}, control=True, zeusd_socket=z.socket_path)

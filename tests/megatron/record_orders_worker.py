@@ -36,7 +36,7 @@ def where() -> dict[str, int]:
 
 
 def run_case(spec: str) -> dict[str, Any]:
-    from perseus.runtime.events import RecordingListener
+    from perseus.runtime.job import RecordingListener
     from perseus_megatron.hooks import install_hooks
     from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
@@ -67,7 +67,7 @@ class StampingListener:
     kernel would last (a sleep before the hook returns, so the schedule's send follows it)."""
 
     def __init__(self, stage: int) -> None:
-        from perseus.runtime.events import RecordingListener
+        from perseus.runtime.job import RecordingListener
 
         self._orders = RecordingListener()
         self._pad_s = {"forward": 0.010 * (1 + 0.5 * stage), "backward": 0.030 * (1 + 0.5 * stage)}
@@ -97,7 +97,7 @@ class StampingListener:
 def run_enable(stages: int, out: Path) -> dict[str, Any]:
     """enable() with the real runtime (simulated GPU, measure-only): the job it builds and its steps."""
     import perseus_megatron
-    from perseus.runtime.events import RecordingListener
+    from perseus.runtime.job import RecordingListener
     from perseus_demo.tiny_gpt import TinyGPTShape, TinyGPTTrainer, initialize_parallel
 
     rank = int(os.environ["RANK"])

@@ -22,7 +22,7 @@ pytest.importorskip("megatron.core")
 from megatron.core.pipeline_parallel import combined_1f1b  # noqa: E402
 from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table  # noqa: E402
 
-from perseus.runtime.events import RecordingListener  # noqa: E402
+from perseus.runtime.job import RecordingListener  # noqa: E402
 from perseus.runtime import HookStateError  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_megatron import compat, hooks  # noqa: E402

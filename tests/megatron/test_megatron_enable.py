@@ -8,7 +8,7 @@ pytest.importorskip("megatron.core")
 
 from perseus.errors import ConfigError  # noqa: E402
 from perseus.runtime.config import PerseusConfig  # noqa: E402
-from perseus.runtime.events import PipelineJob, RecordingListener  # noqa: E402
+from perseus.runtime.job import PipelineJob, RecordingListener  # noqa: E402
 from perseus_megatron import enable, enable_from_argv, hooks  # noqa: E402
 from perseus_megatron.integration import MegatronPerseus  # noqa: E402
 from perseus_megatron.tracker import StepInfo  # noqa: E402

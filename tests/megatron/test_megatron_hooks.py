@@ -14,7 +14,7 @@ from megatron.core.transformer.enums import CudaGraphScope  # noqa: E402
 
 from perseus.errors import PerseusError  # noqa: E402
 import perseus.runtime  # noqa: E402
-from perseus.runtime.events import RecordingListener  # noqa: E402
+from perseus.runtime.job import RecordingListener  # noqa: E402
 from perseus_megatron import compat, hooks  # noqa: E402
 from perseus_megatron.compat import (  # noqa: E402
     HOOK_POINTS,

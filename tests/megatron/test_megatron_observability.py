@@ -23,7 +23,7 @@ pytest.importorskip("tensorboard")
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
-from perseus.runtime.metrics import StepMetrics  # noqa: E402
+from perseus.runtime.observe.metrics import StepMetrics  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
 from perseus_megatron.integration import enable  # noqa: E402

@@ -22,7 +22,7 @@ pytest.importorskip("megatron.core")
 from megatron.core import pipeline_parallel  # noqa: E402
 from megatron.core.pipeline_parallel import schedules  # noqa: E402
 
-from perseus.runtime.events import RecordingListener  # noqa: E402
+from perseus.runtime.job import RecordingListener  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
 from perseus_megatron import hooks  # noqa: E402

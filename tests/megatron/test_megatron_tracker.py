@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import perseus.runtime
-from perseus.runtime.events import RecordingListener
+from perseus.runtime.job import RecordingListener
 from perseus.schedules import Instruction
 from perseus_megatron.tracker import HookStateError, ScheduleTracker, StepInfo
 

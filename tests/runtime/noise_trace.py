@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from perseus.runtime.straggler import StragglerPolicy, pipeline_times, slowdown_against_slowest
+from perseus.runtime.clocks.straggler import StragglerPolicy, pipeline_times, slowdown_against_slowest
 
 TRACE = Path(__file__).parents[1] / "data" / "straggler_noise.json"
 

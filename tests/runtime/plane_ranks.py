@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-from perseus.runtime.events import PipelineJob
+from perseus.runtime.job import PipelineJob
 
 
 def grid_job(rank: int, dp: int, pp: int, tp: int, order: str = "pp-tp-dp") -> PipelineJob:

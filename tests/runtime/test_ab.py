@@ -5,7 +5,7 @@ from statistics import stdev
 
 import pytest
 
-from perseus.runtime.ab import ab_figure, median_ratio, relative_spread, saving_phrase, step_figure, step_line, time_phrase
+from perseus.runtime.guard.ab import ab_figure, median_ratio, relative_spread, saving_phrase, step_figure, step_line, time_phrase
 
 
 def test_median_ratio_ignores_outliers_and_its_stderr_matches_the_noise():

@@ -3,7 +3,7 @@
 import pytest
 
 from perseus.errors import ProfileError
-from perseus.runtime.aggregate import RankMeasurements, aggregate_profile
+from perseus.profile.aggregate import RankMeasurements, aggregate_profile
 
 
 def rank(stage, tp, dp, fwd, bwd, pb=80.0):

@@ -26,9 +26,9 @@ def make_frontier(schedule):
 
 
 def test_the_runtime_uses_the_librarys_one_cache():
-    import perseus.runtime.cache
+    import perseus.store.cache
 
-    assert perseus.runtime.cache.RunCache is RunCache
+    assert perseus.store.cache.RunCache is RunCache
 
 
 def test_hash_ignores_dict_order():

@@ -14,7 +14,7 @@ from perseus.store.cache import RunCache, key_hash
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob, describe_value, value_digest
-from perseus.runtime.fingerprint import KEY_VERSION
+from perseus.runtime.supply.fingerprint import KEY_VERSION
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0, model_config={"hidden": 8}, stage_fingerprint="abc")
 

@@ -3,7 +3,7 @@
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
+from perseus.runtime.measure.clock_sweep import ClockSweep, energy_rose, profiling_iterations, select_frequencies
 
 SUPPORTED = list(range(1410, 200, -15))  # A100-like: 1410, 1395, ..., 210
 

@@ -9,8 +9,8 @@ from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.controller import NullController
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
-from perseus.runtime.clock_trace import InstructionTrace, StepTrace, breakdown, from_dict, lateness_s
-from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.port.clock_trace import InstructionTrace, StepTrace, breakdown, from_dict, lateness_s
+from perseus.runtime.port.gpu_port import GPUPort
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
@@ -115,7 +115,7 @@ class TimedLoggingController(NullController):
 
 def test_with_the_plans_timeline_each_switch_is_asked_for_latency_before_it_lands(tmp_path):
     from perseus.profile import InstructionProfile, Profile
-    from perseus.runtime.sources import cache_key
+    from perseus.runtime.supply.sources import cache_key
     from perseus.store.cache import RunCache
     from perseus.timeline.switch_timing import request_schedule
 
@@ -206,7 +206,7 @@ def test_apply_returns_once_a_latent_switch_has_landed(tmp_path):
 
 
 def test_a_traced_kernel_on_the_model_runs_its_head_at_the_clock_before_a_switch_landing_inside_it():
-    from perseus.runtime.clock_trace import kernel_on_model
+    from perseus.runtime.port.clock_trace import kernel_on_model
 
     cost = {1410: (0.010, 4.0), 900: (0.015, 3.0)}.__getitem__  # (time, energy) of the work held at a clock
     held = _inst(900, 900, 900, 1.0, 0.015, 0.5, 0.015, 1.016)

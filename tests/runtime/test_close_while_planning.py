@@ -17,7 +17,7 @@ from local_steps import train  # noqa: E402
 
 from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob  # noqa: E402
-from perseus.runtime import planning  # noqa: E402
+from perseus.runtime.supply import planning  # noqa: E402
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 

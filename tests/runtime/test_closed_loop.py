@@ -17,7 +17,7 @@ import numpy as np
 from perseus.frontier import Frontier, FrontierPoint, save_frontier
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
-from perseus.runtime.probes import ProbeSchedule, StepRole
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole
 from perseus.schedules import build_schedule
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
@@ -120,8 +120,8 @@ def test_probes_off_keep_every_deployed_step_on_the_plan(tmp_path):
 
 def test_the_ab_is_unknown_while_probe_energy_reads_zero(tmp_path):
     """A step shorter than the energy counter's update period can read 0 J: no figure, no crash."""
-    from perseus.runtime.closed_loop import ClosedLoop
-    from perseus.runtime.collective import Collective
+    from perseus.runtime.guard.closed_loop import ClosedLoop
+    from perseus.runtime.plane.collective import Collective
 
     loop = ClosedLoop(PerseusConfig(probe_every_steps=EVERY), Collective(None))
     loop.plan.add(0.01, 1.0)
@@ -134,9 +134,9 @@ def test_the_ab_is_unknown_while_probe_energy_reads_zero(tmp_path):
 
 def test_straggler_and_external_targets_are_held_to_their_own_time():
     """The guard compares a paced or timed target with default clocks in units of its own time."""
-    from perseus.runtime.closed_loop import guard_target_ratio
-    from perseus.runtime.stage_plan import decode_stage, encode_stage
-    from perseus.runtime.targeting import PacedTarget, Targeting, TimeTarget
+    from perseus.runtime.guard.closed_loop import guard_target_ratio
+    from perseus.planner.stage_plan import decode_stage, encode_stage
+    from perseus.runtime.clocks.targeting import PacedTarget, Targeting, TimeTarget
 
     frontier = Frontier(SCHEDULE, 80.0, 1.0, 10.0, [uniform(MAX, 0.9, 9.0), uniform(LOW, 1.0, 5.0)])
     plan = decode_stage(encode_stage(frontier, 0), SCHEDULE, 0)  # this rank's stage, as it receives it

@@ -3,7 +3,9 @@
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.config import PerseusConfig
+from perseus.runtime.config import MIN_PROBE_EVERY_STEPS, PerseusConfig
+from perseus.runtime.guard.probes import ProbeSchedule
+from perseus.runtime.guard.time_guard import GuardSettings
 
 
 def test_defaults_are_valid_and_run_mode():
@@ -86,8 +88,12 @@ def test_planner_options_default_overrides_nothing():
 def test_guard_settings_come_from_the_config():
     cfg = PerseusConfig.from_dict({"probe_every_steps": 20, "guard_tolerance": 0.02, "guard_patience": 2,
                                    "guard_noise_z": 1.5})
-    assert cfg.probe_schedule().every == 20 and cfg.probe_schedule().default_fraction == 0.1
-    g = cfg.guard_settings()
+    assert ProbeSchedule.from_config(cfg).every == 20 and ProbeSchedule.from_config(cfg).default_fraction == 0.1
+    g = GuardSettings.from_config(cfg)
     assert (g.tolerance, g.patience, g.noise_z) == (0.02, 2, 1.5)
-    assert PerseusConfig.from_dict({"probe_every_steps": 0}).probe_schedule().enabled is False
+    assert ProbeSchedule.from_config(PerseusConfig.from_dict({"probe_every_steps": 0})).enabled is False
     assert PerseusConfig().probe_every_steps == 50 and PerseusConfig().guard_tolerance == 0.01
+
+
+def test_the_configs_smallest_probe_period_is_the_schedules():
+    assert MIN_PROBE_EVERY_STEPS == ProbeSchedule.min_every(ProbeSchedule.settle)

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from plane_ranks import grid_job, run_ranks  # noqa: E402
 
 from perseus.errors import ConfigError  # noqa: E402
-from perseus.runtime.aggregate import (ClockPoint, RankMeasurements, _combine, aggregate_profile, replica_vector,  # noqa: E402
+from perseus.profile.aggregate import (ClockPoint, RankMeasurements, _combine, aggregate_profile, replica_vector,  # noqa: E402
                                        replicas_mean)
-from perseus.runtime.layout import Coordinates, GridShape, exchange_peers  # noqa: E402
+from perseus.runtime.plane.layout import Coordinates, GridShape, exchange_peers  # noqa: E402
 
 GRID = [1410, 1260, 1110]
 DP, PP, TP = 2, 2, 2
@@ -39,8 +39,8 @@ def _measurements(rank: int, stage: int) -> RankMeasurements:
 
 
 def _scenario(rank: int, world: int, design: str) -> dict:
-    from perseus.runtime.control_plane import open_control_plane
-    from perseus.runtime.sources import stage_models
+    from perseus.runtime.plane.design import open_control_plane
+    from perseus.runtime.supply.sources import stage_models
 
     job = grid_job(rank, DP, PP, TP)
     job = type(job)(**{**job.__dict__, "stage_fingerprint": f"stage{job.stage}-params"})
@@ -137,8 +137,8 @@ def test_hierarchical_peers_are_the_axes_and_rank0_sends_each_stage_once(both):
 
 
 def _timeout_scenario(rank: int, world: int) -> dict:
-    from perseus.runtime.collective import CollectiveError
-    from perseus.runtime.control_plane import open_control_plane
+    from perseus.runtime.plane.collective import CollectiveError
+    from perseus.runtime.plane.design import open_control_plane
 
     plane = open_control_plane(grid_job(rank, DP, PP, TP), None, 3.0, "hierarchical")
     assert plane.all_true(True)

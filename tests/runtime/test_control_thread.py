@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from perseus.runtime.control_thread import ControlThread
+from perseus.runtime.plane.control_thread import ControlThread
 
 
 def test_calls_run_in_order_on_one_other_thread_and_raise_where_awaited():

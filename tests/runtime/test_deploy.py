@@ -2,7 +2,7 @@
 
 import pytest
 
-from perseus.runtime.deploy import PlanFollower
+from perseus.runtime.clocks.deploy import PlanFollower
 from perseus.schedules import build_schedule
 
 
@@ -55,7 +55,7 @@ def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
 
 
 def test_timed_switches_send_each_request_from_its_hook_after_its_delay():
-    from perseus.runtime.deploy import TimedSwitches
+    from perseus.runtime.clocks.deploy import TimedSwitches
     from perseus.timeline.switch_timing import TimedRequest
 
     requests = [TimedRequest(0, False, 0.005, 900, 1), TimedRequest(2, True, 0.001, 1200, 3),
@@ -88,7 +88,7 @@ class _OverlappedPlane:
     def start_pipeline_rows(self, dp, natural_s, energy_j, diverged):
         from concurrent.futures import Future
 
-        from perseus.runtime.collective import PipelineRow
+        from perseus.runtime.plane.collective import PipelineRow
 
         self.asked.append(natural_s)
         future = Future()
@@ -99,8 +99,8 @@ class _OverlappedPlane:
 def test_an_overlapped_job_check_is_used_at_the_next_check():
     """Every K steps a check is asked; on an overlapped plane the answer returned is the one asked
     a period earlier, marked with the step it is used at (its job energy is published then)."""
-    from perseus.runtime.deploy import Deployment
-    from perseus.runtime.events import PipelineJob
+    from perseus.runtime.clocks.deploy import Deployment
+    from perseus.runtime.job import PipelineJob
 
     plane, job = _OverlappedPlane(), PipelineJob(num_stages=2, num_microbatches=4, stage=0, dp_size=2)
     deployment = Deployment(0, switches=None, check_every=3, gpu=None)

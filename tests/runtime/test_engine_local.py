@@ -19,8 +19,8 @@ from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import load_json
 from perseus.profile.fit import robust_stats
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
-from perseus.runtime.cache import RunCache
-from perseus.runtime.gpu_port import GPUPort
+from perseus.store.cache import RunCache
+from perseus.runtime.port.gpu_port import GPUPort
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
@@ -87,7 +87,7 @@ def test_measure_only_plans_from_provided_profile(tmp_path):
 def test_plan_wait_deploys_at_the_first_planning_step_however_long_planning_takes(tmp_path, monkeypatch):
     import planner_stand_ins as stand_ins
 
-    from perseus.runtime import planning
+    from perseus.runtime.supply import planning
 
     monkeypatch.setattr(planning, "plan_frontier", stand_ins.slow)  # 3 s: many of these 1-ms steps
     device = sim(tmp_path)

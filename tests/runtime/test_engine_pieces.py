@@ -12,12 +12,13 @@ import pytest
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.planner import PlannerOptions
 from perseus.profile import InstructionProfile, uniform_profile
-from perseus.runtime import PipelineJob, planning
-from perseus.runtime.collective import Collective
-from perseus.runtime.job_check import check_job
-from perseus.runtime.metrics import StepMetrics
+from perseus.runtime import PipelineJob
+from perseus.runtime.supply import planning
+from perseus.runtime.plane.collective import Collective
+from perseus.runtime.clocks.job_check import check_job
+from perseus.runtime.observe.metrics import StepMetrics
 from perseus.runtime.phases import Phase
-from perseus.runtime.report import Reporter, RunFacts, summarize, summary_line
+from perseus.runtime.observe.report import Reporter, RunFacts, summarize, summary_line
 from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parent))

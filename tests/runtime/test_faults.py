@@ -26,7 +26,7 @@ from toy_pipeline import ToyConfig, launch  # noqa: E402
 
 from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
 from perseus.gpu.sim.state import read_sim_state  # noqa: E402
-from perseus.runtime import planning  # noqa: E402
+from perseus.runtime.supply import planning  # noqa: E402
 from perseus.frontier import save_frontier
 
 pytestmark = pytest.mark.distributed

@@ -12,16 +12,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_targeting import small_plan  # noqa: E402
 
 from perseus.errors import PerseusError
-from perseus.runtime.closed_loop import guard_target_ratio
-from perseus.runtime.collective import Collective
+from perseus.runtime.guard.closed_loop import guard_target_ratio
+from perseus.runtime.plane.collective import Collective
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.grid import GridControl
-from perseus.runtime.metrics import SCALARS, StepMetrics
-from perseus.runtime.observe import Observer
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.clocks.grid import GridControl
+from perseus.runtime.observe.metrics import SCALARS, StepMetrics
+from perseus.runtime.observe.observer import Observer
 from perseus.runtime.phases import Phase
-from perseus.runtime.prometheus import SNAPSHOT_KEYS
-from perseus.runtime.targeting import CarbonTarget, PowerCapTarget, Targeting
+from perseus.runtime.observe.prometheus import SNAPSHOT_KEYS
+from perseus.runtime.clocks.targeting import CarbonTarget, PowerCapTarget, Targeting
 
 JOB = PipelineJob(num_stages=2, num_microbatches=2, stage=0, world_size=8)  # 4 pipelines: job power = 4 x
 
@@ -172,7 +172,7 @@ def test_step_metrics_carry_carbon_and_power(tmp_path):
 
 def test_prometheus_exports_the_grid_gauges():
     pytest.importorskip("prometheus_client")
-    from perseus.runtime.prometheus import PrometheusExporter
+    from perseus.runtime.observe.prometheus import PrometheusExporter
 
     with PrometheusExporter(port=0) as exporter:
         exporter.update({"carbon_intensity": 250.0, "carbon_total_g": 12.5, "job_power_w": 800.0, "power_cap_w": 900.0})

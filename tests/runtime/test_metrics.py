@@ -16,7 +16,7 @@ import pytest
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
-from perseus.runtime.metrics import PHASE_CODES, SCALARS, StepMetrics
+from perseus.runtime.observe.metrics import PHASE_CODES, SCALARS, StepMetrics
 from perseus.runtime.phases import Phase
 from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier

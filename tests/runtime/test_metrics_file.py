@@ -7,7 +7,7 @@ import json
 import logging
 import os
 
-from perseus.runtime.metrics_file import MetricsFile, new_run_id, stamp
+from perseus.runtime.observe.metrics_file import MetricsFile, new_run_id, stamp
 
 
 def test_lines_are_appended_whole(tmp_path):

@@ -21,8 +21,8 @@ from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.frontier.codec import encode_frontier_json, frontier_from_json_dict, save_frontier
 from perseus.frontier.v1 import encode_v1
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.sources import _root_sources, cache_key
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.supply.sources import _root_sources, cache_key
 from perseus.schedules import build_schedule
 
 SHAPE = ("interleaved", 4, 8, 2)

@@ -7,7 +7,7 @@ import pytest
 
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.frontier.v1 import encode_v1
-from perseus.runtime.collective import Collective, decode_frontier, encode_frontier
+from perseus.runtime.plane.collective import Collective, decode_frontier, encode_frontier
 from perseus.runtime.phases import ALLOWED, Phase, PhaseMachine, after_warmup
 from perseus.schedules import build_schedule
 

@@ -19,11 +19,12 @@ from perseus.store.cache import RunCache  # noqa: E402
 from perseus.errors import FrontierError  # noqa: E402
 from perseus.planner import PlannerOptions, plan_frontier  # noqa: E402
 from perseus.profile import InstructionProfile, uniform_profile  # noqa: E402
-from perseus.runtime import planning, stage_plan  # noqa: E402
-from perseus.runtime.collective import Collective  # noqa: E402
-from perseus.runtime.planner_process import (FAILED, PENDING, READY, ProcessPlanner, hand_over,  # noqa: E402
+from perseus.planner import stage_plan
+from perseus.runtime.supply import planning  # noqa: E402
+from perseus.runtime.plane.collective import Collective  # noqa: E402
+from perseus.planner.process import (FAILED, PENDING, READY, ProcessPlanner, hand_over,  # noqa: E402
                                              planned_stages, start_child, stop_child)
-from perseus.runtime.stage_plan import encode_stage  # noqa: E402
+from perseus.planner.stage_plan import encode_stage  # noqa: E402
 from perseus.schedules import build_schedule  # noqa: E402
 
 SCHEDULE = build_schedule("1f1b", 2, 4)
@@ -159,9 +160,9 @@ def test_the_planner_exits_when_its_trainer_is_killed(tmp_path):
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import planner_stand_ins
         from perseus.planner import PlannerOptions
-        from perseus.runtime.planner_process import ProcessPlanner
+        from perseus.planner.process import ProcessPlanner
         from test_planner_process import SCHEDULE, PROFILE, OPTIONS
-        from perseus.runtime.planner_process import start_child
+        from perseus.planner.process import start_child
         planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, planner_stand_ins.hang)
         idle = start_child()  # started ahead, still waiting for its job
         print(planner.pid, idle.pid, flush=True)

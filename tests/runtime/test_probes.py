@@ -3,7 +3,7 @@
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.probes import ProbeSchedule, StepRole, clocks_label
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole, clocks_label
 
 P, PS, D, DS = StepRole.PLAN, StepRole.PLAN_SETTLE, StepRole.PROBE, StepRole.PROBE_SETTLE
 

@@ -4,7 +4,7 @@ import pytest
 
 from perseus.gpu.measurement import CounterUpdate
 from perseus.gpu.timing import TimedInstruction
-from perseus.runtime.profiler import SweepRecorder
+from perseus.runtime.measure.instruction_samples import SweepRecorder
 
 POWER = {(0, "forward"): 200.0, (0, "backward"): 300.0}
 P_BLOCK = 80.0

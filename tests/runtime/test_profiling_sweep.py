@@ -9,8 +9,8 @@ import logging
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
-from perseus.runtime.cache import RunCache
-from perseus.runtime.clock_sweep import ClockSweep
+from perseus.store.cache import RunCache
+from perseus.runtime.measure.clock_sweep import ClockSweep
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 MODEL = get_preset("A100-SXM")
@@ -172,8 +172,8 @@ def _timed(t0, fwd_times):
 def test_noise_larger_than_the_effect_is_measured_again_within_a_bound(caplog):
     """At 1320 MHz the samples scatter by ±20 % around a 3 % effect: the clock is measured
     again, at most remeasure_max times per sweep, with one log line each."""
-    from perseus.runtime.collective import Collective
-    from perseus.runtime.profiling import ProfilingRun
+    from perseus.runtime.plane.collective import Collective
+    from perseus.runtime.measure.profiling_run import ProfilingRun
 
     cfg = PerseusConfig.from_dict({"gpu": "sim", "freq_min_mhz": 1230, "remeasure_max": 2, "cache_dir": None})
     run = ProfilingRun(_Port(), Collective(), cfg, [(0, "backward"), (0, "forward")])

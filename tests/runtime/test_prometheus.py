@@ -14,7 +14,7 @@ from perseus.errors import PerseusError
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from perseus.runtime.prometheus import PrometheusExporter  # noqa: E402
+from perseus.runtime.observe.prometheus import PrometheusExporter  # noqa: E402
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:

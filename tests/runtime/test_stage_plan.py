@@ -12,8 +12,8 @@ import pytest
 
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.runtime.collective import Collective, encode_frontier
-from perseus.runtime.stage_plan import decode_stage, distribute, encode_stage, point_of, slices_of, stage_plan_of
+from perseus.runtime.plane.collective import Collective, encode_frontier
+from perseus.planner.stage_plan import decode_stage, distribute, encode_stage, point_of, slices_of, stage_plan_of
 from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parents[1]))

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.straggler import StragglerPolicy, natural_time, slowdown_against_slowest
+from perseus.runtime.clocks.straggler import StragglerPolicy, natural_time, slowdown_against_slowest
 
 
 def test_noise_below_threshold_never_switches():

@@ -9,9 +9,9 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.runtime.stage_plan import StagePlan, StagePoint, stage_plan_of
-from perseus.runtime.straggler import StragglerPolicy
-from perseus.runtime.targeting import (NO_SLOWDOWN, Adjustment, NoSlowdown, PacedTarget, SpeedUp, Target, Targeting,
+from perseus.planner.stage_plan import StagePlan, StagePoint, stage_plan_of
+from perseus.runtime.clocks.straggler import StragglerPolicy
+from perseus.runtime.clocks.targeting import (NO_SLOWDOWN, Adjustment, NoSlowdown, PacedTarget, SpeedUp, Target, Targeting,
                                        TimeTarget)
 from perseus.schedules import build_schedule
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.probes import ProbeSchedule, StepRole
-from perseus.runtime.time_guard import ALLOWED, Action, GuardSettings, GuardState, TimeGuard, target_ratio
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole
+from perseus.runtime.guard.time_guard import ALLOWED, Action, GuardSettings, GuardState, TimeGuard, target_ratio
 
 TRACE = Path(__file__).parents[1] / "data" / "straggler_noise.json"
 

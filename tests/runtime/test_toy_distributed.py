@@ -22,9 +22,9 @@ from perseus.schedules.dag import InstructionDAG  # noqa: E402
 from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
 from perseus.gpu.sim.state import read_sim_state  # noqa: E402
 from perseus.profile import load_json  # noqa: E402
-from perseus.runtime import planning  # noqa: E402
-from perseus.runtime.clock_sweep import profiling_iterations  # noqa: E402
-from perseus.runtime.stage_plan import encode_stage  # noqa: E402
+from perseus.runtime.supply import planning  # noqa: E402
+from perseus.runtime.measure.clock_sweep import profiling_iterations  # noqa: E402
+from perseus.planner.stage_plan import encode_stage  # noqa: E402
 from perseus.frontier import load_frontier  # noqa: E402
 from perseus.timeline.simulator import max_frequency_plan, simulate_plan  # noqa: E402
 from perseus.frontier import save_frontier

@@ -5,7 +5,7 @@ executes its stage's instructions of a ``Schedule`` in order, with real P2P over
 (gloo): a forward receives its activation from the previous virtual stage and sends its output
 to the next; a backward receives the gradient from the next and sends one to the previous.
 "Compute" is a kernel of the simulated GPU: the runtime makes every instruction one
-(``perseus.runtime.sim_kernels``), and the toy pads it to its exact max-clock ``duration``, so
+(``perseus.runtime.port.sim_kernels``), and the toy pads it to its exact max-clock ``duration``, so
 it lasts ``duration × t(f)/t(f_max)`` at the GPU's current clock and integrates busy power,
 while waiting in ``recv`` integrates P_blocking: frequency plans change time and energy exactly
 as on hardware (per the simulated GPU's DVFS model). The runtime is driven only through the
@@ -187,7 +187,7 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
     from perseus.gpu.sim.device import SimulatedGPU
     from perseus.runtime.config import PerseusConfig
     from perseus.runtime.engine import PerseusRuntime
-    from perseus.runtime.events import PipelineJob
+    from perseus.runtime.job import PipelineJob
 
     os.environ["PERSEUS_SIM_GPU_DIR"] = cfg.sim_dir
     collector = _WarningCollector()

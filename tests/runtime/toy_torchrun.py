@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from toy_helpers import greedy_frontier_held_back_in_first_attempt  # noqa: E402
 from toy_pipeline import ToyConfig, run_rank  # noqa: E402
 
-from perseus.runtime import planning  # noqa: E402
+from perseus.runtime.supply import planning  # noqa: E402
 
 
 def main() -> None:

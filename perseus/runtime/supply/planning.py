@@ -16,11 +16,11 @@ from time import monotonic
 from perseus.store.cache import RunCache
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import Profile
-from perseus.runtime.collective import Collective
-from perseus.runtime.planner_process import (NICE, FAILED, PENDING, READY, PlannedStages, ProcessPlanner, start_child,
+from perseus.runtime.plane.collective import Collective
+from perseus.planner.process import (NICE, FAILED, PENDING, READY, PlannedStages, ProcessPlanner, start_child,
                                              stop_child)
-from perseus.runtime.stage_plan import StagePlan, distribute
-from perseus.runtime.sources import log_saved
+from perseus.planner.stage_plan import StagePlan, distribute
+from perseus.runtime.supply.sources import log_saved
 from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")

@@ -3,7 +3,7 @@
 A job is a grid of ranks: ``dp_size`` data-parallel replicas × ``num_stages`` pipeline stages ×
 ``tp_size`` tensor-parallel ranks (megatron-core folds context parallelism into the last). The
 adapters already know each rank's coordinates (``PipelineJob``). The hierarchical control plane
-(``perseus.runtime.hierarchy``) talks only along the grid's three axes, so a rank needs the global
+(``perseus.runtime.plane.hierarchy``) talks only along the grid's three axes, so a rank needs the global
 ranks of just ``tp_size + num_stages + dp_size`` peers, never a table of the whole job.
 
 Each rank publishes its global rank under its coordinates in the store every torch.distributed

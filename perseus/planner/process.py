@@ -31,7 +31,6 @@ orphan planner.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import signal
@@ -42,7 +41,6 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 from perseus.store.cache import RunCache
@@ -59,15 +57,9 @@ _WATCH_S = 0.2
 # Math libraries' thread pools in the planner process: one thread each (it takes at most one core
 # beside the trainer; a trainer's own setting, e.g. OMP_NUM_THREADS, is for the trainer).
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# The child lowers its priority first, then loads this file by path: importing it as
-# perseus.runtime.planner_process would first import perseus.runtime (pydantic, the config), about
-# as long as the planner's own imports, for nothing. Registered in sys.modules (dataclasses need it).
-_CHILD = (
-    "import os; os.nice({nice}); import sys, importlib.util as u; "
-    "s = u.spec_from_file_location('perseus_planner_child', {path!r}); m = u.module_from_spec(s); "
-    "sys.modules[s.name] = m; s.loader.exec_module(m); m.child_main({parent})"
-)
-
+# The child is this module run with ``python -m``: its top-level imports are light (numpy, the data
+# core), so it lowers its priority (``--nice``) before the planner's own imports (scipy, numba), which
+# come with the unpickled request.
 PlanFunction = Callable[[Schedule, Profile, PlannerOptions], Frontier]
 StageEncoder = Callable[[Frontier, int], bytes]
 
@@ -82,7 +74,7 @@ def start_child(nice: int = NICE, own_session: bool = True) -> subprocess.Popen[
     root = str(Path(__file__).resolve().parents[2])  # the perseus this process runs, first
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD.format(nice=int(nice), path=__file__, parent=os.getpid())],
+        [sys.executable, "-m", "perseus.planner.process", "--nice", str(int(nice)), "--parent", str(os.getpid())],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=own_session,
     )
 
@@ -241,7 +233,7 @@ def child_main(parent: int) -> None:
     try:
         plan, schedule, profile, options, cache, timelines = _read_request()
         frontier = plan(schedule, profile, options)
-        slices = _sibling("stage_plan")
+        from perseus.planner import stage_plan as slices
         timing = slices.frontier_timing(frontier, profile) if timelines and isinstance(frontier, Frontier) else None
         message: tuple[str, Any] = ("ok", hand_over(frontier, cache, partial(slices.encode_stage, timing=timing)))
     except BaseException as exc:  # noqa: BLE001 - every failure is one line for the trainer's log
@@ -250,21 +242,24 @@ def child_main(parent: int) -> None:
     reply.close()
 
 
-def _sibling(name: str) -> ModuleType:
-    """A module of perseus/runtime that imports nothing of perseus.runtime, loaded by its path
-    (as this file is in the child: without perseus/runtime/__init__'s imports)."""
-    key = f"perseus_planner_child_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool]:
     stream = sys.stdin.buffer
     path = pickle.load(stream)
     sys.path[:] = path + [p for p in sys.path if p not in path]  # the planner function's module imports
     return pickle.load(stream)
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """``python -m perseus.planner.process --nice N --parent PID``: what ``start_child`` runs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m perseus.planner.process")
+    parser.add_argument("--nice", type=int, default=NICE)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    os.nice(args.nice)
+    child_main(args.parent)
+
+
+if __name__ == "__main__":
+    _main()

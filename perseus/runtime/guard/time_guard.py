@@ -51,8 +51,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from perseus.errors import ConfigError
-from perseus.runtime.ab import Ratio, median_ratio
-from perseus.runtime.probes import StepRole
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.guard.ab import Ratio, median_ratio
+from perseus.runtime.guard.probes import StepRole
 
 
 class GuardState(enum.Enum):
@@ -100,6 +101,11 @@ class GuardSettings:
     probe_window: int = 5
     min_plan_steps: int = 3
     settle: int = 1
+
+    @classmethod
+    def from_config(cls, config: PerseusConfig) -> GuardSettings:
+        """The no-slowdown guard's tolerance, noise allowance and patience."""
+        return cls(tolerance=config.guard_tolerance, patience=config.guard_patience, noise_z=config.guard_noise_z)
 
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance < 0.5:

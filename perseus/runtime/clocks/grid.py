@@ -29,11 +29,11 @@ from typing import Callable
 from perseus.carbon.forecast import HourlyForecaster
 from perseus.carbon.policy import CarbonPolicy, PointMenu
 from perseus.carbon.signals import GuardedSignal, TraceSource, as_source, source_from_spec
-from perseus.runtime.collective import Collective
+from perseus.runtime.plane.collective import Collective
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.stage_plan import StagePlan
-from perseus.runtime.targeting import CarbonTarget, PowerCapTarget, Targeting
+from perseus.runtime.job import PipelineJob
+from perseus.planner.stage_plan import StagePlan
+from perseus.runtime.clocks.targeting import CarbonTarget, PowerCapTarget, Targeting
 
 log = logging.getLogger("perseus.runtime")
 

@@ -186,7 +186,7 @@ def noisy_points(profile: Profile) -> list[str]:
 
 
 # ---------------------------------------------------------------- the same combination, in steps
-# The hierarchical control plane (``perseus.runtime.hierarchy``) combines where the data is: a
+# The hierarchical control plane (``perseus.runtime.plane.hierarchy``) combines where the data is: a
 # replica's tensor-parallel ranks at its first one, then the replicas of a stage by a sum
 # reduction over a fixed layout of floats, then one entry per stage on rank 0. ``aggregate_profile``
 # of those entries is the profile of every rank's (up to float rounding in the means).

@@ -40,7 +40,7 @@ class PipelineJob:
     overlap_p2p: bool = False
     # What determines the measured profile besides the schedule (model size, hidden size, sequence
     # length, dtype, layer specs, ...), the same on every rank: the adapter fills it; the runtime
-    # hashes it into its cache key (perseus/runtime/fingerprint.py).
+    # hashes it into its cache key (perseus/runtime/supply/fingerprint.py).
     model_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
     # This rank's stage's parameters (names, shapes, dtypes; ``fingerprint.stage_fingerprint``),
     # which only this stage's ranks hold: rank 0 gathers every stage's into the cache key, so a

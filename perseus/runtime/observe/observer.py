@@ -19,21 +19,20 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime.profiling import profiling_overhead
-from perseus.runtime.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
+from perseus.runtime.observe.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
-from perseus.runtime.report import Reporter, RunFacts, summarize
+from perseus.runtime.observe.report import Reporter, RunFacts, profiling_overhead, summarize
 
 if TYPE_CHECKING:
-    from perseus.runtime.clock_sweep import ClockSweep
-    from perseus.runtime.closed_loop import ClosedLoop
-    from perseus.runtime.collective import Collective
+    from perseus.runtime.measure.clock_sweep import ClockSweep
+    from perseus.runtime.guard.closed_loop import ClosedLoop
+    from perseus.runtime.plane.collective import Collective
     from perseus.runtime.config import PerseusConfig
-    from perseus.runtime.deploy import Deployment, PlanFollower
-    from perseus.runtime.events import PipelineJob
-    from perseus.runtime.stage_plan import StagePlan, StagePoint
-    from perseus.runtime.supply import PlanSupply
-    from perseus.runtime.targeting import Targeting
+    from perseus.runtime.clocks.deploy import Deployment, PlanFollower
+    from perseus.runtime.job import PipelineJob
+    from perseus.planner.stage_plan import StagePlan, StagePoint
+    from perseus.runtime.supply.plan_supply import PlanSupply
+    from perseus.runtime.clocks.targeting import Targeting
 
 log = logging.getLogger("perseus.runtime")
 
@@ -58,7 +57,7 @@ class Observer:
         port), returned. Every rank agrees: if one cannot start, all raise (the caller closes)."""
         if port is None:
             return None
-        from perseus.runtime.prometheus import PrometheusExporter
+        from perseus.runtime.observe.prometheus import PrometheusExporter
 
         if port:
             port += int(os.environ.get("LOCAL_RANK", "0") or 0)

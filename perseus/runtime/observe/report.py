@@ -13,19 +13,18 @@ import json
 import logging
 from dataclasses import dataclass, field
 from statistics import fmean, median
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from perseus.runtime.ab import ABFigure, step_line
-from perseus.runtime.metrics import StepMetrics
-from perseus.runtime.metrics_file import MetricsFile
+from perseus.runtime.guard.ab import ABFigure, step_line
+from perseus.runtime.observe.metrics import StepMetrics
+from perseus.runtime.observe.metrics_file import MetricsFile
 from perseus.runtime.phases import Phase
-from perseus.runtime.profiling import profiling_overhead
 
 if TYPE_CHECKING:
     from perseus.frontier import Frontier, FrontierPoint
-    from perseus.runtime.stage_plan import StagePlan, StagePoint
-    from perseus.runtime.clock_sweep import ClockSweep
-    from perseus.runtime.events import PipelineJob
+    from perseus.planner.stage_plan import StagePlan, StagePoint
+    from perseus.runtime.measure.clock_sweep import ClockSweep
+    from perseus.runtime.job import PipelineJob
 
 log = logging.getLogger("perseus.runtime")
 
@@ -211,3 +210,24 @@ def _fmt(d: dict[str, Any] | None) -> str:
     if not d or d.get("time_s") is None:
         return "n/a"
     return f"{d['time_s'] * 1e3:.1f} ms / {d['energy_j']:.2f} J"
+
+
+def profiling_overhead(records: Sequence[StepMetrics], baseline_time_s: float | None,
+                       baseline_energy_j: float | None) -> dict[str, Any] | None:
+    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time
+    and energy minus the warm-up median × as many steps. None before profiling."""
+    rows = [r for r in records if r.phase is Phase.PROFILING]
+    if not rows or not baseline_time_s or not baseline_energy_j:
+        return None
+    n = len(rows)
+    time_s = sum(r.time_s for r in rows)
+    energy_j = sum(r.energy_j for r in rows)
+    return {
+        "iterations": n,
+        "time_s": time_s,
+        "energy_j": energy_j,
+        "extra_time_s": time_s - n * baseline_time_s,
+        "extra_energy_j": energy_j - n * baseline_energy_j,
+        "extra_time_ratio": time_s / (n * baseline_time_s) - 1.0,
+        "extra_energy_ratio": energy_j / (n * baseline_energy_j) - 1.0,
+    }

@@ -133,7 +133,7 @@ class StepMetrics:
         return scalars
 
     def prometheus(self) -> dict[str, Any]:
-        """The snapshot ``PrometheusExporter.update`` takes (see perseus/runtime/prometheus.py)."""
+        """The snapshot ``PrometheusExporter.update`` takes (see perseus/runtime/observe/prometheus.py)."""
         return {
             "phase": self.phase.value, "clock_mhz": self.clock_mhz,
             "energy_total_j": {str(self.rank): self.energy_j_total},

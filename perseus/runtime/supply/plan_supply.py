@@ -14,18 +14,18 @@ import logging
 from typing import Any, Mapping
 
 from perseus.profile import Profile
-from perseus.runtime.aggregate import aggregate_profile
-from perseus.runtime.cache import RunCache
-from perseus.runtime.collective import Collective
+from perseus.profile.aggregate import aggregate_profile
+from perseus.store.cache import RunCache
+from perseus.runtime.plane.collective import Collective
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.gpu_port import GPUPort
-from perseus.runtime.planning import (BackgroundPlanner, PlanOutcome, finish_at_close, log_planned, share_outcome, start_child,
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.port.gpu_port import GPUPort
+from perseus.runtime.supply.planning import (BackgroundPlanner, PlanOutcome, finish_at_close, log_planned, share_outcome, start_child,
                                       stop_child)
-from perseus.runtime.profiler import Key
-from perseus.runtime.profiling import ProfilingRun, describe_noise, measure_p_blocking, partial_saver
-from perseus.runtime.sources import Sources, cache_key, open_cache, save_quietly, share_sources, stage_models
-from perseus.runtime.stage_plan import StagePlan
+from perseus.runtime.measure.instruction_samples import Key
+from perseus.runtime.measure.profiling_run import ProfilingRun, describe_noise, measure_p_blocking, partial_saver
+from perseus.runtime.supply.sources import Sources, cache_key, open_cache, save_quietly, share_sources, stage_models
+from perseus.planner.stage_plan import StagePlan
 from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from perseus.runtime.collective import Collective, PipelineRow
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.straggler import slowdown_against_slowest
+from perseus.runtime.plane.collective import Collective, PipelineRow
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.clocks.straggler import slowdown_against_slowest
 
 log = logging.getLogger("perseus.runtime")
 

@@ -41,6 +41,7 @@ import enum
 from dataclasses import dataclass
 
 from perseus.errors import ConfigError
+from perseus.runtime.config import PerseusConfig
 
 
 class StepRole(enum.Enum):
@@ -90,6 +91,11 @@ class ProbeSchedule:
             )
         if self.first < self.settle:
             raise ConfigError(f"the first probe (step {self.first}) must come after the {self.settle} settle step(s)")
+
+    @classmethod
+    def from_config(cls, config: PerseusConfig) -> ProbeSchedule:
+        """Which deployed steps run at default clocks (``probe_every_steps``; 0: none)."""
+        return cls(every=config.probe_every_steps)
 
     @staticmethod
     def min_every(settle: int) -> int:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from perseus.errors import ConfigError
-from perseus.runtime.stage_plan import StagePlan, StagePoint
-from perseus.runtime.straggler import StragglerPolicy
+from perseus.planner.stage_plan import StagePlan, StagePoint
+from perseus.runtime.clocks.straggler import StragglerPolicy
 
 
 @runtime_checkable

@@ -30,12 +30,12 @@ import torch
 import torch.distributed as dist
 
 from perseus.errors import ProfileError
-from perseus.runtime.aggregate import RankMeasurements, combine_tensor_parallel, replica_vector, replicas_mean
-from perseus.runtime.axis_group import AxisGroup
-from perseus.runtime.collective import DEFAULT_TIMEOUT_S, Collective, PairChannel, PipelineRow, collective_errors
-from perseus.runtime.control_thread import ControlThread
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.layout import AXES, AxisPeers, Coordinates, GridShape, exchange_peers
+from perseus.profile.aggregate import RankMeasurements, combine_tensor_parallel, replica_vector, replicas_mean
+from perseus.runtime.plane.axis_group import AxisGroup
+from perseus.runtime.plane.collective import DEFAULT_TIMEOUT_S, Collective, PairChannel, PipelineRow, collective_errors
+from perseus.runtime.plane.control_thread import ControlThread
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.plane.layout import AXES, AxisPeers, Coordinates, GridShape, exchange_peers
 
 T = TypeVar("T")
 _generations = itertools.count()  # every rank builds its planes in the same order: one store prefix each

@@ -9,7 +9,7 @@ the sweep's votes (``vote_any``), each stage's plan (``deliver_stage``), the job
 pipeline (``pipeline_rows``/``start_pipeline_rows``), the profile's gather (``gather_measurements``)
 and the P_blocking pair (``blocking_channel``). Here they run on one gloo group over every rank,
 which connects every pair of ranks: the design before issue 29, kept for small jobs and as the
-reference. ``perseus.runtime.hierarchy`` runs the same operations along the job's grid (the
+reference. ``perseus.runtime.plane.hierarchy`` runs the same operations along the job's grid (the
 default; ``control_plane.open_control_plane`` chooses).
 
 A collective never waits forever: the group has a stated timeout (``collective_timeout_s``), and
@@ -87,7 +87,7 @@ class Collective:
     ``timeout_s`` bounds every collective of the group created here; a gloo ``process_group``
     given by the caller is reused as it is, with the timeout it was created with. Every rank
     connects to every other: fine for a few dozen ranks, not for thousands
-    (``perseus.runtime.hierarchy`` is the default above one process; docs/runtime.md).
+    (``perseus.runtime.plane.hierarchy`` is the default above one process; docs/runtime.md).
     """
 
     design = "flat"

@@ -20,14 +20,14 @@ from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.errors import SIM_FIX, GPUError
 
 if TYPE_CHECKING:
-    from perseus.runtime.clock_trace import ClockTrace
+    from perseus.runtime.port.clock_trace import ClockTrace
     from perseus.gpu.controller import ClockController
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.notice import ClockNotice
     from perseus.gpu.sim.device import SimulatedGPU
     from perseus.gpu.timing import InstructionTimer
-    from perseus.runtime.collective import Collective, PairChannel
+    from perseus.runtime.plane.collective import Collective, PairChannel
     from perseus.runtime.config import PerseusConfig
 
 log = logging.getLogger("perseus.runtime")

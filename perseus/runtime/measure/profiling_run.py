@@ -19,18 +19,17 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from perseus.errors import PerseusError
 from perseus.profile.fit import interpolation_ok, loo_errors
-from perseus.runtime.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
-from perseus.runtime.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
-from perseus.runtime.collective import Collective, CollectiveError
+from perseus.profile.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
+from perseus.runtime.measure.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
+from perseus.runtime.plane.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.gpu_port import GPUPort
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.port.gpu_port import GPUPort
 from perseus.runtime.phases import Phase
-from perseus.runtime.profiler import Key, SweepRecorder
+from perseus.runtime.measure.instruction_samples import Key, SweepRecorder
 
 if TYPE_CHECKING:
     from perseus.gpu.measurement import EnergyPoller
-    from perseus.runtime.metrics import StepMetrics
 
 log = logging.getLogger("perseus.runtime")
 
@@ -222,27 +221,6 @@ def _own_share(partial: Mapping[str, Any], job: PipelineJob | None, world: int) 
         if (share.get("stage"), share.get("tp_rank"), share.get("dp_rank")) == (job.stage, job.tp_rank, job.dp_rank):
             return share
     return None
-
-
-def profiling_overhead(records: Sequence[StepMetrics], baseline_time_s: float | None,
-                       baseline_energy_j: float | None) -> dict[str, Any] | None:
-    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time
-    and energy minus the warm-up median × as many steps. None before profiling."""
-    rows = [r for r in records if r.phase is Phase.PROFILING]
-    if not rows or not baseline_time_s or not baseline_energy_j:
-        return None
-    n = len(rows)
-    time_s = sum(r.time_s for r in rows)
-    energy_j = sum(r.energy_j for r in rows)
-    return {
-        "iterations": n,
-        "time_s": time_s,
-        "energy_j": energy_j,
-        "extra_time_s": time_s - n * baseline_time_s,
-        "extra_energy_j": energy_j - n * baseline_energy_j,
-        "extra_time_ratio": time_s / (n * baseline_time_s) - 1.0,
-        "extra_energy_ratio": energy_j / (n * baseline_energy_j) - 1.0,
-    }
 
 
 def partial_saver(cache: Any) -> Callable[[dict[str, Any] | None], None] | None:

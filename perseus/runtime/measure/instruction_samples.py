@@ -37,7 +37,7 @@ from typing import Sequence
 from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
 from perseus.gpu.timing import TimedInstruction
 from perseus.profile.fit import SampleStats, first_is_outlier, robust_stats
-from perseus.runtime.aggregate import ClockPoint, Measurements
+from perseus.profile.aggregate import ClockPoint, Measurements
 from perseus.schedules import Instruction
 
 Key = tuple[int, str]  # (chunk, kind)

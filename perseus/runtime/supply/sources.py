@@ -15,12 +15,12 @@ from typing import Any, Callable, Mapping
 from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_profile
-from perseus.runtime.cache import RunCache
-from perseus.runtime.collective import Collective
+from perseus.store.cache import RunCache
+from perseus.runtime.plane.collective import Collective
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.fingerprint import KEY_VERSION
-from perseus.runtime.stage_plan import StagePlan, distribute, slices_of
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.supply.fingerprint import KEY_VERSION
+from perseus.planner.stage_plan import StagePlan, distribute, slices_of
 from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")

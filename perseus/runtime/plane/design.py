@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from perseus.runtime.collective import Collective, dist
-from perseus.runtime.events import PipelineJob
+from perseus.runtime.plane.collective import Collective, dist
+from perseus.runtime.job import PipelineJob
 
 log = logging.getLogger("perseus.runtime")
 
@@ -35,6 +35,6 @@ def open_control_plane(job: PipelineJob, process_group: Any = None, timeout_s: f
                         "control plane (one gloo group over all ranks)", covered, job.dp_size, job.num_stages,
                         job.tp_size, world)
         return Collective(process_group, timeout_s)
-    from perseus.runtime.hierarchy import HierarchicalCollective
+    from perseus.runtime.plane.hierarchy import HierarchicalCollective
 
     return HierarchicalCollective(job, timeout_s)

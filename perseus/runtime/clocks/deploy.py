@@ -19,11 +19,11 @@ from statistics import median
 from time import monotonic
 from typing import Sequence
 
-from perseus.runtime.collective import Collective, PipelineRow
-from perseus.runtime.events import PipelineJob
-from perseus.runtime.gpu_port import GPUPort
-from perseus.runtime.job_check import JobCheck, job_check, start_check
-from perseus.runtime.stage_plan import StagePlan, StagePoint
+from perseus.runtime.plane.collective import Collective, PipelineRow
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.port.gpu_port import GPUPort
+from perseus.runtime.clocks.job_check import JobCheck, job_check, start_check
+from perseus.planner.stage_plan import StagePlan, StagePoint
 from perseus.schedules import Instruction
 from perseus.timeline.switch_timing import TimedRequest, request_schedule
 

@@ -17,13 +17,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
-from perseus.runtime.ab import ABFigure, ab_figure, step_figure
-from perseus.runtime.collective import Collective
+from perseus.runtime.guard.ab import ABFigure, ab_figure, step_figure
+from perseus.runtime.plane.collective import Collective
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.probes import ProbeSchedule, StepRole, clocks_label
-from perseus.runtime.stage_plan import StagePlan
-from perseus.runtime.targeting import PacedTarget, SpeedUp, Targeting, TimeTarget
-from perseus.runtime.time_guard import Action, GuardDecision, TimeGuard, target_ratio
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole, clocks_label
+from perseus.planner.stage_plan import StagePlan
+from perseus.runtime.clocks.targeting import PacedTarget, SpeedUp, Targeting, TimeTarget
+from perseus.runtime.guard.time_guard import Action, GuardDecision, GuardSettings, TimeGuard, target_ratio
 
 log = logging.getLogger("perseus.runtime")
 
@@ -54,8 +54,8 @@ class ClosedLoop:
     """Probe steps, the A/B and the guard of one rank's deployment (module docstring)."""
 
     def __init__(self, config: PerseusConfig, collective: Collective) -> None:
-        self.schedule: ProbeSchedule = config.probe_schedule()
-        self.guard = TimeGuard(config.guard_settings())
+        self.schedule: ProbeSchedule = ProbeSchedule.from_config(config)
+        self.guard = TimeGuard(GuardSettings.from_config(config))
         self.collective = collective
         self.steps = 0  # deployed steps begun
         self.role = StepRole.PLAN
