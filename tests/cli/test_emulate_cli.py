@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import perseus.cli
+import perseus.cli.planning
 from perseus.cli import main
 from perseus.frontier import save_frontier
 
@@ -33,7 +33,7 @@ def test_sweep_plans_once_per_microbatch_count_and_caches_on_disk(tmp_path, monk
         # more microbatches -> smaller intrinsic saving, like the paper's trend
         return hand_frontier(energies=(100.0 - 120 / schedule.num_microbatches, 80.0, 75.0), microbatches=schedule.num_microbatches)
 
-    monkeypatch.setattr(perseus.cli, "run_planner", plan)
+    monkeypatch.setattr(perseus.cli.planning, "run_planner", plan)
     argv = ["emulate", "--profile", str(small_profile_csv), "--p-blocking", "80", "--stages", "2", "--gpus", "16", "--tp", "2",
             "--sweep", "--microbatches", "12,24", "--straggler-factor", "1.0,1.2", "--cache-dir", str(tmp_path / "cache")]
     assert main(argv) == 0
@@ -60,7 +60,7 @@ def test_bad_job_or_factor_is_reported_before_planning(monkeypatch, capsys):
     def planner_must_not_run(*args, **kwargs):
         raise AssertionError("planned before validating the arguments")
 
-    monkeypatch.setattr(perseus.cli, "run_planner", planner_must_not_run)
+    monkeypatch.setattr(perseus.cli.planning, "run_planner", planner_must_not_run)
     assert main(["emulate", "--example", "--gpus", "1024", "--tp", "8", "--straggler-factor", "0.9"]) == 2
     assert main(["emulate", "--example", "--gpus", "1000", "--tp", "8", "--straggler-factor", "1.1"]) == 2
     assert main(["emulate", "--example", "--gpus", "1024", "--sweep", "--straggler-factor", "1.0,0.5"]) == 2

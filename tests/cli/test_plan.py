@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-import perseus.cli
+import perseus.cli.planning
 from perseus.cli import main
 from perseus.schedules.dag import InstructionDAG
 from perseus.examples import EXAMPLE_P_BLOCKING_W, load_example_profile
@@ -52,7 +52,7 @@ def test_plan_writes_a_loadable_frontier_with_simulated_baseline(tmp_path, small
 def test_summary_reports_savings_of_default_fastest_and_slowest(tmp_path, monkeypatch, small_profile_csv, capsys):
     # baseline (1.0 s, 100 J); points (1.0, 90) (1.1, 80) (1.25, 75): default and fastest save
     # 10%, slowest 25% at +25% time.
-    monkeypatch.setattr(perseus.cli, "run_planner", _fake_planner(lambda s, p: hand_frontier()))
+    monkeypatch.setattr(perseus.cli.planning, "run_planner", _fake_planner(lambda s, p: hand_frontier()))
     argv = ["plan", "--profile", str(small_profile_csv), "--p-blocking", "80", "--stages", "2", "--microbatches", "2",
             "--out", str(tmp_path / "f.json")]
     assert main(argv) == 0
@@ -76,7 +76,7 @@ def test_p_blocking_from_json_profile_and_override(tmp_path, small_profile_csv):
 
 
 def test_max_points_thins_the_written_file(tmp_path, monkeypatch, small_profile_csv):
-    monkeypatch.setattr(perseus.cli, "run_planner", _fake_planner(heuristic_frontier))
+    monkeypatch.setattr(perseus.cli.planning, "run_planner", _fake_planner(heuristic_frontier))
     argv = ["plan", "--profile", str(small_profile_csv), "--p-blocking", "80", "--stages", "2", "--microbatches", "4",
             "--max-points", "3", "--out", str(tmp_path / "f.json")]
     assert main(argv) == 0
@@ -88,7 +88,7 @@ def test_max_points_thins_the_written_file(tmp_path, monkeypatch, small_profile_
 
 
 def test_progress_bar_follows_the_planner_callback(tmp_path, monkeypatch, small_profile_csv, capsys):
-    monkeypatch.setattr(perseus.cli, "run_planner", _fake_planner(heuristic_frontier))
+    monkeypatch.setattr(perseus.cli.planning, "run_planner", _fake_planner(heuristic_frontier))
     argv = ["plan", "--profile", str(small_profile_csv), "--p-blocking", "80", "--stages", "2", "--microbatches", "2"]
     assert main(argv + ["--progress", "--out", str(tmp_path / "a.json")]) == 0
     err = capsys.readouterr().err
@@ -99,7 +99,7 @@ def test_progress_bar_follows_the_planner_callback(tmp_path, monkeypatch, small_
 
 def test_example_uses_shipped_profile_stages_and_p_blocking(tmp_path, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(perseus.cli, "run_planner", _fake_planner(heuristic_frontier, calls))
+    monkeypatch.setattr(perseus.cli.planning, "run_planner", _fake_planner(heuristic_frontier, calls))
     assert main(["plan", "--example", "--out", str(tmp_path / "f.json")]) == 0
     schedule, profile = calls[0]
     assert (schedule.num_stages, schedule.num_microbatches) == (4, 8)

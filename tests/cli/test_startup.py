@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import perseus.cli
+import perseus.cli.planning
 from perseus.cli import BUILTIN_COMMANDS, build_parser, main
 from perseus.frontier import save_frontier
 
@@ -95,5 +95,5 @@ def test_run_planner_forwards_to_the_planner(monkeypatch):
 
     seen = []
     monkeypatch.setattr(perseus.planner, "plan_frontier", lambda s, p, progress=None: seen.append((s, p, progress)) or "F")
-    assert perseus.cli.run_planner("s", "p") == "F" and seen == [("s", "p", None)]
+    assert perseus.cli.planning.run_planner("s", "p") == "F" and seen == [("s", "p", None)]
 
