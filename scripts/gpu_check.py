@@ -198,6 +198,10 @@ def cuda_parts(check: Check, args: argparse.Namespace, need_nvml: Callable[[], t
     check.part("anchor", lambda: cu.anchor_bias(stage(), args.steps))
     check.part("switching", lambda: cu.switching(stage(), args.switch_rounds))
     check.part("attribution", lambda: cu.attribution(stage(), sampler, args.attr_seconds, args.direct_seconds))
+    stage_box.clear()
+    torch.cuda.empty_cache()
+    if args.combined_1f1b:  # changes no clock: runs in read-only mode too
+        check.part("combined_1f1b", lambda: combined_1f1b_case(args.index, False, args.matrix))
 
 
 # -- clock-changing (a GPU that is yours, or the simulated one) --------------------------------------------
@@ -370,7 +374,7 @@ def clock_check(args: argparse.Namespace) -> dict[str, Any]:
                                          0.4 if args.quick else 3.0, can_lock)
         except Exception as exc:  # noqa: BLE001 - the rest of the section still stands
             out["matmul"] = {"error": f"{type(exc).__name__}: {exc}"}
-        if args.combined_1f1b:
+        if args.combined_1f1b and args.sim:  # on a real GPU it runs with the read-only parts
             out["combined_1f1b"] = combined_1f1b_case(args.index, args.sim, args.matrix)
     finally:
         problem = changes.restore()
@@ -460,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", type=int, default=8192, help="matmul size of the clock sweep")
     ap.add_argument("--sim-kernel-ms", type=float, default=5.0, help="with --sim: the simulated matmul's time")
     ap.add_argument("--combined-1f1b", action="store_true",
-                    help="with the clock checks: megatron-core's combined 1F1B with perseus_megatron's hooks")
+                    help="also megatron-core's combined 1F1B (CUDA streams; stubbed with --sim) with perseus_megatron's hooks")
     g = ap.add_argument_group("read-only sizes")
     g.add_argument("--load-seconds", type=float, default=6.0, help="each sustained-clock load")
     g.add_argument("--steps", type=int, default=4, help="1F1B steps per timer/anchor measurement")
@@ -604,6 +608,7 @@ def markdown(d: dict[str, Any]) -> str:
         return out
 
     add("attribution", "attribution", attribution)
+    add("combined 1F1B", "combined_1f1b", lambda v: [combined_row(v)])
     cc = d.get("clock_changes")
     if isinstance(cc, dict) and "error" not in cc:
         rows.extend(clock_rows(cc))
@@ -639,15 +644,18 @@ def clock_rows(out: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("matmul sweep (SM MHz: ms/iter, J/iter, W)", "; ".join(
             f"{r['sm_clock_mhz'] or 'default'}: {r['time_per_iter_ms']:.3f}, {r['energy_per_iter_j']:.3f}, {r['power_w']:.1f}"
             for r in mm)))
-    combined = out.get("combined_1f1b")
-    if combined:
-        units = ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in sorted(combined["unit_ms"].items()))
-        rows.append((f"megatron-core combined 1F1B ({combined['streams']} streams)",
-                     f"hooks report {' '.join(combined['order'])}: "
-                     f"{'matches' if combined['order_matches'] else 'DIFFERS FROM'} megatron-combined-1f1b; units {units}"))
+    if out.get("combined_1f1b"):
+        rows.append(combined_row(out["combined_1f1b"]))
     if out.get("cleanup_error"):
         rows.append(("cleanup", out["cleanup_error"]))
     return rows
+
+
+def combined_row(combined: dict[str, Any]) -> tuple[str, str]:
+    units = ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in sorted(combined["unit_ms"].items()))
+    return (f"megatron-core combined 1F1B ({combined['streams']} streams)",
+            f"hooks report {' '.join(combined['order'])}: "
+            f"{'matches' if combined['order_matches'] else 'DIFFERS FROM'} megatron-combined-1f1b; units {units}")
 
 
 if __name__ == "__main__":
