@@ -9,6 +9,7 @@ Inject with ``monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(...))`
 from __future__ import annotations
 
 import os
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,12 @@ class FakeDevice:
     # Faults of this device alone (the module's ``lock_error``/``lost_marker`` hit every device).
     lock_error: int | None = None
     lost_marker: str | None = None
+    # The energy counter advances by ``energy_step_mj`` every ``energy_step_s`` of wall time (None: frozen).
+    energy_step_s: float | None = None
+    energy_step_mj: int = 25_000
+    clock_event_reasons: int = 0x4  # sw_power_cap
+    temperature_c: int = 45
+    memory_total: int = 40 * 2**30
 
 
 @dataclass(frozen=True)
@@ -229,6 +236,8 @@ def make_fake_pynvml(
         d = dev(h)
         if not d.energy_supported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if d.energy_step_s is not None:
+            return d.energy_mj + int(time.monotonic() / d.energy_step_s) * d.energy_step_mj
         return d.energy_mj
 
     @api
@@ -254,6 +263,35 @@ def make_fake_pynvml(
         d = dev(h)
         setter()
         d.power_limit_mw = mw
+
+    @api
+    def nvmlSystemGetDriverVersion() -> str:
+        return "580.00.01"
+
+    @api
+    def nvmlSystemGetNVMLVersion() -> str:
+        return "13.580.00.01"
+
+    @api
+    def nvmlSystemGetCudaDriverVersion() -> int:
+        return 13000
+
+    @api
+    def nvmlDeviceGetCurrentClocksEventReasons(h: _Handle) -> int:
+        return dev(h).clock_event_reasons
+
+    @api
+    def nvmlDeviceGetTemperature(h: _Handle, sensor: int) -> int:
+        return dev(h).temperature_c
+
+    @api
+    def nvmlDeviceGetPowerManagementDefaultLimit(h: _Handle) -> int:
+        return dev(h).limit_range_mw[1]
+
+    @api
+    def nvmlDeviceGetMemoryInfo(h: _Handle) -> types.SimpleNamespace:
+        d = dev(h)
+        return types.SimpleNamespace(total=d.memory_total, free=d.memory_total, used=0)
 
     def calls_named(name: str) -> list[tuple[Any, ...]]:
         return [args for n, args in m.calls if n == name]
