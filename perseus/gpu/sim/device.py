@@ -440,9 +440,11 @@ class SimulatedGPU(GPUDevice):
         return self._allow_clocks
 
     # -- running instructions ---------------------------------------------------------------
-    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8) -> None:
+    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *, start_at: float | None = None) -> None:
         """Mark the start of an instruction (kernel work) with the given SM activity (0–1) and
-        compute-bound fraction α (0–1; the rest is memory-bound and ignores the SM clock)."""
+        compute-bound fraction α (0–1; the rest is memory-bound and ignores the SM clock).
+        ``start_at``: the kernel started earlier than now (the stream's device thread woke late
+        after the previous kernel; a real GPU starts the next one at once)."""
         if not 0.0 <= activity <= 1.0 or not 0.0 <= compute_fraction <= 1.0:
             raise GPUInvalidArgumentError(
                 f"activity ({activity}) and compute_fraction ({compute_fraction}) must be in [0, 1]"
@@ -455,6 +457,8 @@ class SimulatedGPU(GPUDevice):
                     raise GPUError(f"simulated GPU {self._index} is already running an instruction ({who}); "
                                    "call end_busy() first")
             now = self._clock()
+            if start_at is not None:
+                now = max(min(start_at, now), st.t_ref)
             self._settle(st, now)
             st.busy, st.busy_pid = 1, me
             st.activity, st.compute_fraction = float(activity), float(compute_fraction)

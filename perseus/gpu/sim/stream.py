@@ -35,23 +35,30 @@ DEFAULT_DEPTH = 8
 class SimEvent:
     """A marker on a ``SimStream``: completes when the device thread reaches it."""
 
-    __slots__ = ("_done", "gpu_time_s")
+    __slots__ = ("_done", "_gate", "gpu_time_s")
 
     def __init__(self) -> None:
-        self._done = threading.Event()
+        # A held lock the device thread releases: a cheap one-shot latch (recording is on the
+        # training thread's hot path; a threading.Event costs several times more).
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
         self.gpu_time_s = math.nan  # when the GPU reached it (CLOCK_MONOTONIC), once complete
 
     def query(self) -> bool:
         """Whether the GPU has reached the event (never blocks)."""
-        return self._done.is_set()
+        return self._done
 
     def synchronize(self) -> None:
         """Wait (blocking, no spin) until the GPU has reached the event."""
-        self._done.wait()
+        if not self._done:
+            self._gate.acquire()
+            self._gate.release()
 
     def _complete(self, t: float) -> None:
         self.gpu_time_s = t
-        self._done.set()
+        self._done = True
+        self._gate.release()
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class _Launch:
     activity: float
     compute_fraction: float
     tag: Hashable
+    launched_s: float
 
 
 class SimStream:
@@ -108,18 +116,18 @@ class SimStream:
             self._raise_if_failed()
             self._unfinished += 1
             self.max_ahead = max(self.max_ahead, self._unfinished)
-            self._queue.append(_Launch(float(work_s), activity, compute_fraction, tag))
+            self._queue.append(_Launch(float(work_s), activity, compute_fraction, tag, self._clock()))
             self._cv.notify_all()
 
     def record(self) -> SimEvent:
         """An event at the current end of the stream (a few microseconds; never blocks)."""
         event = SimEvent()
+        event.gpu_time_s = self._clock()  # when recorded: the GPU reaches it no earlier
         with self._cv:
             if not self._queue and self._unfinished == 0:
-                event._complete(self._clock())  # nothing in flight: the GPU is already there
+                event._complete(event.gpu_time_s)  # nothing in flight: the GPU is already there
             else:
-                self._queue.append(event)
-                self._cv.notify_all()
+                self._queue.append(event)  # the device thread is busy: it finds the event in time
         return event
 
     def ahead(self) -> int:
@@ -150,6 +158,10 @@ class SimStream:
 
     # ---------------------------------------------------------------- device thread
     def _run(self) -> None:
+        # The GPU's own time: where the last kernel ended. The device thread wakes up late on a
+        # busy host; a real GPU does not, so what follows a kernel starts (and is stamped) at its
+        # end, or when launched if that is later.
+        gpu_free = -math.inf
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
@@ -158,10 +170,11 @@ class SimStream:
                     return
                 item = self._queue.popleft()
             if isinstance(item, SimEvent):
-                item._complete(self._clock())
+                item._complete(max(item.gpu_time_s, gpu_free))
                 continue
             try:
-                kernel = self._execute(item)
+                kernel = self._execute(item, max(item.launched_s, gpu_free))
+                gpu_free = kernel.end_s
             except BaseException as exc:  # noqa: BLE001 - surfaced on the host's next call
                 with self._cv:
                     self._error = exc
@@ -173,9 +186,9 @@ class SimStream:
                 self._unfinished -= 1
                 self._cv.notify_all()
 
-    def _execute(self, k: _Launch) -> StreamKernel:
+    def _execute(self, k: _Launch, start_at: float) -> StreamKernel:
         dev = self.device
-        dev.begin_busy(k.activity, k.compute_fraction)
+        dev.begin_busy(k.activity, k.compute_fraction, start_at=start_at)
         run_mhz = dev.current_sm_clock_mhz() or 0
         dev.end_busy(k.work_s)
         rec = dev.last_kernel()
