@@ -30,13 +30,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perseus.gpu.controller import make_controller  # noqa: E402
-from perseus.gpu.gpu_time import GPUStepTimer, SimTimeline, non_instruction_work  # noqa: E402
-from perseus.gpu.measurement import EnergyPoller, attribute_energy, attribution_window_s, poll_interval_s  # noqa: E402
-from perseus.gpu.sim import SimulatedGPU  # noqa: E402
-from perseus.gpu.sim.stream import StreamKernel  # noqa: E402
-from perseus.gpu.stream_clocks import StreamClocks  # noqa: E402
-from perseus.gpu.stream_follow import FollowMechanism, StreamFollower  # noqa: E402
+from perseus.gpu.controller import make_controller
+from perseus.gpu.gpu_time import GPUStepTimer, SimTimeline, non_instruction_work
+from perseus.gpu.measurement import (
+    EnergyPoller,
+    attribute_energy,
+    attribution_window_s,
+    poll_interval_s,
+)
+from perseus.gpu.sim import SimulatedGPU
+from perseus.gpu.sim.stream import StreamKernel
+from perseus.gpu.stream_clocks import StreamClocks
+from perseus.gpu.stream_follow import FollowMechanism, StreamFollower
 
 FORWARD_S, BACKWARD_S, TAIL_S = 0.010, 0.020, 0.030
 TAIL_ACTIVITY = 0.5

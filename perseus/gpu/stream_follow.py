@@ -88,7 +88,7 @@ class Followed:
 
 
 class _Item:
-    __slots__ = ("event", "action", "after_s")
+    __slots__ = ("action", "after_s", "event")
 
     def __init__(self, event: BoundaryEvent, action: Callable[[float], None], after_s: float) -> None:
         self.event, self.action, self.after_s = event, action, after_s

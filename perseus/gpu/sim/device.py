@@ -458,13 +458,25 @@ class SimulatedGPU(GPUDevice):
                                    "call end_busy() first")
             now = self._clock()
             if start_at is not None:
-                now = max(min(start_at, now), st.t_ref)
+                now = min(start_at, now)
+                self._rewind_idle(st, now)
+                now = max(now, st.t_ref)
             self._settle(st, now)
             st.busy, st.busy_pid = 1, me
             st.activity, st.compute_fraction = float(activity), float(compute_fraction)
             st.busy_start, st.slow_integral, st.busy_progress = now, 0.0, 0.0
             st.busy_start_mhz = self._set_clock(st)
             self._refresh_power(st)
+
+    def _rewind_idle(self, st: SimState, t: float) -> None:
+        """Take back idle time integrated past ``t`` (a late-waking stream thread settled it), so a
+        kernel can start at ``t``; only while no counter update and no clock change lies after ``t``."""
+        if st.busy or st.pending or t >= st.t_ref or st.applied_at > t:
+            return
+        if self.energy_update_period_s > 0 and self._boundary(st.counter_k) > t:
+            return
+        st.energy_j -= st.power_w * (st.t_ref - t)
+        st.t_ref = t
 
     def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float:
         """End the instruction: sleep until its simulated duration has passed; return that duration.

@@ -22,14 +22,33 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
 
-if TYPE_CHECKING:
-    from perseus.gpu.sim.device import SimulatedGPU
-
 DEFAULT_DEPTH = 8
+
+
+class _KernelRecord(Protocol):
+    start: float
+    duration_s: float
+    start_mhz: int
+
+
+class StreamDevice(Protocol):
+    """What the stream needs of ``SimulatedGPU`` (which owns the stream: no import back)."""
+
+    @property
+    def index(self) -> int: ...
+
+    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *,
+                   start_at: float | None = None) -> None: ...
+
+    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float: ...
+
+    def last_kernel(self) -> _KernelRecord: ...
+
+    def current_sm_clock_mhz(self) -> int | None: ...
 
 
 class SimEvent:
@@ -86,7 +105,7 @@ class _Launch:
 class SimStream:
     """One in-order stream of a ``SimulatedGPU``, run by a device thread of this process."""
 
-    def __init__(self, device: SimulatedGPU, depth: int = DEFAULT_DEPTH,
+    def __init__(self, device: StreamDevice, depth: int = DEFAULT_DEPTH,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise GPUInvalidArgumentError(f"stream depth is how many kernels may wait (>= 1), got {depth!r}")
