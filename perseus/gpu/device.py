@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
+
 from perseus.gpu.errors import GPUInvalidArgumentError
 from perseus.gpu.spec import GPUSpec
 
@@ -42,6 +44,20 @@ def check_sm_clock(mhz: object, supported_desc: list[int]) -> int:
     return value
 
 
+class ClockEventReason(Enum):
+    """Why the SM clock is below the one asked for (NVML's clock-event reasons, the ones Perseus
+    acts on): a card at its power limit (``sw_power_cap``) runs slower than any locked clock above
+    the one it sustains, so clocks above that one are the same point."""
+
+    IDLE = "gpu_idle"
+    APPLICATIONS_CLOCKS = "applications_clocks_setting"
+    SW_POWER_CAP = "sw_power_cap"
+    HW_SLOWDOWN = "hw_slowdown"
+    SW_THERMAL = "sw_thermal_slowdown"
+    HW_THERMAL = "hw_thermal_slowdown"
+    HW_POWER_BRAKE = "hw_power_brake_slowdown"
+
+
 class GPUDevice(ABC):
     """One physical GPU: clocks, energy, power limit.
 
@@ -69,6 +85,12 @@ class GPUDevice(ABC):
     @abstractmethod
     def index(self) -> int:
         """Physical (NVML / simulated) index of the device."""
+
+    @property
+    def driver_version(self) -> str:
+        """The driver's version (part of the profile cache key: a driver upgrade can change what
+        a clock does); "unknown" where the backend cannot tell."""
+        return "unknown"
 
     # -- clocks -----------------------------------------------------------------------------
     @abstractmethod
@@ -111,6 +133,15 @@ class GPUDevice(ABC):
     @abstractmethod
     def power_w(self) -> float:
         """Instantaneous board power (W), for blocking-power checks and live reports."""
+
+    def current_sm_clock_mhz(self) -> int | None:
+        """The SM clock the card runs at right now (under a power cap, below the locked one);
+        ``None`` where the backend cannot tell."""
+        return None
+
+    def clock_event_reasons(self) -> frozenset[ClockEventReason]:
+        """Why the clock is below the one asked for right now (empty where none or unknown)."""
+        return frozenset()
 
     @abstractmethod
     def power_limit_w(self) -> float:

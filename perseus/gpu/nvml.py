@@ -20,7 +20,7 @@ from perseus.gpu.cuda_visible import (
     parse_cuda_visible_devices,
     resolve_physical_index,
 )
-from perseus.gpu.device import GPUDevice, check_sm_clock
+from perseus.gpu.device import ClockEventReason, GPUDevice, check_sm_clock
 from perseus.gpu.errors import (
     GPUError,
     GPUInvalidArgumentError,
@@ -43,6 +43,12 @@ _ERR_GPU_IS_LOST = 15
 _ERR_GPU_NOT_FOUND = 28
 
 _CLOCK_SM = 1
+# nvmlClocksEventReason bits (nvml.h), the ones ClockEventReason names.
+_REASON_BITS = {
+    0x1: ClockEventReason.IDLE, 0x2: ClockEventReason.APPLICATIONS_CLOCKS, 0x4: ClockEventReason.SW_POWER_CAP,
+    0x8: ClockEventReason.HW_SLOWDOWN, 0x20: ClockEventReason.SW_THERMAL, 0x40: ClockEventReason.HW_THERMAL,
+    0x80: ClockEventReason.HW_POWER_BRAKE,
+}
 _MIG_ENABLE = 1
 _FI_DEV_POWER_INSTANT = 186
 
@@ -310,6 +316,32 @@ class NVMLGPU(GPUDevice):
                                   what="Reading the SM clock"))
         except GPUNotSupportedError:
             return None
+
+    def current_sm_clock_mhz(self) -> int | None:
+        return self.locked_sm_clock_mhz()
+
+    def clock_event_reasons(self) -> frozenset[ClockEventReason]:
+        """nvmlDeviceGetCurrentClocksEventReasons (ThrottleReasons on older bindings), decoded."""
+        fn = (getattr(self._nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+              or getattr(self._nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        if fn is None:
+            return frozenset()
+        try:
+            bits = int(self._call(fn, self._handle, what="Reading the clock-event reasons"))
+        except GPUError:
+            return frozenset()
+        return frozenset(reason for bit, reason in _REASON_BITS.items() if bits & bit)
+
+    @property
+    def driver_version(self) -> str:
+        """nvmlSystemGetDriverVersion, e.g. "580.159.04"."""
+        fn = getattr(self._nvml, "nvmlSystemGetDriverVersion", None)
+        if fn is None:
+            return "unknown"
+        try:
+            return _text(self._call(fn, what="Reading the driver version"))
+        except GPUError:
+            return "unknown"
 
     # -- energy and power -------------------------------------------------------------------
     def total_energy_j(self) -> float:

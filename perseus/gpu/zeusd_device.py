@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from perseus.gpu.device import BusyResult, GPUDevice, check_sm_clock
+from perseus.gpu.device import BusyResult, ClockEventReason, GPUDevice, check_sm_clock
 from perseus.gpu.errors import GPUInvalidArgumentError
 from perseus.gpu.spec import GPUSpec
 from perseus.gpu.zeusd_client import ZeusdClient
@@ -54,7 +54,13 @@ class ZeusdGPU(GPUDevice):
 
     @property
     def driver_version(self) -> str:
-        return str(getattr(self.base, "driver_version", "unknown"))
+        return self.base.driver_version
+
+    def current_sm_clock_mhz(self) -> int | None:
+        return self.base.current_sm_clock_mhz()
+
+    def clock_event_reasons(self) -> frozenset[ClockEventReason]:
+        return self.base.clock_event_reasons()
 
     def supported_sm_clocks_mhz(self) -> list[int]:
         return self.base.supported_sm_clocks_mhz()

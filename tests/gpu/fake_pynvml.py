@@ -226,6 +226,18 @@ def make_fake_pynvml(
         dev(h)
         return h.index
 
+    m.driver_version = "580.159.04"
+    m.clock_event_bits = 0
+
+    @api
+    def nvmlSystemGetDriverVersion() -> bytes:
+        return m.driver_version.encode()
+
+    @api
+    def nvmlDeviceGetCurrentClocksEventReasons(h: _Handle) -> int:
+        dev(h)
+        return m.clock_event_bits
+
     @api
     def nvmlDeviceGetClockInfo(h: _Handle, kind: int) -> int:
         d = dev(h)

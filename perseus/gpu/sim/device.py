@@ -17,21 +17,25 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 import uuid as uuidlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from perseus.gpu.device import BusyResult, GPUDevice, check_sm_clock
+from perseus.gpu.device import BusyResult, ClockEventReason, GPUDevice, check_sm_clock
 from perseus.gpu.sim.dvfs import PRESETS, DVFSModel, get_preset
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
+from perseus.gpu.sim.stream import SimStream
 from perseus.gpu.sim.state import SimState, SimStateFile, default_state_dir, state_path
 from perseus.gpu.spec import GPUSpec
 
 DEFAULT_PRESET = "A100-SXM"
 DEFAULT_UPDATE_PERIOD_S = 0.1
+SIM_DRIVER_VERSION = "perseus-sim-1"
 _NOISY_BOUNDARIES = 64  # per read, at most this many counter updates get their own noise draw
 
 
@@ -92,6 +96,7 @@ class SimulatedGPU(GPUDevice):
         noise: float | None = None,
         seed: int | None = None,
         switch_latency_s: float | None = None,
+        stream_depth: int = 0,
         allow_clock_setting: bool = True,
         reset_state: bool = False,
         clock: Callable[[], float] | None = None,
@@ -107,7 +112,11 @@ class SimulatedGPU(GPUDevice):
             raise GPUInvalidArgumentError("noise is a relative standard deviation in [0, 0.5)")
         if switch_latency_s is not None and not 0 <= switch_latency_s <= 1.0:
             raise GPUInvalidArgumentError("switch_latency_s is the delay of a clock change in seconds, in [0, 1]")
+        if not isinstance(stream_depth, int) or stream_depth < 0:
+            raise GPUInvalidArgumentError("stream_depth is how many kernels the host may run ahead (0 = synchronous)")
         self._index = index
+        self.stream_depth = stream_depth
+        self._stream: SimStream | None = None
         self._clock = clock or time.monotonic
         self._sleep = sleep or time.sleep
         self._allow_clocks = allow_clock_setting
@@ -156,6 +165,9 @@ class SimulatedGPU(GPUDevice):
         self._clocks = self.model.supported_sm_clocks()
         self._rng = random.Random(self.seed * 7919 + index)
         self._uuid = "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"perseus-sim/{self.model.name}/{index}"))
+        # Energy-counter reads per thread (``threading.get_ident``): tests and benchmarks check that
+        # the training thread makes none (a real one costs 2.4 ms on an H200).
+        self.energy_reads: Counter[int] = Counter()
         self._clear_stale_busy()
 
     # -- identity ---------------------------------------------------------------------------
@@ -174,6 +186,24 @@ class SimulatedGPU(GPUDevice):
     @property
     def index(self) -> int:
         return self._index
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether instructions run on ``stream`` (the host runs ahead) instead of inside the hooks."""
+        return self.stream_depth > 0
+
+    @property
+    def stream(self) -> SimStream:
+        """This process's stream onto the GPU, run by a device thread (asynchronous mode)."""
+        if self._stream is None:
+            if not self.asynchronous:
+                raise GPUError(f"simulated GPU {self._index} is synchronous; open it with stream_depth >= 1")
+            self._stream = SimStream(self, self.stream_depth, self._clock)
+        return self._stream
+
+    @property
+    def driver_version(self) -> str:
+        return SIM_DRIVER_VERSION
 
     @property
     def state_path(self) -> Path:
@@ -330,9 +360,34 @@ class SimulatedGPU(GPUDevice):
         st.activity = activity
         return self._effective_clock(st)
 
+    def current_sm_clock_mhz(self) -> int | None:
+        """The clock the running kernel runs at (below the set one under the power limit); the
+        set clock when idle."""
+        st = self._now_state()
+        return self._effective_clock(st) if st.busy else self._set_clock(st)
+
+    def clock_event_reasons(self) -> frozenset[ClockEventReason]:
+        """``sw_power_cap`` while a kernel runs below the set clock for the power limit; ``gpu_idle``
+        when nothing runs; ``applications_clocks_setting`` while a lock holds the clock down."""
+        st = self._now_state()
+        reasons = set()
+        if not st.busy:
+            reasons.add(ClockEventReason.IDLE)
+        elif self._effective_clock(st) < self._set_clock(st):
+            reasons.add(ClockEventReason.SW_POWER_CAP)
+        if st.locked and st.locked_mhz < self.model.sm_max_mhz:
+            reasons.add(ClockEventReason.APPLICATIONS_CLOCKS)
+        return frozenset(reasons)
+
+    def _pay_energy_read(self) -> None:
+        self.energy_reads[threading.get_ident()] += 1
+        if self.model.energy_read_s > 0:
+            self._sleep(self.model.energy_read_s)
+
     # -- energy and power -------------------------------------------------------------------
     def total_energy_j(self) -> float:
         """The coarse counter: advances only at update-period boundaries (0 = continuous)."""
+        self._pay_energy_read()
         st = self._now_state()
         now = self._clock()
         if self.energy_update_period_s <= 0:
@@ -344,6 +399,7 @@ class SimulatedGPU(GPUDevice):
         """(counter value, time of its last update): the simulator knows when its coarse counter
         advanced, so the energy poller need not guess it from when it looked (a busy process
         looks late). CLOCK_MONOTONIC seconds."""
+        self._pay_energy_read()
         st = self._now_state()
         now = self._clock()
         if self.energy_update_period_s <= 0:
@@ -357,6 +413,8 @@ class SimulatedGPU(GPUDevice):
         return self._true_energy(self._now_state(), self._clock())
 
     def power_w(self) -> float:
+        if self.model.power_read_s > 0:
+            self._sleep(self.model.power_read_s)
         p = self._now_state().power_w
         if self.noise:
             p *= 1.0 + max(-0.5, min(0.5, self._rng.gauss(0.0, self.noise)))
@@ -382,9 +440,11 @@ class SimulatedGPU(GPUDevice):
         return self._allow_clocks
 
     # -- running instructions ---------------------------------------------------------------
-    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8) -> None:
+    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *, start_at: float | None = None) -> None:
         """Mark the start of an instruction (kernel work) with the given SM activity (0–1) and
-        compute-bound fraction α (0–1; the rest is memory-bound and ignores the SM clock)."""
+        compute-bound fraction α (0–1; the rest is memory-bound and ignores the SM clock).
+        ``start_at``: the kernel started earlier than now (the stream's device thread woke late
+        after the previous kernel; a real GPU starts the next one at once)."""
         if not 0.0 <= activity <= 1.0 or not 0.0 <= compute_fraction <= 1.0:
             raise GPUInvalidArgumentError(
                 f"activity ({activity}) and compute_fraction ({compute_fraction}) must be in [0, 1]"
@@ -397,12 +457,26 @@ class SimulatedGPU(GPUDevice):
                     raise GPUError(f"simulated GPU {self._index} is already running an instruction ({who}); "
                                    "call end_busy() first")
             now = self._clock()
+            if start_at is not None:
+                now = min(start_at, now)
+                self._rewind_idle(st, now)
+                now = max(now, st.t_ref)
             self._settle(st, now)
             st.busy, st.busy_pid = 1, me
             st.activity, st.compute_fraction = float(activity), float(compute_fraction)
             st.busy_start, st.slow_integral, st.busy_progress = now, 0.0, 0.0
             st.busy_start_mhz = self._set_clock(st)
             self._refresh_power(st)
+
+    def _rewind_idle(self, st: SimState, t: float) -> None:
+        """Take back idle time integrated past ``t`` (a late-waking stream thread settled it), so a
+        kernel can start at ``t``; only while no counter update and no clock change lies after ``t``."""
+        if st.busy or st.pending or t >= st.t_ref or st.applied_at > t:
+            return
+        if self.energy_update_period_s > 0 and self._boundary(st.counter_k) > t:
+            return
+        st.energy_j -= st.power_w * (st.t_ref - t)
+        st.t_ref = t
 
     def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float:
         """End the instruction: sleep until its simulated duration has passed; return that duration.
@@ -522,4 +596,7 @@ class SimulatedGPU(GPUDevice):
         return self._file.read()
 
     def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         self._file.close()

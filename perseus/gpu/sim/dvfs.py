@@ -14,7 +14,12 @@ little power but costs static energy for longer).
     idle / blocked on communication: P_blocking (constant)
 
 If P(f) exceeds the power limit the GPU throttles to the highest supported clock that fits
-(this is why the A40's top clocks all run at the same speed in measured profiles).
+(this is why the A40's top clocks all run at the same speed in measured profiles, and why a
+real H200 runs a dense bf16 stage at ~1,530 MHz with reason ``sw_power_cap`` while a memory-bound
+loop on the same card runs at 1,980 MHz: the sustained clock depends on the work's activity).
+
+``energy_read_s`` / ``power_read_s``: how long one energy-counter / power read takes (a real
+H200: 2.4 ms and 10 µs), so code that reads the counter on the training thread pays for it here too.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class DVFSModel:
     gamma: float
     knee_mhz: int
     p_blocking_w: float
+    energy_read_s: float = 0.0
+    power_read_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.sm_min_mhz <= self.knee_mhz <= self.sm_max_mhz:
@@ -57,6 +64,8 @@ class DVFSModel:
             raise GPUInvalidArgumentError(f"{self.name}: gamma must be >= 1 and powers >= 0")
         if not 0 < self.power_limit_min_w <= self.tdp_w:
             raise GPUInvalidArgumentError(f"{self.name}: need 0 < power_limit_min <= tdp")
+        if not 0 <= self.energy_read_s < 1 or not 0 <= self.power_read_s < 1:
+            raise GPUInvalidArgumentError(f"{self.name}: read latencies are seconds in [0, 1)")
 
     # -- clocks -----------------------------------------------------------------------------
     def supported_sm_clocks(self) -> list[int]:
@@ -127,7 +136,21 @@ PRESETS: dict[str, DVFSModel] = {
         tdp_w=700.0, power_limit_min_w=200.0, p_static_w=170.0, p_dyn_max_w=500.0,
         gamma=3.0, knee_mhz=1365, p_blocking_w=110.0,
     ),
+    # The measured H200 (docs/field-notes.md): 110 SM clocks 345–1,980 MHz; a dense bf16 stage
+    # (activity 1) sits at the 700 W limit at ~1,530 MHz (sw_power_cap), a memory-bound loop
+    # (activity ~0.31) runs uncapped at 1,980 MHz near 505 W, tiny kernels near 124 W; idle
+    # 80–130 W; energy reads take 2.4 ms, power reads 10 µs; the counter updates every 100 ms.
+    "H200": DVFSModel(
+        name="NVIDIA H200 (simulated)", architecture="hopper",
+        sm_min_mhz=345, sm_max_mhz=1980, sm_step_mhz=15, memory_clock_mhz=3201,
+        tdp_w=700.0, power_limit_min_w=200.0, p_static_w=100.0, p_dyn_max_w=1290.0,
+        gamma=3.0, knee_mhz=1365, p_blocking_w=110.0, energy_read_s=0.0024, power_read_s=0.00001,
+    ),
 }
+
+# Activities that reproduce the H200's measured loads under the "H200" preset.
+H200_DENSE_ACTIVITY = 1.0
+H200_MEMORY_BOUND_ACTIVITY = 0.31
 
 
 def get_preset(name: str) -> DVFSModel:

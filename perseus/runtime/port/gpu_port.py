@@ -46,7 +46,7 @@ class GPUPort:
         self.supported_mhz: list[int] = list(device.supported_sm_clocks_mhz())
         self.default_mhz: int = int(device.default_sm_clock_mhz())
         self.name: str = str(device.name)
-        self.driver_version: str = str(getattr(device, "driver_version", "unknown"))
+        self.driver_version: str = str(device.driver_version)
         self.current_mhz: int = self.default_mhz
         # Whether the controller can hold a request until a given time (switch latency hiding).
         self.timed_requests: bool = bool(getattr(controller, "timed_requests", False))

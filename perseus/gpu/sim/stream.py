@@ -1,0 +1,214 @@
+"""The simulated GPU's asynchronous mode: a stream the host enqueues onto and a device thread runs.
+
+Why: a real GPU runs kernels after the host launched them. In a 1F1B step with no host sync the
+measured H200 ran 5 instructions (median 79 ms) behind the host, so whatever the host does at an
+instruction's hook (a clock request, a timestamp, an energy read) happens instructions before
+the GPU gets there. The synchronous simulated GPU hides that: its kernel runs inside the hook.
+``SimStream`` restores it: ``launch`` puts a kernel (its max-clock work) on a bounded queue and
+returns at once unless ``depth`` kernels are already waiting (then the host blocks, as CUDA's
+launch queue does); a device thread runs them in order as ``SimulatedGPU`` busy sections, so the
+clock in force while it runs is what slows it down. ``record`` puts an event on the stream that
+completes, with its GPU timestamp, when the device thread reaches it (``query``/``synchronize``,
+like ``torch.cuda.Event``).
+
+Timestamps are CLOCK_MONOTONIC seconds (``time.monotonic``), the simulated GPU's own clock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
+
+DEFAULT_DEPTH = 8
+
+
+class _KernelRecord(Protocol):
+    start: float
+    duration_s: float
+    start_mhz: int
+
+
+class StreamDevice(Protocol):
+    """What the stream needs of ``SimulatedGPU`` (which owns the stream: no import back)."""
+
+    @property
+    def index(self) -> int: ...
+
+    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *,
+                   start_at: float | None = None) -> None: ...
+
+    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float: ...
+
+    def last_kernel(self) -> _KernelRecord: ...
+
+    def current_sm_clock_mhz(self) -> int | None: ...
+
+
+class SimEvent:
+    """A marker on a ``SimStream``: completes when the device thread reaches it."""
+
+    __slots__ = ("_done", "_gate", "gpu_time_s")
+
+    def __init__(self) -> None:
+        # A held lock the device thread releases: a cheap one-shot latch (recording is on the
+        # training thread's hot path; a threading.Event costs several times more).
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
+        self.gpu_time_s = math.nan  # when the GPU reached it (CLOCK_MONOTONIC), once complete
+
+    def query(self) -> bool:
+        """Whether the GPU has reached the event (never blocks)."""
+        return self._done
+
+    def synchronize(self) -> None:
+        """Wait (blocking, no spin) until the GPU has reached the event."""
+        if not self._done:
+            self._gate.acquire()
+            self._gate.release()
+
+    def _complete(self, t: float) -> None:
+        self.gpu_time_s = t
+        self._done = True
+        self._gate.release()
+
+
+@dataclass(frozen=True)
+class StreamKernel:
+    """One kernel the device thread ran: its tag, GPU start and end, its max-clock work, the SM
+    clock set when it started and the one it ran at (below it under a power cap)."""
+
+    tag: Hashable
+    start_s: float
+    end_s: float
+    work_s: float
+    set_mhz: int
+    run_mhz: int
+
+
+@dataclass(frozen=True)
+class _Launch:
+    work_s: float
+    activity: float
+    compute_fraction: float
+    tag: Hashable
+    launched_s: float
+
+
+class SimStream:
+    """One in-order stream of a ``SimulatedGPU``, run by a device thread of this process."""
+
+    def __init__(self, device: StreamDevice, depth: int = DEFAULT_DEPTH,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not isinstance(depth, int) or depth < 1:
+            raise GPUInvalidArgumentError(f"stream depth is how many kernels may wait (>= 1), got {depth!r}")
+        self.device = device
+        self.depth = depth
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._queue: deque[_Launch | SimEvent] = deque()
+        self._unfinished = 0  # kernels launched and not yet finished
+        self._history: list[StreamKernel] = []
+        self._error: BaseException | None = None
+        self._closed = False
+        self.max_ahead = 0  # the most kernels that were ever waiting or running at a launch
+        self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-stream", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- host side
+    def launch(self, work_s: float, *, activity: float = 1.0, compute_fraction: float = 0.8,
+               tag: Hashable = None) -> None:
+        """Enqueue a kernel of ``work_s`` max-clock seconds; blocks only while ``depth`` wait."""
+        if work_s < 0 or not math.isfinite(work_s):
+            raise GPUInvalidArgumentError(f"kernel work must be finite seconds >= 0, got {work_s!r}")
+        with self._cv:
+            self._raise_if_failed()
+            while self._unfinished >= self.depth and self._error is None and not self._closed:
+                self._cv.wait()
+            self._raise_if_failed()
+            self._unfinished += 1
+            self.max_ahead = max(self.max_ahead, self._unfinished)
+            self._queue.append(_Launch(float(work_s), activity, compute_fraction, tag, self._clock()))
+            self._cv.notify_all()
+
+    def record(self) -> SimEvent:
+        """An event at the current end of the stream (a few microseconds; never blocks)."""
+        event = SimEvent()
+        event.gpu_time_s = self._clock()  # when recorded: the GPU reaches it no earlier
+        with self._cv:
+            if not self._queue and self._unfinished == 0:
+                event._complete(event.gpu_time_s)  # nothing in flight: the GPU is already there
+            else:
+                self._queue.append(event)  # the device thread is busy: it finds the event in time
+        return event
+
+    def ahead(self) -> int:
+        """Kernels launched and not finished: how far the host runs ahead of the GPU."""
+        return self._unfinished
+
+    def synchronize(self) -> None:
+        """Wait until everything launched so far has run (a ``.item()`` or a device sync)."""
+        self.record().synchronize()
+        with self._cv:
+            self._raise_if_failed()
+
+    def kernels(self) -> list[StreamKernel]:
+        """The kernels run so far (tests and benchmarks read the GPU's truth here)."""
+        with self._cv:
+            return list(self._history)
+
+    def close(self) -> None:
+        """Run what is queued, then stop the device thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise GPUError(f"simulated GPU {self.device.index}'s stream failed: {self._error}")
+
+    # ---------------------------------------------------------------- device thread
+    def _run(self) -> None:
+        # The GPU's own time: where the last kernel ended. The device thread wakes up late on a
+        # busy host; a real GPU does not, so what follows a kernel starts (and is stamped) at its
+        # end, or when launched if that is later.
+        gpu_free = -math.inf
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                item = self._queue.popleft()
+            if isinstance(item, SimEvent):
+                item._complete(max(item.gpu_time_s, gpu_free))
+                continue
+            try:
+                kernel = self._execute(item, max(item.launched_s, gpu_free))
+                gpu_free = kernel.end_s
+            except BaseException as exc:  # noqa: BLE001 - surfaced on the host's next call
+                with self._cv:
+                    self._error = exc
+                    self._unfinished -= 1
+                    self._cv.notify_all()
+                continue
+            with self._cv:
+                self._history.append(kernel)
+                self._unfinished -= 1
+                self._cv.notify_all()
+
+    def _execute(self, k: _Launch, start_at: float) -> StreamKernel:
+        dev = self.device
+        dev.begin_busy(k.activity, k.compute_fraction, start_at=start_at)
+        run_mhz = dev.current_sm_clock_mhz() or 0
+        dev.end_busy(k.work_s)
+        rec = dev.last_kernel()
+        return StreamKernel(k.tag, rec.start, rec.start + rec.duration_s, k.work_s, rec.start_mhz, run_mhz)

@@ -1,0 +1,83 @@
+"""Planned clocks that take effect when the GPU reaches each instruction, not when the host
+runs its hook.
+
+Why: the host runs instructions ahead of the GPU, so a request made at the hook lands on an
+earlier instruction (on the measured H200 not one instruction of a 1F1B step ran at its own
+clock). ``StreamClocks.instruction`` is called at each instruction's begin hook with its planned
+clock and planned duration; it records the boundary event and hangs the request on the *previous*
+instruction's begin event, due ``duration − switch latency − lead`` of GPU time later: the request
+goes out when the GPU is ``latency`` (plus a margin for the follower and the controller) before
+the end of instruction i−1, so instruction i starts at its clock. Without a duration for i−1
+(its first instruction ever, an unprofiled kind) the request hangs on i's own boundary and lands
+one follower delay (~0.1 ms) late.
+
+A controller that can hold a request until a given time (``timed=True``) gets it as soon as
+i−1 is seen to begin, stamped with the time it is due; otherwise the follower waits until then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from perseus.gpu.errors import GPUInvalidArgumentError
+from perseus.gpu.stream_follow import BoundaryEvent, EventRecorder, StreamFollower
+
+# The request is due this long before the GPU boundary: the follower's poll and the controller's
+# delivery (~0.3 ms), plus a share of the previous instruction's duration for its timing noise.
+DEFAULT_LEAD_S = 0.001
+DEFAULT_LEAD_FRACTION = 0.05
+
+ClockRequest = Callable[[int, "float | None"], None]  # (mhz, at CLOCK_MONOTONIC or None = now)
+
+
+class StreamClocks:
+    """Per-instruction clock requests ordered with the stream (training-thread side)."""
+
+    def __init__(self, recorder: EventRecorder, follower: StreamFollower, request: ClockRequest, *,
+                 switch_latency_s: float = 0.0, timed: bool = False, lead_s: float = DEFAULT_LEAD_S,
+                 lead_fraction: float = DEFAULT_LEAD_FRACTION) -> None:
+        if switch_latency_s < 0 or lead_s < 0 or not 0 <= lead_fraction < 1:
+            raise GPUInvalidArgumentError("switch latency and lead are seconds >= 0, lead_fraction in [0, 1)")
+        self.recorder = recorder
+        self.follower = follower
+        self._request = request
+        self.switch_latency_s = switch_latency_s
+        self.timed = timed
+        self.lead_s = lead_s
+        self.lead_fraction = lead_fraction
+        self._prev: tuple[BoundaryEvent, float | None] | None = None
+        self._last_mhz: int | None = None
+        self.requests = 0
+
+    def instruction(self, mhz: int, planned_s: float | None) -> BoundaryEvent:
+        """Instruction i begins on the host: its clock ``mhz``, its planned GPU time ``planned_s``
+        (None: unknown). Returns its begin event (the timer may share it)."""
+        event = self.recorder.record()
+        prev, self._prev = self._prev, (event, planned_s)
+        if mhz == self._last_mhz:
+            return event
+        self._last_mhz = mhz
+        self.requests += 1
+        if prev is None or prev[1] is None:
+            self.follower.follow(event, lambda seen: self._request(mhz, None))
+            return event
+        ahead = max(0.0, prev[1] - self.switch_latency_s - self.lead_s - self.lead_fraction * prev[1])
+        if self.timed:
+            self.follower.follow(prev[0], lambda seen: self._request(mhz, seen + ahead))
+        else:
+            self.follower.follow(prev[0], lambda seen: self._request(mhz, None), after_s=ahead)
+        return event
+
+    def boundary(self, mhz: int) -> None:
+        """A clock for the GPU's next work that is not a planned instruction (a step's default
+        clock for a probe, a new plan's first clock): it lands when the GPU reaches this point."""
+        event = self.recorder.record()
+        self._prev = (event, None)
+        self._last_mhz = mhz
+        self.requests += 1
+        self.follower.follow(event, lambda seen: self._request(mhz, None))
+
+    def forget(self) -> None:
+        """The next instruction starts a fresh chain (after a fallback or a plan change)."""
+        self._prev = None
+        self._last_mhz = None
