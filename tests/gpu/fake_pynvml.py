@@ -277,10 +277,6 @@ def make_fake_pynvml(
         d.power_limit_mw = mw
 
     @api
-    def nvmlSystemGetDriverVersion() -> str:
-        return "580.00.01"
-
-    @api
     def nvmlSystemGetNVMLVersion() -> str:
         return "13.580.00.01"
 

@@ -93,7 +93,7 @@ def test_read_only_default_never_calls_a_set_or_reset_and_reports_nvml(one_gpu: 
     assert data["identity"] == {"name": "NVIDIA A100-SXM4-40GB", "nvml_index": 0, "architecture": "ampere",
                                 "memory_gib": 40.0}
     assert "GPU-" not in stdout  # no UUID anywhere
-    assert data["versions"]["driver"] == "580.00.01" and data["versions"]["cuda_driver"] == "13.0"
+    assert data["versions"]["driver"] == "580.159.04" and data["versions"]["cuda_driver"] == "13.0"
     assert (data["clocks"]["sm_count"], data["clocks"]["sm_max_mhz"], data["clocks"]["sm_min_mhz"]) == (81, 1410, 210)
     assert data["power"]["limit_w"] == 400 and data["power"]["range_w"] == [100, 400]
     assert data["read_latency"]["energy_ms"]["n"] == 40 and data["read_latency"]["power_ms"]["n"] == 400
