@@ -45,7 +45,7 @@ from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402
 
 SCHEMA = "perseus-gpu-check/2"
 NVML_PARTS = ("identity", "versions", "clocks", "power", "read_latency", "counter")
-CUDA_PARTS = ("loads", "stage", "timer", "run_ahead", "anchor", "switching", "attribution")
+CUDA_PARTS = ("loads", "stage", "timer", "run_ahead", "anchor", "switching", "library_stream", "attribution")
 
 
 class Check:
@@ -197,6 +197,7 @@ def cuda_parts(check: Check, args: argparse.Namespace, need_nvml: Callable[[], t
     check.part("run_ahead", lambda: both.get("run_ahead") or {"error": "measured with 'timer', which failed"})
     check.part("anchor", lambda: cu.anchor_bias(stage(), args.steps))
     check.part("switching", lambda: cu.switching(stage(), args.switch_rounds))
+    check.part("library_stream", lambda: cu.library_stream(stage(), args.switch_rounds))
     check.part("attribution", lambda: cu.attribution(stage(), sampler, args.attr_seconds, args.direct_seconds))
     stage_box.clear()
     torch.cuda.empty_cache()
@@ -594,6 +595,11 @@ def markdown(d: dict[str, Any]) -> str:
         return out
 
     add("switching", "switching", switching)
+    add("library_stream", "library_stream", lambda v: [
+        ("perseus StreamFollower: delay after the GPU reaches a boundary", _ms(v["delay_us"], 0, " µs")),
+        ("perseus GPUStepTimer: instruction span / truth", f"{v['instruction_span_ratio']['median']:.4f} "
+         f"(first begin off by {v['first_begin_error_ms']['median']:+.3f} ms)"),
+        ("perseus hooks' cost on the training thread", f"{v['training_thread_us_per_instruction']['median']:.1f} µs per instruction")])
 
     def attribution(v: dict[str, Any]) -> list[tuple[str, str]]:
         out = []

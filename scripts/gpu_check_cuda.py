@@ -392,3 +392,70 @@ def stage_summary(stage: Stage) -> dict[str, Any]:
     return asdict(stage.cfg) | {"parameters_m": sum(p.numel() for p in stage.params) / 1e6,
                                 "dtype": str(stage.params[0].dtype).removeprefix("torch."),
                                 "order": " ".join(i.short() for i in stage.order)}
+
+
+def library_stream(stage: Stage, rounds: int) -> dict[str, Any]:
+    """perseus's own stream-following code on this card: ``StreamFollower`` (event.query polled)
+    and ``GPUStepTimer`` (timing events anchored by the follower's sighting), against timing
+    events recorded beside them (the truth, mapped onto the host clock after a sync).
+
+    Reports the follower's delay from the GPU reaching each instruction's begin to the action,
+    the timer's instruction span and first-begin time against the truth, and the training
+    thread's cost of the library calls per instruction."""
+    from perseus.gpu.gpu_time import CudaTimeline, GPUStepTimer
+    from perseus.gpu.stream_follow import CudaEventRecorder, FollowMechanism, StreamFollower
+
+    boundary = CudaEventRecorder()
+    timing = CudaEventRecorder(enable_timing=True)
+    follower = StreamFollower(FollowMechanism.POLL, clock=time.perf_counter)
+    timer = GPUStepTimer(timing, follower, CudaTimeline())
+    delays: list[float] = []
+    span_ratio: list[float] = []
+    begin_err: list[float] = []
+    train_us: list[float] = []
+    try:
+        for _ in range(rounds):
+            clock = HostClock()
+            seen: dict[int, float] = {}
+            truth: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+            cost = 0.0
+            timer.step_begin()
+            for i, inst in enumerate(stage.order):
+                c = time.perf_counter()
+                timer.begin(inst)
+                follower.follow(boundary.record(), lambda s, i=i: seen.__setitem__(i, s))
+                cost += time.perf_counter() - c
+                tb = torch.cuda.Event(enable_timing=True)
+                tb.record()
+                stage.run(inst)
+                te = torch.cuda.Event(enable_timing=True)
+                te.record()
+                c = time.perf_counter()
+                timer.end()
+                cost += time.perf_counter() - c
+                truth.append((tb, te))
+            stage.tail()
+            timer.step_end()
+            torch.cuda.synchronize()
+            follower.drain(10.0)
+            steps = []
+            deadline = time.perf_counter() + 10.0
+            while not steps and time.perf_counter() < deadline:
+                steps = timer.settled()
+                time.sleep(0.001)
+            stage.zero_grad()
+            if not steps:
+                raise RuntimeError("GPUStepTimer settled no step within 10 s of a synchronize")
+            g = steps[0]
+            tb0 = clock.host_s(truth[0][0])
+            te1 = clock.host_s(truth[-1][1])
+            span_ratio.append(g.instruction_span_s / (te1 - tb0))
+            begin_err.append(g.instructions[0].start_s - tb0)
+            delays.extend(seen[i] - clock.host_s(b) for i, (b, _) in enumerate(truth) if i in seen)
+            train_us.append(cost / len(stage.order) * 1e6)
+    finally:
+        follower.close()
+    return {"rounds": rounds, "mechanism": "event.query every 50 us (perseus.gpu.stream_follow)",
+            "delay_us": summary(delays, 1e6), "instruction_span_ratio": summary(span_ratio),
+            "first_begin_error_ms": summary(begin_err, 1e3), "training_thread_us_per_instruction": summary(train_us),
+            "follower_error": repr(follower.error) if follower.error else None}

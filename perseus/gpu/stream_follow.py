@@ -55,21 +55,25 @@ class FollowMechanism(Enum):
 
 
 class CudaEventRecorder:
-    """``torch.cuda.Event`` (no timing) recorded on the current stream, from a recycled pool."""
+    """``torch.cuda.Event`` recorded on the current stream, from a recycled pool.
 
-    def __init__(self) -> None:
+    ``enable_timing``: events that ``elapsed_time`` can measure (``GPUStepTimer`` on a real GPU,
+    through ``CudaTimeline``); a clock request's boundary needs none (cheaper to record)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
         import torch
 
         if not torch.cuda.is_available():
             raise GPUError("CudaEventRecorder needs a CUDA build of torch and a visible GPU")
         self._event_cls = torch.cuda.Event
+        self.enable_timing = enable_timing
         self._pool: deque[Any] = deque()
 
     def record(self) -> BoundaryEvent:
         try:
             ev = self._pool.pop()
         except IndexError:
-            ev = self._event_cls()
+            ev = self._event_cls(enable_timing=self.enable_timing)
         ev.record()
         return ev  # type: ignore[no-any-return]
 
