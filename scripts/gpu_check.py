@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from perseus.gpu import GPUDevice, GPUError, SimulatedGPU, open_gpu  # noqa: E402
-from perseus.gpu.measurement import EnergyPoller, power_from_updates  # noqa: E402
+from perseus.gpu import GPUDevice, GPUError, SimulatedGPU, open_gpu
+from perseus.gpu.measurement import EnergyPoller, power_from_updates
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -119,9 +119,9 @@ def matmul_sweep(dev: GPUDevice, run: Callable[[int], None], clocks: list[int], 
                 iters += k
             t1 = time.perf_counter()
         try:
-            p, window, n = power_from_updates(poller.updates(), t0, t1)
+            p, window, _ = power_from_updates(poller.updates(), t0, t1)
         except GPUError:
-            p, window, n = float("nan"), 0.0, 0
+            p, window = float("nan"), 0.0
         per_iter = (t1 - t0) / iters
         rows.append({"sm_clock_mhz": f if can_lock else None, "iterations": iters,
                      "time_per_iter_ms": per_iter * 1e3, "power_w": p,
