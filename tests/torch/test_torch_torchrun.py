@@ -99,7 +99,7 @@ def launches(tmp_path_factory) -> Callable[[int], Launch]:
         if stages not in done:
             try:
                 done[stages] = run_launch(tmp_path_factory.mktemp(f"pp{stages}"), stages)
-            except BaseException as exc:  # every test of this size reports the launch's failure
+            except BaseException as exc:  # noqa: BLE001 - every test of this size reports the launch's failure
                 done[stages] = exc
         result = done[stages]
         if isinstance(result, BaseException):
