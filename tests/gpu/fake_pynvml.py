@@ -32,7 +32,7 @@ class NVMLError(Exception):
         return f"fake NVML error {self.value}"
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 - mirrors pynvml's name
+class NVMLError_LibraryNotFound(NVMLError):  # mirrors pynvml's name
     def __init__(self, value: int = NVML_ERROR_LIBRARY_NOT_FOUND) -> None:
         super().__init__(value)
 
