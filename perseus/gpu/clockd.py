@@ -598,7 +598,7 @@ class ClockDaemon:
             visible = parse_cuda_visible_devices(hello.cuda_visible_devices)
         except Exception:  # noqa: BLE001 - defensive: the parser only sees a checked string
             raise wire.ProtocolError("unparsable cuda_visible_devices") from None
-        uuid_tokens = bool(visible) and all(t.upper().startswith("GPU-") for t in visible)
+        uuid_tokens = visible is not None and bool(visible) and all(t.upper().startswith("GPU-") for t in visible)
         found: list[_GPU] = []
         for k, cuda_index in enumerate(hello.devices):
             gpu: _GPU | None = None
