@@ -227,7 +227,7 @@ def partial_saver(cache: Any) -> Callable[[dict[str, Any] | None], None] | None:
     it): a failed write costs only the resume, and is said once."""
     if cache is None:
         return None
-    warned = []
+    warned: list[bool] = []
 
     def save(state: dict[str, Any] | None) -> None:
         try:
