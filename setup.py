@@ -49,7 +49,9 @@ setup(
                 "deepspeed>=0.19,<0.20",
                 "prometheus-client>=0.20", "httpx>=0.27",
                 # tests read the event files Megatron's and DeepSpeed's TensorBoard writers produce
-                "tensorboard>=2.14"],
+                "tensorboard>=2.14",
+                # scripts/test_all.sh runs both before the suite (ruff.toml, mypy.ini; pinned in constraints.txt)
+                "ruff>=0.17", "mypy>=2.4"],
     },
     entry_points={
         "console_scripts": ["perseus=perseus.cli:main"],

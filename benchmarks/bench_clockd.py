@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perseus.gpu import SimulatedGPU  # noqa: E402
-from perseus.gpu.clockd_client import ClockdController  # noqa: E402
+from perseus.gpu import SimulatedGPU
+from perseus.gpu.clockd_client import ClockdController
 
 
 def main() -> int:

@@ -76,7 +76,7 @@ def _rank(rank: int, world: int, dp: int, pp: int, tp: int, design: str, store_p
         plane.all_true(True)  # every rank connected before the clock stops
         setup_s = time.perf_counter() - t0
         costs, latencies, pending = [], [], None
-        for i in range(checks):
+        for _ in range(checks):
             t = time.perf_counter()
             asked = plane.start_pipeline_rows(job.dp_rank, 0.1 + 0.001 * rank, 1.0, False)
             if not plane.overlapped:

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from demo_ab import run_demo  # noqa: E402
-from loaded_suite import _spin  # noqa: E402
+from demo_ab import run_demo
+from loaded_suite import _spin
 
 
 def one_run(framework: str, stages: int, microbatches: int, out: Path, latency_s: float = 0.0,

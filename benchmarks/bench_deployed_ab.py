@@ -36,12 +36,12 @@ for _path in (ROOT, ROOT / "tests", ROOT / "tests" / "deepspeed"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from cpu_hog import cpu_hog  # noqa: E402
-from guard_checks import check_guard_run, split_run  # noqa: E402
+from cpu_hog import cpu_hog
+from guard_checks import check_guard_run, split_run
 
-from perseus.runtime.guard.ab import ab_figure  # noqa: E402
-from perseus.runtime.guard.probes import ProbeSchedule, StepRole  # noqa: E402
-from perseus.runtime.guard.time_guard import GuardSettings  # noqa: E402
+from perseus.runtime.guard.ab import ab_figure
+from perseus.runtime.guard.probes import ProbeSchedule, StepRole
+from perseus.runtime.guard.time_guard import GuardSettings
 
 
 def run_padded(out: Path, deployed_steps: int, probe_every: int) -> list[dict[str, Any]]:

@@ -31,9 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perseus.frontier import Frontier, FrontierPoint, load_frontier  # noqa: E402
-from perseus.frontier.v1 import encode_v1  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
+from perseus.frontier import Frontier, FrontierPoint, load_frontier
+from perseus.frontier.v1 import encode_v1
+from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
 CLOCKS_MHZ = np.arange(210, 1411, 15)  # A100 SM clocks: 81 values

@@ -31,7 +31,7 @@ from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 from perseus.schedules import dependencies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "megatron"))
-from megatron_p2p_model import megatron_waits  # noqa: E402
+from megatron_p2p_model import megatron_waits
 
 Edge = tuple[tuple[int, int], tuple[int, int]]
 CASES = [(8, 4), (8, 8), (12, 6), (16, 8)]  # (microbatches, microbatch group size)

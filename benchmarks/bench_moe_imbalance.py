@@ -81,7 +81,7 @@ def worker(out_dir: str, iterations: int, microbatches: int) -> None:
             for module in trainer.model[0].modules():
                 router = getattr(module, "router", None)
                 if router is not None:
-                    router.register_forward_hook(lambda m, args, out: counts[-1].__setitem__(
+                    router.register_forward_hook(lambda m, args, out, counts=counts: counts[-1].__setitem__(
                         slice(None), [a + int(b) for a, b in zip(counts[-1], out[1].sum(0).tolist())]))
             timer = Timer()
             handle = install_hooks(timer)

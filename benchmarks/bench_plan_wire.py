@@ -43,14 +43,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_frontier_file import synthetic_points  # noqa: E402
+from bench_frontier_file import synthetic_points
 
-from perseus.store.cache import RunCache  # noqa: E402
-from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict  # noqa: E402
-from perseus.runtime.plane.collective import decode_frontier, encode_frontier  # noqa: E402
-from perseus.planner.process import hand_over, planned_stages  # noqa: E402
-from perseus.planner.stage_plan import decode_stage, encode_stage  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
+from perseus.store.cache import RunCache
+from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict
+from perseus.runtime.plane.collective import decode_frontier, encode_frontier
+from perseus.planner.process import hand_over, planned_stages
+from perseus.planner.stage_plan import decode_stage, encode_stage
+from perseus.schedules import build_schedule
 
 CLOCKS_MHZ = np.arange(210, 1981, 15)  # H100 SM clocks: 119 values
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from planner_lowtime import best_at, lowtime_available, run_lowtime  # noqa: E402
+from planner_lowtime import best_at, lowtime_available, run_lowtime
 
-from perseus.planner import plan_frontier  # noqa: E402
-from perseus.profile import load_profile  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
+from perseus.planner import plan_frontier
+from perseus.profile import load_profile
+from perseus.schedules import build_schedule
 
 DATA = Path(os.environ.get("PERSEUS_ARTIFACT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perseus-sosp24"))
 PROFILES = {"a100": ("gpt3-175b+a100_sxm_bf16.csv", 83.64), "a40": ("gpt3-175b+a40_bf16.csv", 70.38)}

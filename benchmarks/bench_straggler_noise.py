@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 
-from noise_trace import TRACE, load_trace, replay  # noqa: E402
+from noise_trace import TRACE, load_trace, replay
 from perseus.frontier import save_frontier
 
 SETTINGS = [  # (name, threshold, recover, patience)

@@ -43,14 +43,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
-from demo_ab import DemoRun, run_demo  # noqa: E402
-from demo_checks import cached_profile, traced_on_model, traced_steps, true_profile  # noqa: E402
+import numpy as np
+from demo_ab import DemoRun, run_demo
+from demo_checks import cached_profile, traced_on_model, traced_steps, true_profile
 
-from perseus.schedules.dag import InstructionDAG  # noqa: E402
-from perseus.runtime.port.clock_trace import Breakdown, breakdown, from_dict  # noqa: E402
-from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan  # noqa: E402
-from perseus.timeline.switch_lag import simulate_with_latency  # noqa: E402
+from perseus.schedules.dag import InstructionDAG
+from perseus.runtime.port.clock_trace import Breakdown, breakdown, from_dict
+from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan
+from perseus.timeline.switch_lag import simulate_with_latency
 
 DEPLOYED, BASELINE = "deployed", "stopped"  # the clock trace's phase labels (stopped: default clocks again)
 SLOWDOWN_TARGET, SAVING_POINTS = 0.01, 0.02

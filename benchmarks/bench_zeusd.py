@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perseus.gpu import SimulatedGPU  # noqa: E402
-from perseus.gpu.clockd_client import ClockdController  # noqa: E402
-from perseus.gpu.controller import FrequencyController  # noqa: E402
-from perseus.gpu.zeusd_client import ZeusdClient  # noqa: E402
+from perseus.gpu import SimulatedGPU
+from perseus.gpu.clockd_client import ClockdController
+from perseus.gpu.controller import FrequencyController
+from perseus.gpu.zeusd_client import ZeusdClient
 
 
 def _wait_for(path: str, proc: subprocess.Popen, what: str) -> None:

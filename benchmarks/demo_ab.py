@@ -19,10 +19,10 @@ for _path in (ROOT, ROOT / "tests"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from demo_checks import account, cached_frontier, steps_in  # noqa: E402
+from demo_checks import account, cached_frontier, steps_in
 
-from perseus.frontier import Frontier  # noqa: E402
-from perseus_demo.common import phase_table  # noqa: E402
+from perseus.frontier import Frontier
+from perseus_demo.common import phase_table
 
 
 @dataclass

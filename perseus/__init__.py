@@ -31,11 +31,11 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from perseus.errors import PerseusError
-    from perseus.frontier import Frontier, load_frontier, save_frontier
-    from perseus.planner import PlannerOptions, plan_frontier
-    from perseus.profile import Profile, load_profile
-    from perseus.schedules import SCHEDULES, Schedule, build_schedule
+    from perseus.errors import PerseusError as PerseusError
+    from perseus.frontier import Frontier as Frontier, load_frontier as load_frontier, save_frontier as save_frontier
+    from perseus.planner import PlannerOptions as PlannerOptions, plan_frontier as plan_frontier
+    from perseus.profile import Profile as Profile, load_profile as load_profile
+    from perseus.schedules import SCHEDULES as SCHEDULES, Schedule as Schedule, build_schedule as build_schedule
 
 
 def __getattr__(name: str) -> Any:

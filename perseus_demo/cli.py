@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
+from types import ModuleType
 from pathlib import Path
 
 from perseus.errors import PerseusError
@@ -18,7 +19,7 @@ FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_de
 TORCH_SCHEDULES = {"1f1b": 1, "gpipe": 1, "torch-interleaved": 2, "zb-interleaved": 2, "zbv": 2, "dualpipev": 2}
 
 
-def _framework_demo(framework: str):
+def _framework_demo(framework: str) -> ModuleType:
     try:
         return importlib.import_module(FRAMEWORKS[framework])
     except KeyError:

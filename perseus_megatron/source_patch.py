@@ -215,10 +215,16 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _statements(handler.body)
 
 
+def _call_of(node: ast.stmt) -> ast.Call | None:
+    """The call a statement makes, on its own or as the value of an assignment."""
+    value = node.value if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)) else None
+    return value if isinstance(value, ast.Call) else None
+
+
 def _calls(node: ast.stmt, name: str) -> bool:
     """``name(...)`` as a statement or as the value of an assignment."""
-    value = getattr(node, "value", None) if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)) else None
-    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == name
+    call = _call_of(node)
+    return call is not None and isinstance(call.func, ast.Name) and call.func.id == name
 
 
 def _one_call(statements: list[ast.stmt], name: str, path: str, required: bool) -> ast.stmt | None:
@@ -280,7 +286,8 @@ def pretrain_gpt_insertions(text: str, path: str = PRETRAIN_GPT) -> list[Inserti
                                              f"{TAG}",), f"enable_from_args({args_name}) before pretrain(...) "
                                              f"(line {pretrain.lineno})")
         return [flags, enable, close]
-    call = getattr(pretrain, "value")
+    call = _call_of(pretrain)
+    assert call is not None  # _one_call found the statement by this call
     keywords = {k.arg for k in call.keywords}
     if not keywords & {"extra_args_provider", "args_defaults"}:
         raise PatchSiteError(f"{path}: its __main__ block calls neither parse_and_validate_args(...) before pretrain(...) "

@@ -31,7 +31,7 @@ from gpu_check_analysis import (
     summary,
 )
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 SWITCH_LATENCIES_S = (0.0, 0.010)
 
@@ -423,7 +423,7 @@ def library_stream(stage: Stage, rounds: int) -> dict[str, Any]:
             for i, inst in enumerate(stage.order):
                 c = time.perf_counter()
                 timer.begin(inst)
-                follower.follow(boundary.record(), lambda s, i=i: seen.__setitem__(i, s))
+                follower.follow(boundary.record(), lambda s, i=i, seen=seen: seen.__setitem__(i, s))
                 cost += time.perf_counter() - c
                 tb = torch.cuda.Event(enable_timing=True)
                 tb.record()

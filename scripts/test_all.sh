@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command: the suite on this Python (3.11, megatron-core 0.16.x), then the
+# The project's test command: ruff and mypy (configured in ruff.toml and mypy.ini; docs/development.md),
+# then the suite on this Python (3.11, megatron-core 0.16.x), then the
 # Megatron tests on the other supported line (Python 3.12, megatron-core 0.19.x) in a temporary
 # venv (scripts/megatron_py312.sh; one line and no failure where there is no Python 3.12).
 #   scripts/test_all.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python -m ruff check
+python -m mypy
 python -m pytest -q
 scripts/megatron_py312.sh

@@ -337,7 +337,7 @@ class CallableSource:
             result = self.fn()
         except SignalError:
             raise
-        except Exception as error:  # a user's callable: any failure is a signal failure, never fatal
+        except Exception as error:  # noqa: BLE001 - a user's callable: any failure is a signal failure, never fatal
             raise SignalError(f"{self.name}: raised {type(error).__name__}: {error}"[:200]) from None
         if isinstance(result, Reading):
             return Reading(_finite(result.value, self.name), result.at)
@@ -450,7 +450,7 @@ class GuardedSignal:
             except SignalError as error:
                 self.failures += 1
                 self.last_error = str(error)
-            except Exception as error:  # a source's own bug must not stop training either
+            except Exception as error:  # noqa: BLE001 - a source's own bug must not stop training either
                 self.failures += 1
                 self.last_error = f"{self.source.name}: {type(error).__name__}: {error}"[:200]
             else:

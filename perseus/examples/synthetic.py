@@ -17,7 +17,10 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from perseus.profile import Profile
 
 CSV_HEADER = ("rank", "dp_rank", "pp_rank", "tp_rank", "stage", "instruction", "frequency", "time", "energy")
 
@@ -92,7 +95,7 @@ H100_STATIC_POWER_W = 110.0
 H100_P_BLOCKING_W = 95.0
 
 
-def h100_like_profile(num_stages: int, num_chunks: int = 1, seed: int = 0, noise: float = 0.005):
+def h100_like_profile(num_stages: int, num_chunks: int = 1, seed: int = 0, noise: float = 0.005) -> Profile:
     """A seeded synthetic H100-like ``Profile`` of any size, for planner scale benchmarks and tests.
 
     Why seeded noise: real sweeps are not smooth (some clocks are dominated, the time–energy curve

@@ -164,7 +164,7 @@ def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
         raise
     except KeyError as exc:
         raise FrontierError(f"{source}: malformed frontier file (missing field {exc.args[0]!r})") from None
-    except Exception as exc:  # malformed structure: report where, not a deep traceback
+    except Exception as exc:  # noqa: BLE001 - malformed structure: report where, not a deep traceback
         raise FrontierError(f"{source}: malformed frontier file ({type(exc).__name__}: {exc})") from None
 
 

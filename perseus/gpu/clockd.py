@@ -434,7 +434,7 @@ class ClockDaemon:
                         self._read(client)
                     if mask & selectors.EVENT_WRITE and self.clients.get(client.sock.fileno()) is client:
                         self._write(client)
-                except Exception as exc:  # noqa: BLE001 - one client's problem never stops the daemon
+                except Exception as exc:  # one client's problem never stops the daemon
                     log.exception("perseus clockd: dropping %s after an unexpected error", client.who)
                     self._drop(client, f"internal error: {exc}")
         # What the appliers had finished *before* collecting their results: SYNC and BYE answers
@@ -448,7 +448,7 @@ class ClockDaemon:
             elif not client.closing and self.clients.get(client.sock.fileno()) is client:
                 try:
                     self._service(client)
-                except Exception as exc:  # noqa: BLE001 - as above
+                except Exception as exc:  # as above
                     log.exception("perseus clockd: dropping %s after an unexpected error", client.who)
                     self._drop(client, f"internal error: {exc}")
         now = time.monotonic()
@@ -598,7 +598,7 @@ class ClockDaemon:
             visible = parse_cuda_visible_devices(hello.cuda_visible_devices)
         except Exception:  # noqa: BLE001 - defensive: the parser only sees a checked string
             raise wire.ProtocolError("unparsable cuda_visible_devices") from None
-        uuid_tokens = bool(visible) and all(t.upper().startswith("GPU-") for t in visible)
+        uuid_tokens = visible is not None and bool(visible) and all(t.upper().startswith("GPU-") for t in visible)
         found: list[_GPU] = []
         for k, cuda_index in enumerate(hello.devices):
             gpu: _GPU | None = None

@@ -166,7 +166,11 @@ class ClockdController:
         self._owner_pid = os.getpid()
         atexit.register(self.close)
         ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (c := ref()) is not None and c._forget_in_forked_child())
+
+        def forget_in_child() -> None:
+            if (c := ref()) is not None:
+                c._forget_in_forked_child()
+        os.register_at_fork(after_in_child=forget_in_child)
         return self
 
     def _forget_in_forked_child(self) -> None:

@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from perseus.gpu import errors as gpu_errors
 from perseus.gpu.controller_proc import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
@@ -60,7 +60,8 @@ def caller_stacklevel() -> int:
     """``warnings.warn`` stack level of the first caller outside ``perseus.gpu``: a warning raised
     deep in the request path points at the training code (or the runtime) that made the request."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1
     return level
@@ -216,14 +217,18 @@ class FrequencyController:
         event = self._read_event(self._start_timeout)
         if event is None or event.get("event") != "ready":
             self._abort_start(event)
-        self.info = event  # type: ignore[assignment]
-        self.clocks = frozenset(event["clocks"])  # type: ignore[index]
-        self.default_mhz = int(event["default_mhz"])  # type: ignore[index]
+        self.info = event
+        self.clocks = frozenset(event["clocks"])
+        self.default_mhz = int(event["default_mhz"])
         if self._install_handlers:
             self._install_signal_handlers()
         atexit.register(self.close)
         ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (c := ref()) is not None and c._forget_in_forked_child())
+
+        def forget_in_child() -> None:
+            if (c := ref()) is not None:
+                c._forget_in_forked_child()
+        os.register_at_fork(after_in_child=forget_in_child)
         return self
 
     def _forget_in_forked_child(self) -> None:
@@ -232,7 +237,7 @@ class FrequencyController:
         self._closed = True  # close() and our signal handler become pure chaining no-ops
         self._close_fds()
 
-    def _abort_start(self, event: dict[str, Any] | None) -> None:
+    def _abort_start(self, event: dict[str, Any] | None) -> NoReturn:
         assert self._proc is not None
         try:
             self._proc.wait(timeout=2.0)
@@ -250,7 +255,7 @@ class FrequencyController:
             message = str(event.get("message", "controller failed"))
             err = cls.__new__(cls)
             Exception.__init__(err, message)
-            err.what = message  # type: ignore[attr-defined]
+            err.what = message
             raise err
         raise GPUError(
             f"The frequency controller process did not start (exit code {self._proc.returncode}); "

@@ -148,7 +148,8 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
             return "parent exited"
         if not len(timed):  # a held switch is a change on its way: read back between them only
             worker.keeper.maybe_check(check_s)
-        pending: int | None | str = "none"  # coalesced SET/RESET target not yet applied
+        pending: int | None = None  # coalesced SET/RESET target not yet applied (None = reset) ...
+        held = False  # ... when one is held
         if readable:
             data = os.read(req_fd, 65536)
             if not data:
@@ -162,26 +163,26 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
                     timed.add(at, arg)
                 elif op == OP_SET:
                     worker.received += 1
-                    pending = arg
+                    pending, held = arg, True
                     timed.clear()
                 elif op == OP_RESET:
                     worker.received += 1
-                    pending = None
+                    pending, held = None, True
                     timed.clear()
                 elif op == OP_SYNC:
                     drained = timed.drain()
                     if drained is not None:
-                        pending = drained
-                    if pending != "none":
-                        worker.apply(pending)  # type: ignore[arg-type]
-                        pending = "none"
+                        pending, held = drained, True
+                    if held:
+                        worker.apply(pending)
+                        held = False
                     worker.send({"event": "sync", "seq": arg, **worker.stats()})
                 elif op == OP_CLOSE:
                     worker.apply(None)
                     return "close requested"
             buf = buf[n * MSG.size:]
-        if pending != "none":
-            worker.apply(pending)  # type: ignore[arg-type]
+        if held:
+            worker.apply(pending)
         due = timed.due(time.monotonic())
         if due is not None:
             worker.apply(due)

@@ -173,7 +173,7 @@ class GPUDevice(ABC):
         """How another process (the frequency controller) opens this same device."""
 
     # -- lifetime ---------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default: backends without resources to release keep it
         """Release backend resources (NVML handles, mmaps). Does not reset clocks."""
 
     def __enter__(self) -> GPUDevice:

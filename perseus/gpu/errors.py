@@ -25,6 +25,8 @@ LIBRARY_HINT = f"Install the NVIDIA driver and `pip install nvidia-ml-py`, or us
 class GPUError(PerseusError):
     """Base class for every GPU-layer error."""
 
+    what: str = ""  # the device or setting the error is about, where a subclass names one
+
 
 class GPUNotSupportedError(GPUError):
     """The device or driver does not support the requested operation."""

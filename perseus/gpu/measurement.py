@@ -361,8 +361,8 @@ def measure_blocking_power_p2p(
 
 def measure_blocking_power_pair(
     device: GPUDevice,
-    send: Callable[[Any], None],
-    recv: Callable[[Any], None],
+    send: Callable[[Any], object],
+    recv: Callable[[Any], object],
     first: bool,
     duration_s: float = 2.0,
     *,

@@ -44,7 +44,7 @@ class ClockNotice:
         kind = event.get("event")
         if kind not in KINDS:
             return None
-        return cls(kind, **{name: event.get(name) for name in _FIELDS[kind]})  # type: ignore[arg-type]
+        return cls(kind, **{name: event.get(name) for name in _FIELDS[kind]})
 
     @classmethod
     def failed(cls, message: str, reset: bool | None = None) -> ClockNotice:

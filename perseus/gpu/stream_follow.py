@@ -75,7 +75,7 @@ class CudaEventRecorder:
         except IndexError:
             ev = self._event_cls(enable_timing=self.enable_timing)
         ev.record()
-        return ev  # type: ignore[no-any-return]
+        return ev
 
     def recycle(self, event: BoundaryEvent) -> None:
         """A completed event may be recorded again (the follower gives it back)."""

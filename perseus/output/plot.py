@@ -13,20 +13,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import Normalize  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
-from perseus.store.atomic import atomic_output  # noqa: E402
-from perseus.schedules.dag import InstructionDAG  # noqa: E402
-from perseus.errors import PerseusError  # noqa: E402
-from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
-from perseus.output.run_data import Run  # noqa: E402
-from perseus.output.run_stats import comparison  # noqa: E402
-from perseus.output.wording import energy_change  # noqa: E402
-from perseus.profile import Profile  # noqa: E402
-from perseus.timeline.simulator import IterationTimeline, max_frequency_plan, simulate_plan  # noqa: E402
+from perseus.store.atomic import atomic_output
+from perseus.schedules.dag import InstructionDAG
+from perseus.errors import PerseusError
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.output.run_data import Run
+from perseus.output.run_stats import comparison
+from perseus.output.wording import energy_change
+from perseus.profile import Profile
+from perseus.timeline.simulator import IterationTimeline, max_frequency_plan, simulate_plan
 
 IMAGE_FORMATS = ("png", "pdf", "svg")
 PHASE_COLORS = {

@@ -335,7 +335,7 @@ def _solve_anchors_repairing(
                 durations, lp_costs[i] = relaxation.solve(anchors[i] * (1 - DEADLINE_MARGIN))
                 lp_slopes[i] = min(relaxation.deadline_slope(), 0.0)
                 finished.put((i, durations))
-        except BaseException as exc:  # re-raised on the planning thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the planning thread
             finished.put(exc)
 
     plans = np.empty((len(deadlines), relaxation.num_nodes), dtype=np.int64)

@@ -28,7 +28,7 @@ class _QuietHighs(highspy.Highs):
     could be called; turning output off first keeps ``perseus plan``'s stdout to perseus's own.
     """
 
-    def enableCallbacks(self):  # noqa: N802 - highspy's name
+    def enableCallbacks(self) -> None:  # highspy's name
         self.setOptionValue("output_flag", False)
         self.setOptionValue("log_to_console", False)
         return super().enableCallbacks()

@@ -254,7 +254,7 @@ def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:
         )
     except FrontierError:
         raise
-    except Exception as exc:  # a corrupt payload is one line, not a traceback
+    except Exception as exc:  # noqa: BLE001 - a corrupt payload is one line, not a traceback
         raise FrontierError(f"stage {stage}: malformed stage plan from rank 0 ({type(exc).__name__}: {exc})") from None
 
 

@@ -43,7 +43,7 @@ def close_all() -> None:
     for runtime in list(_LIVE):
         try:
             runtime.close()
-        except Exception:  # noqa: BLE001 - shutdown must go on
+        except Exception:  # shutdown must go on
             log.exception("perseus: failed to reset clocks at exit")
 
 

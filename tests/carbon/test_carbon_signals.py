@@ -232,7 +232,7 @@ def test_json_shapes():
 class _Handler(BaseHTTPRequestHandler):
     mode = "ok"
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server's name
         if self.path == "/slow":
             time.sleep(1.0)
         if self.path == "/error":

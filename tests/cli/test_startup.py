@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import perseus.cli.planning
-from perseus.cli import BUILTIN_COMMANDS, build_parser, main
+from perseus.cli import BUILTIN_COMMANDS, build_parser, main, planning
 from perseus.frontier import save_frontier
 
 from cli_helpers import hand_frontier
@@ -95,5 +94,5 @@ def test_run_planner_forwards_to_the_planner(monkeypatch):
 
     seen = []
     monkeypatch.setattr(perseus.planner, "plan_frontier", lambda s, p, progress=None: seen.append((s, p, progress)) or "F")
-    assert perseus.cli.planning.run_planner("s", "p") == "F" and seen == [("s", "p", None)]
+    assert planning.run_planner("s", "p") == "F" and seen == [("s", "p", None)]
 

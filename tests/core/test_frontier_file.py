@@ -17,7 +17,7 @@ from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-import random_frontiers  # noqa: E402
+import random_frontiers
 
 # A version 1 file as perseus 0.1 wrote it (1F1B, 2 stages x 2 microbatches), trimmed of nothing.
 V1_LITERAL = """{"format":"perseus-frontier","version":1,"order":"fastest_first","schedule":"1f1b","stages":2,

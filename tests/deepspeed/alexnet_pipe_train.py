@@ -29,12 +29,12 @@ if "--cpu" in sys.argv:  # DeepSpeed picks its accelerator when it is imported
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PERSEUS_GPU", "sim")
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
-from deepspeed.pipe import PipelineModule  # noqa: E402
-from torch import nn  # noqa: E402
+import deepspeed
+import torch
+from deepspeed.pipe import PipelineModule
+from torch import nn
 
-import perseus_deepspeed  # noqa: E402  (Perseus)
+import perseus_deepspeed  # Perseus
 
 
 class AlexNet(nn.Module):

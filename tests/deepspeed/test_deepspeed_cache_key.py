@@ -16,12 +16,12 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
-import torch  # noqa: E402
-from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
+import torch
+from deepspeed.pipe import LayerSpec, PipelineModule
 
-from perseus_deepspeed import get_handle, initialize  # noqa: E402
-from perseus_deepspeed.job import layer_specs  # noqa: E402
-from perseus_demo.tiny_pipe import TinyPipeShape, client_optimizer, deepspeed_config  # noqa: E402
+from perseus_deepspeed import get_handle, initialize
+from perseus_deepspeed.job import layer_specs
+from perseus_demo.tiny_pipe import TinyPipeShape, client_optimizer, deepspeed_config
 
 HIDDEN = 8
 

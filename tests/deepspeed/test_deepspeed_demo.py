@@ -23,12 +23,12 @@ import pytest
 
 pytest.importorskip("deepspeed")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo_checks import check_deployed_demo  # noqa: E402
-from deepspeed_monitor_files import read_csv  # noqa: E402
+from demo_checks import check_deployed_demo
+from deepspeed_monitor_files import read_csv
 
-from perseus.runtime.observe.metrics import PHASE_CODES  # noqa: E402
-from perseus_demo.common import format_report, phase_table  # noqa: E402
-from perseus_demo.deepspeed_demo import DemoConfig, launch  # noqa: E402
+from perseus.runtime.observe.metrics import PHASE_CODES
+from perseus_demo.common import format_report, phase_table
+from perseus_demo.deepspeed_demo import DemoConfig, launch
 
 pytestmark = pytest.mark.distributed
 

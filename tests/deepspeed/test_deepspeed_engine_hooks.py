@@ -13,18 +13,18 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
-import torch  # noqa: E402
-from deepspeed.runtime.pipe import schedule as ds_schedule  # noqa: E402
-from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
+import torch
+from deepspeed.runtime.pipe import schedule as ds_schedule
+from deepspeed.runtime.pipe.engine import PipelineEngine
 
-import perseus.runtime  # noqa: E402
-from perseus.runtime.job import RecordingListener  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_deepspeed import compat  # noqa: E402
-from perseus_deepspeed.compat import DeepSpeedVersionError, UnsupportedDeepSpeedFeature  # noqa: E402
-from perseus_demo.deepspeed_cpu import shm_comm_op_skipped  # noqa: E402
-from perseus_deepspeed.hooks import HooksAlreadyInstalled, install_hooks, installed_handle  # noqa: E402
-from perseus_demo.tiny_pipe import (  # noqa: E402
+import perseus.runtime
+from perseus.runtime.job import RecordingListener
+from perseus.schedules import build_schedule
+from perseus_deepspeed import compat
+from perseus_deepspeed.compat import DeepSpeedVersionError, UnsupportedDeepSpeedFeature
+from perseus_demo.deepspeed_cpu import shm_comm_op_skipped
+from perseus_deepspeed.hooks import HooksAlreadyInstalled, install_hooks, installed_handle
+from perseus_demo.tiny_pipe import (
     TinyPipeShape,
     build_pipeline,
     client_optimizer,

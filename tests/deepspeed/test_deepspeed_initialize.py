@@ -14,14 +14,14 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
-import torch  # noqa: E402
+import torch
 
-from perseus.errors import ConfigError  # noqa: E402
-from perseus.runtime.config import PerseusConfig  # noqa: E402
-from perseus.runtime.job import RecordingListener  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_deepspeed import UnsupportedDeepSpeedFeature, get_handle, initialize, installed_handle  # noqa: E402
-from perseus_demo.tiny_pipe import (  # noqa: E402
+from perseus.errors import ConfigError
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.job import RecordingListener
+from perseus.schedules import build_schedule
+from perseus_deepspeed import UnsupportedDeepSpeedFeature, get_handle, initialize, installed_handle
+from perseus_demo.tiny_pipe import (
     TinyPipeShape,
     build_pipeline,
     client_optimizer,

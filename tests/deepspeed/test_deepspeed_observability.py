@@ -17,11 +17,11 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
-from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_deepspeed import get_handle, initialize  # noqa: E402
-from deepspeed_monitor_files import read_csv  # noqa: E402
-from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config  # noqa: E402
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.schedules import build_schedule
+from perseus_deepspeed import get_handle, initialize
+from deepspeed_monitor_files import read_csv
+from perseus_demo.tiny_pipe import TinyPipeShape, build_pipeline, client_optimizer, data_iterator, deepspeed_config
 from perseus.frontier import save_frontier
 
 SHAPE = TinyPipeShape(hidden_size=8, layers_per_stage=1, micro_batch_size=2)

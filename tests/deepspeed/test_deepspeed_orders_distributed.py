@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from perseus.schedules import build_schedule  # noqa: E402
+from perseus.schedules import build_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("deepspeed_orders_worker.py")

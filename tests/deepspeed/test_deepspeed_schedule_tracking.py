@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from deepspeed.runtime.pipe import schedule as ds_schedule  # noqa: E402
+from deepspeed.runtime.pipe import schedule as ds_schedule
 
-from perseus.schedules import Instruction, build_schedule  # noqa: E402
-from perseus_deepspeed.hooks import ScheduleMismatch, TrackedTrainSchedule  # noqa: E402
+from perseus.schedules import Instruction, build_schedule
+from perseus_deepspeed.hooks import ScheduleMismatch, TrackedTrainSchedule
 
 KINDS = {ds_schedule.ForwardPass: "forward", ds_schedule.BackwardPass: "backward"}
 

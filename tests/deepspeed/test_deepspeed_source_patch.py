@@ -20,12 +20,12 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 deepspeed = pytest.importorskip("deepspeed")
 
-import deepspeed.runtime.pipe.engine as installed_engine  # noqa: E402
+import deepspeed.runtime.pipe.engine as installed_engine
 
-from perseus.runtime.job import RecordingListener  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_deepspeed.hooks import install_hooks, installed_handle  # noqa: E402
-from perseus_demo.tiny_pipe import (  # noqa: E402
+from perseus.runtime.job import RecordingListener
+from perseus.schedules import build_schedule
+from perseus_deepspeed.hooks import install_hooks, installed_handle
+from perseus_demo.tiny_pipe import (
     TinyPipeShape,
     build_pipeline,
     client_optimizer,

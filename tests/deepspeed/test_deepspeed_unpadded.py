@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from guard_checks import check_guard_run  # noqa: E402  (tests/ is on sys.path)
-from perseus.runtime.guard.time_guard import GuardSettings  # noqa: E402
-from unpadded_workload import MINIMAL, run_beside_cpu_hog  # noqa: E402  (this directory is on sys.path)
+from guard_checks import check_guard_run  # tests/ is on sys.path
+from perseus.runtime.guard.time_guard import GuardSettings
+from unpadded_workload import MINIMAL, run_beside_cpu_hog  # this directory is on sys.path
 
 STEPS = 12
 

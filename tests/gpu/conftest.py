@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_pynvml import FakeDevice, make_fake_pynvml  # noqa: E402
+from fake_pynvml import FakeDevice, make_fake_pynvml
 
 
 @pytest.fixture

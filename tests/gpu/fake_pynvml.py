@@ -33,7 +33,7 @@ class NVMLError(Exception):
         return f"fake NVML error {self.value}"
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 - mirrors pynvml's name
+class NVMLError_LibraryNotFound(NVMLError):  # mirrors pynvml's name
     def __init__(self, value: int = NVML_ERROR_LIBRARY_NOT_FOUND) -> None:
         super().__init__(value)
 
@@ -227,16 +227,10 @@ def make_fake_pynvml(
         return h.index
 
     m.driver_version = "580.159.04"
-    m.clock_event_bits = 0
 
     @api
     def nvmlSystemGetDriverVersion() -> bytes:
         return m.driver_version.encode()
-
-    @api
-    def nvmlDeviceGetCurrentClocksEventReasons(h: _Handle) -> int:
-        dev(h)
-        return m.clock_event_bits
 
     @api
     def nvmlDeviceGetClockInfo(h: _Handle, kind: int) -> int:

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError  # noqa: E402
+from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
 
 GROUPS = ("gpu-control", "gpu-read", "cpu-read")
 
@@ -229,13 +229,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self._serve("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._serve("POST")
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet, and no peer address on AF_UNIX
+    def log_message(self, format: str, *args: object) -> None:  # quiet, and no peer address on AF_UNIX
         pass
 
 

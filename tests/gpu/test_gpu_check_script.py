@@ -23,8 +23,8 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 DEVICE_SCRIPT = ROOT / "scripts" / "gpu_check_device.sh"
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_check  # noqa: E402
-import gpu_check_analysis as an  # noqa: E402
+import gpu_check
+import gpu_check_analysis as an
 
 CHANGING = ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks", "nvmlDeviceSetMemoryLockedClocks",
             "nvmlDeviceResetMemoryLockedClocks", "nvmlDeviceSetPowerManagementLimit")

@@ -517,7 +517,7 @@ def test_require_open_device_checks_the_peers_device_files(clockd):
     daemon = clockd(2, require_open_device=True)
     daemon.gpus[0].rdev = os.stat("/dev/null").st_rdev
     daemon.gpus[1].rdev = os.stat("/dev/zero").st_rdev
-    held = open("/dev/null", "rb")  # noqa: SIM115 - kept open for the claim
+    held = open("/dev/null", "rb")  # kept open for the claim
     try:
         with _client(daemon, 0) as c:
             c.set_frequency(1005)

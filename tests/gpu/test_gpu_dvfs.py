@@ -92,7 +92,7 @@ def test_a100_model_matches_measured_profile_shape():
 
 def test_a40_model_matches_measured_forward_shape():
     m = get_preset("A40")
-    for (_stage, kind), (f, t, e) in _measured("gpt3-175b+a40_bf16.csv").items():
+    for (_stage, kind), (f, _t, e) in _measured("gpt3-175b+a40_bf16.csv").items():
         if kind != "forward":
             continue
         me = np.array([m.kernel_energy_j(1.0, m.throttled_clock(int(x), 1.0, m.tdp_w)) for x in f])

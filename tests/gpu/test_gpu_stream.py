@@ -221,7 +221,7 @@ def test_sim_and_nvml_report_their_driver_version(h200: SimulatedGPU, fake_nvml)
     from perseus.gpu.nvml import NVMLGPU
 
     assert h200.driver_version == "perseus-sim-1"
-    fake_nvml.clock_event_bits = 0x4
+    fake_nvml.devices[0].clock_event_reasons = 0x4  # sw_power_cap
     gpu = NVMLGPU(0)
     try:
         assert gpu.driver_version == "580.159.04"

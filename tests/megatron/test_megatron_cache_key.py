@@ -15,16 +15,16 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-import torch  # noqa: E402
-from megatron.core.transformer import TransformerConfig  # noqa: E402
+import torch
+from megatron.core.transformer import TransformerConfig
 
-from perseus.store.cache import key_hash  # noqa: E402
-from perseus.runtime.plane.collective import Collective  # noqa: E402
-from perseus.runtime.config import PerseusConfig  # noqa: E402
-from perseus.runtime.supply.sources import cache_key, stage_models  # noqa: E402
-from perseus_megatron import hooks  # noqa: E402
-from perseus_megatron.integration import job_from_parallel_state  # noqa: E402
-from test_megatron_enable import fake_parallel_state  # noqa: E402
+from perseus.store.cache import key_hash
+from perseus.runtime.plane.collective import Collective
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.supply.sources import cache_key, stage_models
+from perseus_megatron import hooks
+from perseus_megatron.integration import job_from_parallel_state
+from test_megatron_enable import fake_parallel_state
 
 # One field changed at a time, on the base config below: shape, dtype, parallelism, recompute, MoE.
 CONFIG_CHANGES = {

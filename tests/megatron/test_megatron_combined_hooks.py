@@ -19,17 +19,17 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron.core.pipeline_parallel import combined_1f1b  # noqa: E402
-from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table  # noqa: E402
+from megatron.core.pipeline_parallel import combined_1f1b
+from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
 
-from perseus.runtime.job import RecordingListener  # noqa: E402
-from perseus.runtime import HookStateError  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_megatron import compat, hooks  # noqa: E402
-from perseus_megatron.compat import UnsupportedMegatronFeature, check_step_supported  # noqa: E402
-from perseus_megatron.hooks import install_hooks  # noqa: E402
-from perseus_megatron.tracker import StepInfo  # noqa: E402
-from megatron_fixtures import no_leftover_hooks  # noqa: E402,F401  (fixtures)
+from perseus.runtime.job import RecordingListener
+from perseus.runtime import HookStateError
+from perseus.schedules import build_schedule
+from perseus_megatron import compat, hooks
+from perseus_megatron.compat import UnsupportedMegatronFeature, check_step_supported
+from perseus_megatron.hooks import install_hooks
+from perseus_megatron.tracker import StepInfo
+from megatron_fixtures import no_leftover_hooks  # noqa: F401 - pytest fixtures, found by their names
 
 
 def stand_in_step(forward_step_func, data_iterator, f_model, num_microbatches, input_tensor, forward_data_store,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo_checks import check_straggler_run, run_straggler_demo  # noqa: E402
+from demo_checks import check_straggler_run, run_straggler_demo
 
 pytestmark = pytest.mark.distributed
 

@@ -6,13 +6,13 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from perseus.errors import ConfigError  # noqa: E402
-from perseus.runtime.config import PerseusConfig  # noqa: E402
-from perseus.runtime.job import PipelineJob, RecordingListener  # noqa: E402
-from perseus_megatron import enable, enable_from_argv, hooks  # noqa: E402
-from perseus_megatron.integration import MegatronPerseus  # noqa: E402
-from perseus_megatron.tracker import StepInfo  # noqa: E402
-from megatron_fixtures import no_leftover_hooks  # noqa: E402,F401  (fixtures)
+from perseus.errors import ConfigError
+from perseus.runtime.config import PerseusConfig
+from perseus.runtime.job import PipelineJob, RecordingListener
+from perseus_megatron import enable, enable_from_argv, hooks
+from perseus_megatron.integration import MegatronPerseus
+from perseus_megatron.tracker import StepInfo
+from megatron_fixtures import no_leftover_hooks  # noqa: F401 - pytest fixtures, found by their names
 
 
 def test_enable_installs_hooks_and_close_removes_them_idempotently():

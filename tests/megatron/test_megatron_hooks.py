@@ -9,22 +9,22 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron.core.pipeline_parallel import schedules  # noqa: E402
-from megatron.core.transformer.enums import CudaGraphScope  # noqa: E402
+from megatron.core.pipeline_parallel import schedules
+from megatron.core.transformer.enums import CudaGraphScope
 
-from perseus.errors import PerseusError  # noqa: E402
-import perseus.runtime  # noqa: E402
-from perseus.runtime.job import RecordingListener  # noqa: E402
-from perseus_megatron import compat, hooks  # noqa: E402
-from perseus_megatron.compat import (  # noqa: E402
+from perseus.errors import PerseusError
+import perseus.runtime
+from perseus.runtime.job import RecordingListener
+from perseus_megatron import compat, hooks
+from perseus_megatron.compat import (
     HOOK_POINTS,
     MegatronVersionError,
     UnsupportedMegatronFeature,
     check_step_supported,
     load_schedules_module,
 )
-from perseus_megatron.hooks import HooksAlreadyInstalled, install_hooks  # noqa: E402
-from megatron_fixtures import no_leftover_hooks  # noqa: E402,F401  (fixtures)
+from perseus_megatron.hooks import HooksAlreadyInstalled, install_hooks
+from megatron_fixtures import no_leftover_hooks  # noqa: F401 - pytest fixtures, found by their names
 
 
 def test_install_wraps_every_hook_point_and_uninstall_restores_the_originals():

@@ -36,12 +36,12 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from cpu_hog import cpu_hog  # noqa: E402  (tests/ is on sys.path)
-from guard_checks import check_guard_run, split_run  # noqa: E402
-from megatron_lm_archive import REPO, release_for_installed_core, unpack  # noqa: E402
-from perseus.runtime.guard.time_guard import GuardSettings  # noqa: E402
-from tensorboard_events import read_scalars  # noqa: E402
-from perseus_demo.megatron_lm_cpu import format_summaries, launch, overlap_p2p_args  # noqa: E402
+from cpu_hog import cpu_hog  # tests/ is on sys.path
+from guard_checks import check_guard_run, split_run
+from megatron_lm_archive import REPO, release_for_installed_core, unpack
+from perseus.runtime.guard.time_guard import GuardSettings
+from tensorboard_events import read_scalars
+from perseus_demo.megatron_lm_cpu import format_summaries, launch, overlap_p2p_args
 
 pytestmark = pytest.mark.distributed
 RELEASE = release_for_installed_core()

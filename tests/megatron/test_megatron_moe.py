@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo_checks import check_deployed_demo  # noqa: E402
+from demo_checks import check_deployed_demo
 
 pytestmark = pytest.mark.distributed
 

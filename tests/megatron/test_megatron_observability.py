@@ -20,17 +20,17 @@ import pytest
 pytest.importorskip("megatron.core")
 pytest.importorskip("tensorboard")
 
-from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+from torch.utils.tensorboard import SummaryWriter
 
-from perseus.frontier import Frontier, FrontierPoint  # noqa: E402
-from perseus.runtime.observe.metrics import StepMetrics  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
-from perseus_megatron.integration import enable  # noqa: E402
-from perseus_megatron.observability import IterationLogText, MegatronWritersSink, add_to_iteration_log  # noqa: E402
+from perseus.frontier import Frontier, FrontierPoint
+from perseus.runtime.observe.metrics import StepMetrics
+from perseus.schedules import build_schedule
+from perseus_demo.megatron_cpu import cpu_execution
+from perseus_megatron.integration import enable
+from perseus_megatron.observability import IterationLogText, MegatronWritersSink, add_to_iteration_log
 from perseus.frontier import save_frontier
-from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
-from tensorboard_events import read_scalars  # noqa: E402
+from megatron_fixtures import trainer, no_leftover_hooks  # noqa: F401 - pytest fixtures, found by their names
+from tensorboard_events import read_scalars
 
 MICROBATCHES = 3
 PLAN = [1410, 1200, 1200, 1005, 1410, 1005]  # one clock per instruction of the one-stage 1F1B order
@@ -109,7 +109,7 @@ def test_iteration_log_line_gets_perseus_numbers_only_in_training_log(trainer, t
     test_megatron_lm_pretrain_gpt.py)."""
     printed: list[str] = []
     training = types.ModuleType("megatron.training.training")
-    exec(  # noqa: S102 - module code looking up print_rank_last in its globals, like Megatron-LM's
+    exec(  # module code looking up print_rank_last in its globals, like Megatron-LM's
         "def training_log(iteration):\n"
         "    print_rank_last(' [2026] iteration {:8d}/      10 | lm loss: 1.0 |'.format(iteration))\n"
         "    return True\n",

@@ -133,7 +133,7 @@ def _run_main(source: str, argv: list[str], generation: str) -> dict[str, Any]:
     saved = sys.argv
     sys.argv = ["pretrain_gpt.py", *argv]
     try:
-        exec(compile(ast.Module(body=main.body, type_ignores=[]), "pretrain_gpt.__main__", "exec"), namespace)  # noqa: S102
+        exec(compile(ast.Module(body=main.body, type_ignores=[]), "pretrain_gpt.__main__", "exec"), namespace)
     finally:
         sys.argv = saved
     record["enabled_after"] = hooks.active_handle() is not None
@@ -285,7 +285,7 @@ def _fake_schedules(decorator: str = "", one_line_args: bool = False) -> str:
 
 def _exec_schedules(source: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "fake_schedules"}
-    exec(compile(source.replace("from .other import helper", "from nowhere_at_all import helper"),  # noqa: S102
+    exec(compile(source.replace("from .other import helper", "from nowhere_at_all import helper"),
                  "schedules.py", "exec"), namespace)
     return namespace
 

@@ -125,7 +125,7 @@ def _run_patched_main(root: Path, argv: list[str]) -> dict[str, Any]:
     saved = sys.argv
     sys.argv = ["pretrain_gpt.py", *argv]
     try:
-        exec(compile(ast.Module(body=main.body, type_ignores=[]), "pretrain_gpt.__main__", "exec"), {}, names)  # noqa: S102
+        exec(compile(ast.Module(body=main.body, type_ignores=[]), "pretrain_gpt.__main__", "exec"), {}, names)
     finally:
         sys.argv = saved
     record["enabled_after"] = hooks.active_handle() is not None

@@ -19,15 +19,15 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron.core import pipeline_parallel  # noqa: E402
-from megatron.core.pipeline_parallel import schedules  # noqa: E402
+from megatron.core import pipeline_parallel
+from megatron.core.pipeline_parallel import schedules
 
-from perseus.runtime.job import RecordingListener  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_demo.megatron_cpu import cpu_execution  # noqa: E402
-from perseus_megatron import hooks  # noqa: E402
-from perseus_megatron.hooks import install_hooks  # noqa: E402
-from megatron_fixtures import trainer, no_leftover_hooks  # noqa: E402,F401  (fixtures)
+from perseus.runtime.job import RecordingListener
+from perseus.schedules import build_schedule
+from perseus_demo.megatron_cpu import cpu_execution
+from perseus_megatron import hooks
+from perseus_megatron.hooks import install_hooks
+from megatron_fixtures import trainer, no_leftover_hooks  # noqa: F401 - pytest fixtures, found by their names
 
 REPO = Path(__file__).resolve().parents[2]
 

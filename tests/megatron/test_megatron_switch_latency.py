@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo_checks import check_deployed_demo, traced_on_model  # noqa: E402
+from demo_checks import check_deployed_demo, traced_on_model
 
-from perseus_demo.megatron_demo import DemoConfig, launch  # noqa: E402
+from perseus_demo.megatron_demo import DemoConfig, launch
 
 pytestmark = pytest.mark.distributed
 

@@ -52,17 +52,17 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo_checks import cached_frontier, check_deployed_demo  # noqa: E402
-from megatron_p2p_model import megatron_waits  # noqa: E402
+from demo_checks import cached_frontier, check_deployed_demo
+from megatron_p2p_model import megatron_waits
 
-from perseus.cli import main  # noqa: E402
-from perseus.output.run_data import load_run  # noqa: E402
-from perseus.output.run_stats import used_points  # noqa: E402
-from perseus.errors import ScheduleError  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_demo.common import PROBE_PHASE, format_report, phase_table  # noqa: E402
-from perseus_demo.job_metrics import write_job_metrics  # noqa: E402
-from perseus_demo.megatron_demo import DemoConfig  # noqa: E402
+from perseus.cli import main
+from perseus.output.run_data import load_run
+from perseus.output.run_stats import used_points
+from perseus.errors import ScheduleError
+from perseus.schedules import build_schedule
+from perseus_demo.common import PROBE_PHASE, format_report, phase_table
+from perseus_demo.job_metrics import write_job_metrics
+from perseus_demo.megatron_demo import DemoConfig
 from perseus.schedules import dependencies
 
 pytestmark = pytest.mark.distributed

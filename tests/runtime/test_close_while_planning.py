@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import planner_stand_ins as stand_ins  # noqa: E402
-from local_steps import train  # noqa: E402
+import planner_stand_ins as stand_ins
+from local_steps import train
 
-from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
-from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob  # noqa: E402
-from perseus.runtime.supply import planning  # noqa: E402
+from perseus.gpu.sim.device import SimulatedGPU
+from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+from perseus.runtime.supply import planning
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 

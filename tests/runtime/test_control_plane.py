@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from plane_ranks import grid_job, run_ranks  # noqa: E402
+from plane_ranks import grid_job, run_ranks
 
-from perseus.errors import ConfigError  # noqa: E402
-from perseus.profile.aggregate import (ClockPoint, RankMeasurements, _combine, aggregate_profile, replica_vector,  # noqa: E402
+from perseus.errors import ConfigError
+from perseus.profile.aggregate import (ClockPoint, RankMeasurements, _combine, aggregate_profile, replica_vector,
                                        replicas_mean)
-from perseus.runtime.plane.layout import Coordinates, GridShape, exchange_peers  # noqa: E402
+from perseus.runtime.plane.layout import Coordinates, GridShape, exchange_peers
 
 GRID = [1410, 1260, 1110]
 DP, PP, TP = 2, 2, 2

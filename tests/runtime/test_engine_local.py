@@ -25,7 +25,7 @@ from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
 sys.path.insert(0, str(Path(__file__).parent))
-import local_steps  # noqa: E402
+import local_steps
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 

@@ -22,7 +22,7 @@ from perseus.runtime.observe.report import Reporter, RunFacts, summarize, summar
 from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
-import planner_stand_ins as stand_ins  # noqa: E402
+import planner_stand_ins as stand_ins
 
 SCHEDULE = build_schedule("1f1b", 2, 2)
 PROFILE = uniform_profile(2, {"forward": InstructionProfile((1400, 1000), (0.01, 0.012), (3.0, 2.5)),

@@ -21,12 +21,12 @@ from typing import Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from toy_helpers import greedy_frontier, stage_uniform_frontier  # noqa: E402
-from toy_pipeline import ToyConfig, launch  # noqa: E402
+from toy_helpers import greedy_frontier, stage_uniform_frontier
+from toy_pipeline import ToyConfig, launch
 
-from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
-from perseus.gpu.sim.state import read_sim_state  # noqa: E402
-from perseus.runtime.supply import planning  # noqa: E402
+from perseus.gpu.sim.device import SimulatedGPU
+from perseus.gpu.sim.state import read_sim_state
+from perseus.runtime.supply import planning
 from perseus.frontier import save_frontier
 
 pytestmark = pytest.mark.distributed
@@ -90,8 +90,8 @@ def test_rank_dies_the_other_pipeline_continues_at_default_clocks(tmp_path, monk
 
 GPU_TESTS = Path(__file__).parents[1] / "gpu"
 sys.path.insert(0, str(GPU_TESTS))
-from clockd_process import clockd_process  # noqa: E402
-from fake_pynvml import read_clock_calls, write_shim  # noqa: E402
+from clockd_process import clockd_process
+from fake_pynvml import read_clock_calls, write_shim
 
 VIA = ["controller", "clockd"]  # who changes the clocks: the rank's own controller process, or perseus clockd
 UUIDS = ["GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000"]

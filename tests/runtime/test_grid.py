@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_targeting import small_plan  # noqa: E402
+from test_targeting import small_plan
 
 from perseus.errors import PerseusError
 from perseus.runtime.guard.closed_loop import guard_target_ratio

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from toy_helpers import stage_uniform_frontier  # noqa: E402
-from toy_pipeline import ToyConfig, launch  # noqa: E402
+from toy_helpers import stage_uniform_frontier
+from toy_pipeline import ToyConfig, launch
 
-from perseus.frontier import save_frontier  # noqa: E402
+from perseus.frontier import save_frontier
 
 pytestmark = pytest.mark.distributed
 FREQS = [1410, 1260, 1110, 960]

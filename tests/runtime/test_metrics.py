@@ -22,7 +22,7 @@ from perseus.schedules import build_schedule
 from perseus.frontier import save_frontier
 
 sys.path.insert(0, str(Path(__file__).parent))
-import local_steps  # noqa: E402
+import local_steps
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
 PLAN = [1410, 900, 1200, 900]  # forward 0, backward 0, forward 1, backward 1
@@ -109,7 +109,7 @@ def test_sinks_get_the_runtimes_own_numbers_each_step(tmp_path, caplog):
 
 
 pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import planner_stand_ins as stand_ins  # noqa: E402
+import planner_stand_ins as stand_ins
 
-from perseus.store.cache import RunCache  # noqa: E402
-from perseus.errors import FrontierError  # noqa: E402
-from perseus.planner import PlannerOptions, plan_frontier  # noqa: E402
-from perseus.profile import InstructionProfile, uniform_profile  # noqa: E402
+from perseus.store.cache import RunCache
+from perseus.errors import FrontierError
+from perseus.planner import PlannerOptions, plan_frontier
+from perseus.profile import InstructionProfile, uniform_profile
 from perseus.planner import stage_plan
-from perseus.runtime.supply import planning  # noqa: E402
-from perseus.runtime.plane.collective import Collective  # noqa: E402
-from perseus.planner.process import (FAILED, PENDING, READY, ProcessPlanner, hand_over,  # noqa: E402
+from perseus.runtime.supply import planning
+from perseus.runtime.plane.collective import Collective
+from perseus.planner.process import (FAILED, PENDING, READY, ProcessPlanner, hand_over,
                                              planned_stages, start_child, stop_child)
-from perseus.planner.stage_plan import encode_stage  # noqa: E402
-from perseus.schedules import build_schedule  # noqa: E402
+from perseus.planner.stage_plan import encode_stage
+from perseus.schedules import build_schedule
 
 SCHEDULE = build_schedule("1f1b", 2, 4)
 PROFILE = uniform_profile(2, {"forward": InstructionProfile((1400, 1000), (0.01, 0.012), (3.0, 2.5)),

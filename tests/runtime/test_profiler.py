@@ -84,7 +84,6 @@ def test_a_kind_the_regression_gives_no_power_takes_its_per_step_energy():
     # gives it the step's busy energy shared by time instead.
     rec = SweepRecorder(sorted(POWER))
     timed, t_end = synthetic_step(0.0)
-    busy = sum(i.duration_s for i in timed)
     step_energy = true_energy(timed, t_end)
     rec.add_step(timed, t_end, step_energy, P_BLOCK)
     fwd = [i for i in timed if i.key == (0, "forward")]

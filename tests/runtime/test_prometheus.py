@@ -12,9 +12,9 @@ import pytest
 from perseus.errors import PerseusError
 
 pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from perseus.runtime.observe.prometheus import PrometheusExporter  # noqa: E402
+from perseus.runtime.observe.prometheus import PrometheusExporter
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple], float]:

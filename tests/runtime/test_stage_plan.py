@@ -17,7 +17,7 @@ from perseus.planner.stage_plan import decode_stage, distribute, encode_stage, p
 from perseus.schedules import build_schedule
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-import random_frontiers  # noqa: E402
+import random_frontiers
 
 
 def random_frontier(stages=4, microbatches=8, chunks=2, num_points=40, num_paced=9) -> Frontier:

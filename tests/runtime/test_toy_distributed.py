@@ -14,21 +14,21 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from demo_checks import cached_frontier, find_point, replay_policy, slowdown_bound  # noqa: E402
-from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile  # noqa: E402
-import planner_stand_ins  # noqa: E402
+from demo_checks import cached_frontier, find_point, replay_policy, slowdown_bound
+from toy_helpers import greedy_frontier, stage_uniform_frontier, toy_profile
+import planner_stand_ins
 
-from perseus.schedules.dag import InstructionDAG  # noqa: E402
-from perseus.gpu.sim.dvfs import get_preset  # noqa: E402
-from perseus.gpu.sim.state import read_sim_state  # noqa: E402
-from perseus.profile import load_json  # noqa: E402
-from perseus.runtime.supply import planning  # noqa: E402
-from perseus.runtime.measure.clock_sweep import profiling_iterations  # noqa: E402
-from perseus.planner.stage_plan import encode_stage  # noqa: E402
-from perseus.frontier import load_frontier  # noqa: E402
-from perseus.timeline.simulator import max_frequency_plan, simulate_plan  # noqa: E402
+from perseus.schedules.dag import InstructionDAG
+from perseus.gpu.sim.dvfs import get_preset
+from perseus.gpu.sim.state import read_sim_state
+from perseus.profile import load_json
+from perseus.runtime.supply import planning
+from perseus.runtime.measure.clock_sweep import profiling_iterations
+from perseus.planner.stage_plan import encode_stage
+from perseus.frontier import load_frontier
+from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 from perseus.frontier import save_frontier
-from toy_pipeline import ToyConfig, collect, launch, start  # noqa: E402
+from toy_pipeline import ToyConfig, collect, launch, start
 
 pytestmark = pytest.mark.distributed
 HANG_S = 300  # hang guard per toy run; how long a run takes depends on the load, not on the code

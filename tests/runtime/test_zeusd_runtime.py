@@ -16,13 +16,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
-from fake_zeusd import FakeZeusd  # noqa: E402
-from toy_helpers import stage_uniform_frontier  # noqa: E402
-from toy_pipeline import ToyConfig, launch  # noqa: E402
+from fake_zeusd import FakeZeusd
+from toy_helpers import stage_uniform_frontier
+from toy_pipeline import ToyConfig, launch
 
-from perseus.frontier import save_frontier  # noqa: E402
-from perseus.gpu.sim.device import SimulatedGPU  # noqa: E402
-from perseus.gpu.sim.state import read_sim_state  # noqa: E402
+from perseus.frontier import save_frontier
+from perseus.gpu.sim.device import SimulatedGPU
+from perseus.gpu.sim.state import read_sim_state
 
 pytestmark = pytest.mark.distributed
 HANG_S = 240  # hang guard per toy run

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from toy_helpers import greedy_frontier_held_back_in_first_attempt  # noqa: E402
-from toy_pipeline import ToyConfig, run_rank  # noqa: E402
+from toy_helpers import greedy_frontier_held_back_in_first_attempt
+from toy_pipeline import ToyConfig, run_rank
 
-from perseus.runtime.supply import planning  # noqa: E402
+from perseus.runtime.supply import planning
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: E402
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-import perseus_torch  # noqa: E402
+import perseus_torch
 
 
 class Renamed(torch.nn.Module):

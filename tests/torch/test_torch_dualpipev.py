@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_orders import torch_compute_order  # noqa: E402
+from torch_orders import torch_compute_order
 
-from perseus.errors import ScheduleError  # noqa: E402
-from perseus.schedules import FUSED, Instruction, build_schedule, dependencies  # noqa: E402
-from perseus.schedules.dag import InstructionDAG  # noqa: E402
+from perseus.errors import ScheduleError
+from perseus.schedules import FUSED, Instruction, build_schedule, dependencies
+from perseus.schedules.dag import InstructionDAG
 
 CASES = [(pp, m) for pp in (2, 3, 4) for m in (2 * pp - 1, 2 * pp, 2 * pp + 1, 3 * pp, 4 * pp + 2)]
 

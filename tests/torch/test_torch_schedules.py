@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_orders import torch_compute_order  # noqa: E402
+from torch_orders import torch_compute_order
 
-from perseus.schedules.dag import InstructionDAG  # noqa: E402
-from perseus.errors import ProfileError, ScheduleError  # noqa: E402
-from perseus.profile import InstructionProfile, profile_from_json_dict, uniform_profile  # noqa: E402
-from perseus.schedules import Instruction, build_schedule, torch_rank_order  # noqa: E402
+from perseus.schedules.dag import InstructionDAG
+from perseus.errors import ProfileError, ScheduleError
+from perseus.profile import InstructionProfile, profile_from_json_dict, uniform_profile
+from perseus.schedules import Instruction, build_schedule, torch_rank_order
 from perseus.schedules import dependencies
 
 CASES = [(name, pp, chunks, m) for name in ("torch-interleaved", "zb-interleaved") for pp in (2, 3, 4)

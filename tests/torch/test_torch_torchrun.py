@@ -28,11 +28,11 @@ from typing import Any, Callable
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo_checks import check_deployed_demo  # noqa: E402
+from demo_checks import check_deployed_demo
 
-from perseus.schedules import build_schedule  # noqa: E402
-from perseus_demo.common import format_report, phase_table  # noqa: E402
-from perseus_demo.torch_demo import DemoConfig  # noqa: E402
+from perseus.schedules import build_schedule
+from perseus_demo.common import format_report, phase_table
+from perseus_demo.torch_demo import DemoConfig
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def launches(tmp_path_factory) -> Callable[[int], Launch]:
         if stages not in done:
             try:
                 done[stages] = run_launch(tmp_path_factory.mktemp(f"pp{stages}"), stages)
-            except BaseException as exc:  # every test of this size reports the launch's failure
+            except BaseException as exc:  # noqa: BLE001 - every test of this size reports the launch's failure
                 done[stages] = exc
         result = done[stages]
         if isinstance(result, BaseException):

@@ -30,7 +30,7 @@ from perseus.gpu.device import BusyResult, ClockEventReason, GPUDevice, check_sm
 from perseus.gpu.sim.dvfs import PRESETS, DVFSModel, get_preset
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
 from perseus.gpu.sim.stream import SimStream
-from perseus.gpu.sim.state import SimState, SimStateFile, default_state_dir, state_path
+from perseus.gpu.sim.state import SimParams, SimState, SimStateFile, default_state_dir, state_path
 from perseus.gpu.spec import GPUSpec
 
 DEFAULT_PRESET = "A100-SXM"
@@ -121,7 +121,7 @@ class SimulatedGPU(GPUDevice):
         self._sleep = sleep or time.sleep
         self._allow_clocks = allow_clock_setting
         self._state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
-        explicit: dict[str, object] = {}
+        explicit: SimParams = {}
         if preset is not None or model is not None:
             explicit["model"] = (model or get_preset(preset or DEFAULT_PRESET)).to_dict()
         if energy_update_period_s is not None:
@@ -132,7 +132,7 @@ class SimulatedGPU(GPUDevice):
             explicit["seed"] = int(seed)
         if switch_latency_s is not None:
             explicit["switch_latency_s"] = float(switch_latency_s)
-        params = {
+        params: SimParams = {
             "model": PRESETS[DEFAULT_PRESET].to_dict(),
             "energy_update_period_s": DEFAULT_UPDATE_PERIOD_S,
             "noise": 0.0,
@@ -140,10 +140,10 @@ class SimulatedGPU(GPUDevice):
             "switch_latency_s": 0.0,
             **explicit,
         }
-        period = float(params["energy_update_period_s"])  # type: ignore[arg-type]
-        params["counter_phase_s"] = random.Random(int(params["seed"])).uniform(0, period)  # type: ignore[arg-type]
+        period = float(params["energy_update_period_s"])
+        params["counter_phase_s"] = random.Random(int(params["seed"])).uniform(0, period)
         now = self._clock()
-        m = DVFSModel(**params["model"])  # type: ignore[arg-type]
+        m = DVFSModel(**params["model"])
         init = SimState(power_limit_w=m.tdp_w, t_ref=now, power_w=m.p_blocking_w,
                         counter_k=math.floor((now - params["counter_phase_s"]) / period) if period > 0 else 0)
         self._file = SimStateFile(state_path(index, self._state_dir), params, reset=reset_state, init_state=init)
@@ -156,12 +156,12 @@ class SimulatedGPU(GPUDevice):
                 f"{', '.join(mismatched)}; pass reset_state=True to re-create it, leave those "
                 "arguments unset to attach, or use another PERSEUS_SIM_GPU_DIR"
             )
-        self.model = DVFSModel(**fp["model"])  # type: ignore[arg-type]
-        self.energy_update_period_s = float(fp["energy_update_period_s"])  # type: ignore[arg-type]
-        self.noise = float(fp["noise"])  # type: ignore[arg-type]
-        self.seed = int(fp["seed"])  # type: ignore[arg-type]
-        self.switch_latency_s = float(fp.get("switch_latency_s", 0.0))  # type: ignore[arg-type]
-        self._phase = float(fp["counter_phase_s"])  # type: ignore[arg-type]
+        self.model = DVFSModel(**fp["model"])
+        self.energy_update_period_s = float(fp["energy_update_period_s"])
+        self.noise = float(fp["noise"])
+        self.seed = int(fp["seed"])
+        self.switch_latency_s = float(fp.get("switch_latency_s", 0.0))
+        self._phase = float(fp["counter_phase_s"])
         self._clocks = self.model.supported_sm_clocks()
         self._rng = random.Random(self.seed * 7919 + index)
         self._uuid = "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"perseus-sim/{self.model.name}/{index}"))

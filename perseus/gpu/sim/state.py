@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, TypedDict
 
 from perseus.gpu.errors import GPUError, GPUNotFoundError
 
@@ -102,10 +103,22 @@ def state_path(index: int, state_dir: str | os.PathLike[str] | None = None) -> P
     return base / f"gpu{index}.state"
 
 
+class SimParams(TypedDict, total=False):
+    """What a simulated GPU's file records about the device (JSON after the state): every process
+    that attaches reads the same model, counter period, noise and seed."""
+
+    model: dict[str, Any]  # DVFSModel.to_dict()
+    energy_update_period_s: float
+    noise: float
+    seed: int
+    switch_latency_s: float
+    counter_phase_s: float
+
+
 class SimStateFile:
     """Open (creating or attaching to) the state file of one simulated GPU."""
 
-    def __init__(self, path: Path, params: dict[str, object] | None, *, reset: bool = False,
+    def __init__(self, path: Path, params: SimParams | None, *, reset: bool = False,
                  init_state: SimState | None = None) -> None:
         """``params=None`` attaches to an existing file; otherwise the file is created (or, with
         ``reset``, re-initialized) with these parameters and ``init_state``."""
@@ -140,9 +153,13 @@ class SimStateFile:
             os.close(self._fd)
             raise
         ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (f := ref()) is not None and f._reopen_in_child())
+
+        def reopen_in_child() -> None:
+            if (f := ref()) is not None:
+                f._reopen_in_child()
+        os.register_at_fork(after_in_child=reopen_in_child)
         (n,) = struct.unpack_from("<I", self._mm, _PARAMS_OFFSET)
-        self.params: dict[str, object] = json.loads(bytes(self._mm[_PARAMS_OFFSET + 4:_PARAMS_OFFSET + 4 + n]))
+        self.params: SimParams = json.loads(bytes(self._mm[_PARAMS_OFFSET + 4:_PARAMS_OFFSET + 4 + n]))
 
     def _reopen_in_child(self) -> None:
         """A forked child must not share our open file description: ``flock`` belongs to the
@@ -160,7 +177,7 @@ class SimStateFile:
         magic, version = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))
         return magic == MAGIC and version == VERSION
 
-    def _initialize(self, params: dict[str, object], state: SimState) -> None:
+    def _initialize(self, params: SimParams, state: SimState) -> None:
         blob = json.dumps(params, sort_keys=True).encode()
         if len(blob) > _PARAMS_MAX:
             raise GPUError(f"simulated GPU parameters too large ({len(blob)} bytes)")

@@ -30,9 +30,16 @@ DEFAULT_DEPTH = 8
 
 
 class _KernelRecord(Protocol):
-    start: float
-    duration_s: float
-    start_mhz: int
+    """What the stream reads of a finished kernel (``sim.device.KernelRecord``, frozen)."""
+
+    @property
+    def start(self) -> float: ...
+
+    @property
+    def duration_s(self) -> float: ...
+
+    @property
+    def start_mhz(self) -> int: ...
 
 
 class StreamDevice(Protocol):

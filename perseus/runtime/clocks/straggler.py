@@ -66,6 +66,12 @@ class StragglerPolicy:
             raise ConfigError(f"straggler patience must be >= 1, got {self.patience}")
         self.reset()
 
+    def reset(self) -> None:
+        self.ratio = 1.0
+        self._run: list[float] = []  # consecutive checks calling for a change, this direction
+        self._direction = 0  # +1 slower, -1 faster (while active)
+        self._below = 0
+
     @property
     def active(self) -> bool:
         return self.ratio > 1.0
@@ -93,9 +99,3 @@ class StragglerPolicy:
 
     def _switch(self, ratio: float) -> None:
         self.ratio, self._run, self._direction, self._below = ratio, [], 0, 0
-
-    def reset(self) -> None:
-        self.ratio = 1.0
-        self._run: list[float] = []  # consecutive checks calling for a change, this direction
-        self._direction = 0  # +1 slower, -1 faster (while active)
-        self._below = 0

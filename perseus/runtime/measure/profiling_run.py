@@ -15,7 +15,7 @@ written to ``partial_profile.json``, so a run that ends while profiling is resum
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from perseus.errors import PerseusError
 from perseus.profile.fit import interpolation_ok, loo_errors
@@ -25,7 +25,6 @@ from perseus.runtime.plane.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort
-from perseus.runtime.phases import Phase
 from perseus.runtime.measure.instruction_samples import Key, SweepRecorder
 
 if TYPE_CHECKING:
@@ -228,7 +227,7 @@ def partial_saver(cache: Any) -> Callable[[dict[str, Any] | None], None] | None:
     it): a failed write costs only the resume, and is said once."""
     if cache is None:
         return None
-    warned = []
+    warned: list[bool] = []
 
     def save(state: dict[str, Any] | None) -> None:
         try:

@@ -58,7 +58,7 @@ class PairChannel:
     """Two ranks' point-to-point line for the P_blocking measurement (``gpu.measurement``):
     ``first`` is the rank blocked first."""
 
-    def __init__(self, send: Callable[[Any], None], recv: Callable[[Any], None], first: bool, peer: str) -> None:
+    def __init__(self, send: Callable[[Any], object], recv: Callable[[Any], object], first: bool, peer: str) -> None:
         self.send, self.recv, self.first, self.peer = send, recv, first, peer
 
 

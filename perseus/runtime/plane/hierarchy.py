@@ -47,7 +47,7 @@ class HierarchicalCollective(Collective):
     design = "hierarchical"
     overlapped = True  # the job check's answer arrives one check later
 
-    def __init__(self, job: PipelineJob, timeout_s: float | None = None) -> None:  # noqa: D107 - no world group
+    def __init__(self, job: PipelineJob, timeout_s: float | None = None) -> None:  # no world group
         self.group = None
         self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         self.rank = dist.get_rank()
