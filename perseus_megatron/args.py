@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from perseus.errors import ConfigError
-from perseus.runtime import MODES, PerseusConfig
+from perseus.runtime import DESIGNS, GPU_BACKENDS, MODES, Mode, PerseusConfig
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,8 @@ def _on_off(text: str) -> bool:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("--perseus-mode", "mode", str, "profile: sweep clocks and save the profile; plan: also plan, keep default "
-         "clocks; run: profile, plan and deploy (default); measure-only: no clock control, report time/energy",
-         choices=MODES),
-    Flag("--perseus-gpu", "gpu", str, "GPU backend: auto (NVML, or $PERSEUS_GPU), nvml, sim", choices=("auto", "nvml", "sim")),
+    Flag("--perseus-mode", "mode", str, "; ".join(f"{m}: {m.description}" for m in Mode), choices=MODES),
+    Flag("--perseus-gpu", "gpu", str, "GPU backend: auto (NVML, or $PERSEUS_GPU), nvml, sim", choices=GPU_BACKENDS),
     Flag("--perseus-device-index", "device_index", int, "NVML index of this rank's GPU (default: the current CUDA device)",
          metavar="N"),
     Flag("--perseus-sim-gpu", "sim_gpu", _json_object, "simulated GPU options as JSON, e.g. '{\"preset\": \"A40\"}'",
@@ -146,7 +144,7 @@ FLAGS: tuple[Flag, ...] = (
          "serve Perseus metrics for Prometheus on 127.0.0.1, one exporter per rank (0: any free port; N: port "
          "N + LOCAL_RANK)", metavar="N"),
     Flag("--perseus-control-plane", "control_plane", str, "the runtime's collectives: hierarchical (along the job's "
-         "TP/PP/DP groups, default) or flat (one gloo group over every rank)", choices=("hierarchical", "flat")),
+         "TP/PP/DP groups, default) or flat (one gloo group over every rank)", choices=DESIGNS),
 )
 
 

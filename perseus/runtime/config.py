@@ -6,18 +6,82 @@ Every value is checked before training starts: a typo or an impossible combinati
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping
+import enum
+from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, model_validator
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.planner.settings import PlannerOptions
 
-Mode = Literal["profile", "plan", "run", "measure-only"]
-GPUBackend = Literal["auto", "nvml", "sim"]
-ControlPlaneDesign = Literal["hierarchical", "flat"]
 
-MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
+
+class Choice(str, enum.Enum):
+    """A setting with a fixed set of string values: the config parses the string to the member, and
+    the member prints (and serializes) as that string, so metrics and summaries keep the same text."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(str(member.value) for member in cls)
+
+
+class Mode(Choice):
+    """What a run does with the clocks. The code asks the properties, never the name."""
+
+    PROFILE = "profile"
+    PLAN = "plan"
+    RUN = "run"
+    MEASURE_ONLY = "measure-only"
+
+    @property
+    def controls_clocks(self) -> bool:
+        """Whether the rank's controller may change clocks (measure-only opens the NullController)."""
+        return self is not Mode.MEASURE_ONLY
+
+    @property
+    def profiles(self) -> bool:
+        """Whether a missing profile is measured by sweeping clocks (needs clock control)."""
+        return self.controls_clocks
+
+    @property
+    def plans(self) -> bool:
+        """Whether a profile is turned into a frontier (and a cached frontier is loaded)."""
+        return self is not Mode.PROFILE
+
+    @property
+    def deploys(self) -> bool:
+        """Whether a plan is run at its planned clocks; the other modes keep default clocks."""
+        return self is Mode.RUN
+
+    @property
+    def description(self) -> str:
+        return _MODE_DESCRIPTIONS[self]
+
+
+_MODE_DESCRIPTIONS: dict[Mode, str] = {
+    Mode.PROFILE: "sweep clocks and save the profile",
+    Mode.PLAN: "also plan, keep default clocks",
+    Mode.RUN: "profile, plan and deploy (default)",
+    Mode.MEASURE_ONLY: "no clock control, report time/energy",
+}
+
+
+class ControlPlaneDesign(Choice):
+    """How the runtime's collectives connect the ranks (docs/runtime.md, Control plane)."""
+
+    HIERARCHICAL = "hierarchical"  # along the job's grid: TP ranks, a pipeline's stages, a stage's replicas
+    FLAT = "flat"  # one gloo group over every rank
+
+
+# Also perseus.gpu.factory.KINDS (which this module does not import: it loads the GPU layer); a test keeps them equal.
+GPUBackend = Literal["auto", "nvml", "sim"]
+
+MODES: tuple[str, ...] = Mode.values()
+DESIGNS: tuple[str, ...] = ControlPlaneDesign.values()
+GPU_BACKENDS: tuple[str, ...] = get_args(GPUBackend)
 # The smallest probe period that keeps one counted plan step between default-clock probe blocks
 # (guard/probes.py: ProbeSchedule.min_every with its one settle step; a test keeps them equal).
 MIN_PROBE_EVERY_STEPS = 4
@@ -44,7 +108,7 @@ class PerseusConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     enabled: bool = True
-    mode: Mode = "run"
+    mode: Mode = Mode.RUN
     gpu: GPUBackend = "auto"
     device_index: int | None = Field(default=None, ge=0)
     sim_gpu: dict[str, Any] = Field(default_factory=dict)
@@ -122,7 +186,7 @@ class PerseusConfig(BaseModel):
     # The runtime's collectives: along the job's grid (tensor-parallel ranks, a pipeline's stages,
     # a stage's replicas; no rank connects to the whole job), or one gloo group over every rank
     # (``flat``, the design before 0.x; fine for a few dozen ranks). docs/runtime.md, Control plane.
-    control_plane: ControlPlaneDesign = "hierarchical"
+    control_plane: ControlPlaneDesign = ControlPlaneDesign.HIERARCHICAL
     clock_check_s: float = Field(default=1.0, ge=0)
 
     # Carbon and power targets (docs/carbon.md). A source is a .csv trace, http(s)://... (JSON),
@@ -196,6 +260,15 @@ class PerseusConfig(BaseModel):
         return PerseusConfig.from_dict({**self.model_dump(), **changes})
 
 
+def choices(field: str) -> tuple[str, ...]:
+    """The values a field accepts when they are a fixed set (an enum or a ``Literal``), else ``()``:
+    the one list that flags, validation messages and docs all read."""
+    annotation = PerseusConfig.model_fields[field].annotation
+    if isinstance(annotation, type) and issubclass(annotation, Choice):
+        return annotation.values()
+    return tuple(str(a) for a in get_args(annotation)) if getattr(annotation, "__origin__", None) is Literal else ()
+
+
 def _one_line(exc: ValidationError) -> str:
     """Pydantic's multi-line report → one line per problem, joined, naming each field."""
     problems = []
@@ -204,8 +277,8 @@ def _one_line(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown setting; valid settings are {', '.join(PerseusConfig.model_fields)}"
-        elif err["type"] == "literal_error" and field == "mode":
-            msg = f"must be one of {', '.join(MODES)}"
+        elif err["type"] in ("enum", "literal_error") and field in PerseusConfig.model_fields:
+            msg = f"must be one of {', '.join(choices(field))}"
         got = err.get("input")
         shown = "" if err["type"] in ("extra_forbidden", "value_error") else f" (got {got!r})"
         problems.append(f"{field}: {msg}{shown}")

@@ -261,8 +261,8 @@ class PerseusRuntime:
             return
         self._event("profiled", visited)
         self._event("profiling_overhead", self.observe.profiling_overhead())
-        if self.config.mode == "profile":
-            self._steady("profiling done; mode 'profile' keeps default clocks")
+        if not self.config.mode.plans:
+            self._steady(f"profiling done; mode {self.config.mode.value!r} keeps default clocks")
         else:
             self._start_planning()
 
@@ -279,7 +279,7 @@ class PerseusRuntime:
             self._steady("no plan")
             return
         self._take_plan(outcome.plan, outcome.received_bytes)
-        if self.config.mode == "run":
+        if self.config.mode.deploys:
             self._deploy()
         else:
             self._steady(ready_line(outcome.plan, self.config.mode))

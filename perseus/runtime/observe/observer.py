@@ -160,7 +160,7 @@ class Observer:
         c, run = self.config, supply.profiling
         sweep = run.sweep if run is not None else None
         return RunFacts(
-            rank=self.rank, job=job, mode=c.mode, phase=phases.phase, steps=steps, phase_history=list(phases.history),
+            rank=self.rank, job=job, mode=c.mode.value, phase=phases.phase, steps=steps, phase_history=list(phases.history),
             p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
             clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
             profiling_iterations=c.warmup_steps + run.iterations() if run is not None else None,

@@ -248,7 +248,7 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
     if port is None:
         try:
             port = GPUPort.open(config.gpu, device_index(config, rank), config.sim_gpu,
-                                control=config.mode != "measure-only", clock_check_s=config.clock_check_s,
+                                control=config.mode.controls_clocks, clock_check_s=config.clock_check_s,
                                 zeusd_socket=config.zeusd_socket)
         except PerseusError as exc:
             error = exc
