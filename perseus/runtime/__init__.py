@@ -7,7 +7,7 @@ the event vocabulary or the configuration (CLI, planners, adapter tests) should 
 from typing import TYPE_CHECKING, Any
 
 from perseus.runtime.attachment import Attachment
-from perseus.runtime.config import DESIGNS, GPU_BACKENDS, MODES, ControlPlaneDesign, Mode, PerseusConfig
+from perseus.runtime.config import DESIGNS, GPU_BACKENDS, MODES, ControlPlaneDesign, Mode, PerseusConfig, choices
 from perseus.runtime.errors import HookStateError, HooksAlreadyInstalled
 from perseus.runtime.job import InstructionListener, PipelineJob, RecordingListener
 from perseus.runtime.supply.fingerprint import describe_value, stage_fingerprint, value_digest
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DESIGNS", "GPU_BACKENDS", "MODES", "Attachment", "ControlPlaneDesign", "EventListSink", "HookStateError",
            "HooksAlreadyInstalled", "InstructionListener", "MetricsSink", "Mode", "PerseusConfig", "PerseusRuntime",
-           "Phase", "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink",
+           "Phase", "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink", "choices",
            "describe_value", "stage_fingerprint", "value_digest"]
 
 
