@@ -49,6 +49,10 @@ class GPUDevice(ABC):
     backend) so callers never juggle units.
     """
 
+    # The driver's version where the backend can tell (NVML's); part of the runtime's cache key, so a
+    # profile measured under another driver is not reused. A backend sets it when it opens the device.
+    driver_version: str = "unknown"
+
     # -- identity ---------------------------------------------------------------------------
     @property
     @abstractmethod
@@ -69,6 +73,17 @@ class GPUDevice(ABC):
     @abstractmethod
     def index(self) -> int:
         """Physical (NVML / simulated) index of the device."""
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the work runs on the simulated GPU (``perseus.gpu.sim``), also behind a wrapper:
+        its index is a state file rather than a CUDA device, and the runtime stretches its kernels."""
+        return self.underlying.simulated if self.underlying is not self else False
+
+    @property
+    def underlying(self) -> GPUDevice:
+        """The device that does the work: this one, or the one a wrapper (zeusd) forwards reads to."""
+        return self
 
     # -- clocks -----------------------------------------------------------------------------
     @abstractmethod
@@ -103,10 +118,20 @@ class GPUDevice(ABC):
     def locked_sm_clock_mhz(self) -> int | None:
         """The SM clock the device is currently held at, or ``None`` if the backend can't tell."""
 
+    def minor_number(self) -> int | None:
+        """Minor number of this GPU's ``/dev/nvidia<N>`` (``perseus clockd --require-open-device``);
+        None where there is no such file or the backend cannot tell."""
+        return None
+
     # -- energy and power -------------------------------------------------------------------
     @abstractmethod
     def total_energy_j(self) -> float:
         """Cumulative energy counter (J); differences of two readings give energy used."""
+
+    def energy_counter_reading(self) -> tuple[float, float | None]:
+        """(counter, CLOCK_MONOTONIC time of its last update), for the energy poller; the time is
+        None where only the reader's own clock says when it changed (real GPUs)."""
+        return self.total_energy_j(), None
 
     @abstractmethod
     def power_w(self) -> float:
@@ -128,6 +153,11 @@ class GPUDevice(ABC):
     @abstractmethod
     def can_set_clocks(self) -> bool:
         """Whether this process may change clocks, checked without leaving anything changed."""
+
+    def control_problem(self) -> str | None:
+        """Why this process may not change clocks, in one line naming the fix, where the backend
+        knows better than the generic advice (zeusd: token, scope); None otherwise."""
+        return None
 
     # -- running work and sharing ---------------------------------------------------------------
     @contextmanager

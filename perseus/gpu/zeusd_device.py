@@ -30,6 +30,7 @@ class ZeusdGPU(GPUDevice):
 
     def __init__(self, base: GPUDevice, socket_path: str, *, client: ZeusdClient | None = None) -> None:
         self.base = base
+        self.driver_version = base.driver_version
         self.socket_path = str(socket_path)
         self.client = client if client is not None else ZeusdClient(self.socket_path)
         self.gpu_id = int(base.index)
@@ -53,8 +54,8 @@ class ZeusdGPU(GPUDevice):
         return self.base.index
 
     @property
-    def driver_version(self) -> str:
-        return str(getattr(self.base, "driver_version", "unknown"))
+    def underlying(self) -> GPUDevice:
+        return self.base.underlying
 
     def supported_sm_clocks_mhz(self) -> list[int]:
         return self.base.supported_sm_clocks_mhz()

@@ -76,8 +76,7 @@ class PerseusRuntime:
         if self.gpu.is_simulated:
             self.sim_kernels = SimulatedKernels(self.gpu.sim_device)
         if c.trace_clocks:
-            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device,
-                                                           getattr(self.gpu.controller, "pid", None))
+            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device, self.gpu.controller.pid)
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
         self.reporter, self.events = self.observe.reporter, self.observe.events
         self.phases = PhaseMachine()

@@ -81,7 +81,7 @@ def one_line_errors() -> None:
         if not isinstance(value, PerseusError) or os.environ.get(ENV_TRACEBACK):
             previous(kind, value, tb)
             return
-        line = getattr(value, "line", None) or error_line(value)
+        line = value.line or error_line(value)
         print(f"{line} ({ENV_TRACEBACK}=1 shows the traceback)", file=sys.stderr, flush=True)
 
     sys.excepthook = hook
