@@ -6,12 +6,13 @@ the event vocabulary or the configuration (CLI, planners, adapter tests) should 
 
 from typing import TYPE_CHECKING, Any
 
-from perseus.runtime.attachment import Attachment
+from perseus.runtime.attachment import Attachment, entry_point_hooks
 from perseus.runtime.config import DESIGNS, GPU_BACKENDS, MODES, ControlPlaneDesign, Mode, PerseusConfig, choices
 from perseus.runtime.errors import HookStateError, HooksAlreadyInstalled
 from perseus.runtime.job import InstructionListener, PipelineJob, RecordingListener
 from perseus.runtime.supply.fingerprint import describe_value, stage_fingerprint, value_digest
 from perseus.runtime.observe.metrics import EventListSink, MetricsSink, ScalarWriterSink, StepMetrics, WandbSink
+from perseus.runtime.lifecycle import install_process_hooks
 from perseus.runtime.phases import Phase
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["DESIGNS", "GPU_BACKENDS", "MODES", "Attachment", "ControlPlaneDesign", "EventListSink", "HookStateError",
            "HooksAlreadyInstalled", "InstructionListener", "MetricsSink", "Mode", "PerseusConfig", "PerseusRuntime",
            "Phase", "PipelineJob", "RecordingListener", "ScalarWriterSink", "StepMetrics", "WandbSink", "choices",
-           "describe_value", "stage_fingerprint", "value_digest"]
+           "describe_value", "entry_point_hooks", "install_process_hooks", "stage_fingerprint", "value_digest"]
 
 
 def __getattr__(name: str) -> Any:

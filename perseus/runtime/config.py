@@ -278,6 +278,15 @@ class PerseusConfig(BaseModel):
         description=("the runtime's collectives: hierarchical (along the job's TP/PP/DP groups, default) or "
                      "flat (one gloo group over every rank)"),
     )
+    # The process's atexit, SIGTERM and sys.excepthook belong to its entry point: the adapters'
+    # (perseus_megatron.enable, perseus_deepspeed.initialize, perseus_torch.enable) install
+    # perseus.runtime.install_process_hooks unless this is off, for a trainer that owns its signal
+    # handlers; its clocks are still reset on every exit by the clock controller (docs/gpu.md).
+    process_hooks: bool = Field(
+        default=True,
+        description=("the adapter installs Perseus's atexit, SIGTERM and one-line-error hooks (off: the trainer "
+                     "owns them; the clock controller still resets the clocks at exit)"),
+    )
     clock_check_s: float = Field(
         default=1.0, ge=0,
         description=("how often the controller reads the applied clock back and re-applies it when something "

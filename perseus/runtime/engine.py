@@ -28,7 +28,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
-from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
+from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe.observer import Observer
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
@@ -70,8 +70,6 @@ class PerseusRuntime:
         self.is_root = self.collective.is_root
         if self.is_root:
             ensure_log_handler()
-        install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
-        one_line_errors()  # a rank that cannot start says why in one line, not in chained tracebacks
         self.gpu = open_port(c, self.collective, job.rank, gpu)
         if self.gpu.is_simulated:
             self.sim_kernels = SimulatedKernels(self.gpu.sim_device)
