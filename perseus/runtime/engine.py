@@ -30,7 +30,7 @@ from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
 from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
-from perseus.runtime.observe.observer import Observer
+from perseus.runtime.observe.observer import Observer, StepEnd
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
 from perseus.runtime.measure.instruction_samples import instruction_keys
 from perseus.runtime.observe.report import summary_line
@@ -400,12 +400,11 @@ class PerseusRuntime:
             self.observe.add_sink(sink)
 
     def _publish(self, record: StepMetrics) -> None:
-        job = self.job_numbers
-        self.observe.publish(
-            record, clock_mhz=self.gpu.current_mhz, default_mhz=self.gpu.default_mhz, follower=self._follower,
-            point=self.targeting.point, slowdown=self.targeting.slowdown, straggler_ratio=self.targeting.straggler_ratio,
-            job_energy_j=job.get("energy_per_iteration_j") if job.get("answered_step") == self.step else None,
-            stage_instructions=len(self._stage_instructions))
+        job, t = self.job_numbers, self.targeting
+        self.observe.publish(record, StepEnd(
+            self.gpu.current_mhz, self.gpu.default_mhz, self._follower, t.point, t.slowdown, t.straggler_ratio,
+            job.get("energy_per_iteration_j") if job.get("answered_step") == self.step else None,
+            len(self._stage_instructions)))
 
     def summary(self) -> dict[str, Any]:
         """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
