@@ -9,7 +9,13 @@ from __future__ import annotations
 
 
 class PerseusError(Exception):
-    """Base class for errors caused by input, configuration or environment."""
+    """Base class for errors caused by input, configuration or environment.
+
+    ``line``: the one line to print for it when it ends the process, where the raiser knows better
+    than its message (a job's start-up error that rank 0 reports once for every rank); None: the
+    message, on one line (``perseus.runtime.lifecycle.error_line``)."""
+
+    line: str | None = None
 
 
 class ProfileError(PerseusError):

@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob
+from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob, entry_point_hooks
 from perseus_deepspeed.compat import check_engine, load_pipe_modules
 from perseus_deepspeed.hooks import install_hooks
 from perseus_deepspeed.job import SECTION, job_from_engine, perseus_section, raw_config
@@ -103,6 +103,7 @@ def attach(
     """Create the runtime for an existing ``PipelineEngine`` and hook it; call on every rank."""
     engine_module, _ = load_pipe_modules()
     check_engine(engine, engine_module)
+    entry_point_hooks(config)
     job = job_from_engine(engine, model_config)
     factory = runtime_factory or _default_runtime_factory()
     runtime = factory(job, config, process_group=process_group)

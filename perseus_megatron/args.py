@@ -1,5 +1,8 @@
 """``--perseus`` command-line flags for Megatron-LM, and their translation to ``PerseusConfig``.
 
+One flag per config field, made from the field itself (name, type, description as help, the enum's
+values as choices), so every setting is reachable from Megatron and a new one needs no edit here;
+the shorter names users already know stay, with the field's own name as an alias.
 ``add_perseus_args`` has the signature of Megatron-LM's ``extra_args_provider`` (takes the parser,
 returns it). Every flag defaults to ``None`` so that ``PerseusConfig`` alone holds the defaults;
 ``config_from_args`` passes only the flags given, and validation errors name the flag.
@@ -11,16 +14,19 @@ import argparse
 import functools
 import inspect
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from pydantic.fields import FieldInfo
+
 from perseus.errors import ConfigError
-from perseus.runtime import MODES, PerseusConfig
+from perseus.runtime import PerseusConfig, choices
 
 
 @dataclass(frozen=True)
 class Flag:
-    """One ``--perseus-*`` flag and the ``PerseusConfig`` field it sets."""
+    """One ``--perseus-*`` flag and the ``PerseusConfig`` field it sets; ``aliases`` also set it."""
 
     option: str
     field: str
@@ -28,10 +34,15 @@ class Flag:
     help: str
     metavar: str | None = None
     choices: Sequence[str] | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
         return self.option.lstrip("-").replace("-", "_")
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return (self.option, *self.aliases)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -54,100 +65,78 @@ def _on_off(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
 
 
-FLAGS: tuple[Flag, ...] = (
-    Flag("--perseus-mode", "mode", str, "profile: sweep clocks and save the profile; plan: also plan, keep default "
-         "clocks; run: profile, plan and deploy (default); measure-only: no clock control, report time/energy",
-         choices=MODES),
-    Flag("--perseus-gpu", "gpu", str, "GPU backend: auto (NVML, or $PERSEUS_GPU), nvml, sim", choices=("auto", "nvml", "sim")),
-    Flag("--perseus-device-index", "device_index", int, "NVML index of this rank's GPU (default: the current CUDA device)",
-         metavar="N"),
-    Flag("--perseus-sim-gpu", "sim_gpu", _json_object, "simulated GPU options as JSON, e.g. '{\"preset\": \"A40\"}'",
-         metavar="JSON"),
-    Flag("--perseus-zeusd-socket", "zeusd_socket", str, "change clocks and read energy through Zeus's zeusd on this "
-         "Unix socket (default: $PERSEUS_ZEUSD_SOCKET)", metavar="PATH"),
-    Flag("--perseus-freq-max", "freq_max_mhz", int, "highest SM clock to profile (MHz)", metavar="MHZ"),
-    Flag("--perseus-freq-min", "freq_min_mhz", int, "lowest SM clock to profile (MHz)", metavar="MHZ"),
-    Flag("--perseus-freq-step", "freq_step_mhz", int, "profile clocks this many MHz apart", metavar="MHZ"),
-    Flag("--perseus-freq-every-k", "freq_every_k", int, "profile every k-th supported clock", metavar="K"),
-    Flag("--perseus-warmup-steps", "warmup_steps", int, "iterations at default clocks before profiling (baseline)",
-         metavar="N"),
-    Flag("--perseus-iters-per-freq", "iters_per_freq", int, "profiled iterations per clock", metavar="N"),
-    Flag("--perseus-early-stop-patience", "early_stop_patience", int,
-         "stop lowering clocks after this many coarse clocks in a row where no kind's energy fell (0: never)", metavar="N"),
-    Flag("--perseus-coarse-step", "coarse_step_mhz", int, "the sweep's coarse pass: clocks this many MHz apart",
-         metavar="MHZ"),
-    Flag("--perseus-refine-max-clocks", "refine_max_clocks", int,
-         "clocks measured between coarse ones where interpolation is not accurate", metavar="N"),
-    Flag("--perseus-remeasure-max", "remeasure_max", int, "re-measurements of clocks whose noise exceeds their effect",
-         metavar="N"),
-    Flag("--perseus-noise-k", "noise_k", float, "planning times: fitted time + this many standard errors", metavar="K"),
-    Flag("--perseus-p-blocking", "p_blocking_w", float, "GPU power while blocked on communication (W); measured if unset",
-         metavar="WATTS"),
-    Flag("--perseus-profile", "profile_path", str, "use this profile (Zeus CSV or perseus JSON) instead of profiling",
-         metavar="PATH"),
-    Flag("--perseus-frontier", "frontier_path", str, "deploy this planned frontier instead of profiling and planning",
-         metavar="PATH"),
-    Flag("--perseus-planner-options", "planner_options", _json_object,
-         "planner settings (PlannerOptions) as JSON, e.g. '{\"num_anchors\": 16}'; checked at startup", metavar="JSON"),
-    Flag("--perseus-planner-nice", "planner_nice", int,
-         "priority (nice 0-19) of rank 0's planner process (its own session; nice counts where it shares a CPU "
-         "cgroup with the trainer); 0 for CPU-bound trainers on a busy machine", metavar="N"),
-    Flag("--perseus-plan-wait", "plan_wait_s", float,
-         "rank 0 waits up to this long at a step end for its planner (0: never); for short fixed-length runs",
-         metavar="SECONDS"),
-    Flag("--perseus-close-plan-wait", "close_plan_wait_s", float,
-         "when training ends while planning, rank 0 waits up to this long for the planner to cache the frontier "
-         "(0: stop it at once)", metavar="SECONDS"),
-    Flag("--perseus-switch-ahead", "switch_ahead", _on_off,
-         "request each instruction's clock when the previous one ends, hiding the switch latency (default: on)",
-         metavar="on|off"),
-    Flag("--perseus-straggler-period", "straggler_period_steps", int,
-         "check for stragglers every N iterations (0: never)", metavar="N"),
-    Flag("--perseus-straggler-threshold", "straggler_threshold", float,
-         "slow down to match a pipeline this fraction slower than the rest (e.g. 0.05)", metavar="FRACTION"),
-    Flag("--perseus-straggler-recover-threshold", "straggler_recover_threshold", float,
-         "return to full speed when the slowest pipeline is within this fraction", metavar="FRACTION"),
-    Flag("--perseus-straggler-patience", "straggler_patience", int, "consecutive checks before reacting", metavar="N"),
-    Flag("--perseus-probe-every", "probe_every_steps", int,
-         "run a default-clock probe every N deployed iterations for the same-run A/B and the no-slowdown guard "
-         "(0: never)", metavar="N"),
-    Flag("--perseus-guard-tolerance", "guard_tolerance", float,
-         "move to a faster plan when it is slower than its target by more than this fraction plus the noise",
-         metavar="FRACTION"),
-    Flag("--perseus-guard-patience", "guard_patience", int, "consecutive slow checks before the guard acts",
-         metavar="N"),
-    Flag("--perseus-guard-noise-z", "guard_noise_z", float,
-         "noise allowance of the guard, in robust standard errors of the A/B", metavar="Z"),
-    Flag("--perseus-carbon-source", "carbon_source", str,
-         "carbon intensity: a .csv trace, http(s):// JSON, unix:PATH or file:PATH (docs/carbon.md)", metavar="SOURCE"),
-    Flag("--perseus-carbon-time-budget", "carbon_time_budget", float,
-         "average slowdown the carbon policy may spend (e.g. 0.025)", metavar="FRACTION"),
-    Flag("--perseus-carbon-horizon", "carbon_horizon_windows", int, "windows over which the budget is restored",
-         metavar="N"),
-    Flag("--perseus-carbon-window", "carbon_window_s", float, "one carbon point per window of this many seconds",
-         metavar="SECONDS"),
-    Flag("--perseus-carbon-stale", "carbon_stale_s", float, "an intensity older than this is not used",
-         metavar="SECONDS"),
-    Flag("--perseus-carbon-replay-speed", "carbon_replay_speed", float,
-         "replay a .csv trace this many times faster than real time", metavar="X"),
-    Flag("--perseus-power-cap", "power_cap_w", float, "job-wide power cap (W, all GPUs)", metavar="WATTS"),
-    Flag("--perseus-power-cap-source", "power_cap_source", str,
-         "read the job power cap while training (demand response): file:PATH, unix:PATH or http(s)://",
-         metavar="SOURCE"),
-    Flag("--perseus-grid-every", "grid_every_steps", int, "read the grid signals and decide every N iterations",
-         metavar="N"),
-    Flag("--perseus-grid-timeout", "grid_timeout_s", float, "a grid source slower than this is a failed read",
-         metavar="SECONDS"),
-    Flag("--perseus-cache-dir", "cache_dir", str, "where profiles and frontiers are cached across runs", metavar="DIR"),
-    Flag("--perseus-metrics-file", "metrics_file", str, "rank 0 writes per-iteration time/energy as JSON lines here",
-         metavar="PATH"),
-    Flag("--perseus-log-every", "log_every_steps", int, "log progress every N iterations (0: never)", metavar="N"),
-    Flag("--perseus-prometheus-port", "prometheus_port", int,
-         "serve Perseus metrics for Prometheus on 127.0.0.1, one exporter per rank (0: any free port; N: port "
-         "N + LOCAL_RANK)", metavar="N"),
-    Flag("--perseus-control-plane", "control_plane", str, "the runtime's collectives: hierarchical (along the job's "
-         "TP/PP/DP groups, default) or flat (one gloo group over every rank)", choices=("hierarchical", "flat")),
+# The names Megatron users already type where they are shorter than the field's own flag
+# (``--perseus-`` + the field with dashes, which works too, as an alias).
+SHORT_OPTIONS: dict[str, str] = {
+    "freq_max_mhz": "--perseus-freq-max", "freq_min_mhz": "--perseus-freq-min", "freq_step_mhz": "--perseus-freq-step",
+    "coarse_step_mhz": "--perseus-coarse-step", "p_blocking_w": "--perseus-p-blocking",
+    "profile_path": "--perseus-profile", "frontier_path": "--perseus-frontier", "plan_wait_s": "--perseus-plan-wait",
+    "close_plan_wait_s": "--perseus-close-plan-wait", "straggler_period_steps": "--perseus-straggler-period",
+    "probe_every_steps": "--perseus-probe-every", "carbon_horizon_windows": "--perseus-carbon-horizon",
+    "carbon_window_s": "--perseus-carbon-window", "carbon_stale_s": "--perseus-carbon-stale",
+    "power_cap_w": "--perseus-power-cap", "grid_every_steps": "--perseus-grid-every",
+    "grid_timeout_s": "--perseus-grid-timeout", "log_every_steps": "--perseus-log-every",
+    "collective_timeout_s": "--perseus-collective-timeout", "clock_check_s": "--perseus-clock-check",
+    "energy_poll_s": "--perseus-energy-poll",
+}
+# ``enabled`` is ``--perseus`` itself (a switch, not a value).
+SWITCH_FIELD = "enabled"
+# Metavars the field's name and type do not say (``_metavar``).
+_METAVARS: dict[str, str] = {
+    "freq_every_k": "K", "noise_k": "K", "guard_noise_z": "Z", "carbon_replay_speed": "X", "cache_dir": "DIR",
+    "straggler_threshold": "FRACTION", "straggler_recover_threshold": "FRACTION", "guard_tolerance": "FRACTION",
+    "carbon_time_budget": "FRACTION",
+}
+_UNIT_METAVARS: tuple[tuple[str, str], ...] = (
+    ("_mhz", "MHZ"), ("_w", "WATTS"), ("_s", "SECONDS"), ("_seconds", "SECONDS"), ("_path", "PATH"), ("_file", "PATH"), ("_socket", "PATH"),
+    ("_source", "SOURCE"),
 )
+
+
+def _value_type(annotation: Any) -> Any:
+    """The type a field holds, without ``| None``."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if type(None) in typing.get_args(annotation) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _parser_type(name: str, annotation: Any) -> Callable[[str], Any]:
+    kind = _value_type(annotation)
+    if kind is bool:
+        return _on_off
+    if kind in (int, float):
+        return typing.cast(Callable[[str], Any], kind)
+    if choices(name) or kind is str:
+        return str
+    return _json_object  # a mapping (sim_gpu) or a settings object given as one (planner_options)
+
+
+def _metavar(name: str, parse: Callable[[str], Any]) -> str | None:
+    if name in _METAVARS:
+        return _METAVARS[name]
+    if choices(name):
+        return None
+    if parse is _on_off:
+        return "on|off"
+    if parse is _json_object:
+        return "JSON"
+    unit = next((metavar for suffix, metavar in _UNIT_METAVARS if name.endswith(suffix)), None)
+    return unit or ("N" if parse is int else "X" if parse is float else "TEXT")
+
+
+def _flag(name: str, field: FieldInfo) -> Flag:
+    own = "--perseus-" + name.replace("_", "-")
+    option = SHORT_OPTIONS.get(name, own)
+    parse = _parser_type(name, field.annotation)
+    return Flag(option, name, parse, field.description or name, _metavar(name, parse), choices(name) or None,
+                aliases=(own,) if option != own else ())
+
+
+# Every field but ``enabled``, in the config's order: names, types, help (the field's description)
+# and choices (its enum) all come from ``PerseusConfig``, so a new setting is a new flag.
+FLAGS: tuple[Flag, ...] = tuple(_flag(name, field) for name, field in PerseusConfig.model_fields.items()
+                                if name != SWITCH_FIELD)
 
 
 def add_perseus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -156,7 +145,7 @@ def add_perseus_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     group.add_argument("--perseus", action="store_true", default=False,
                        help="enable Perseus: profile, plan and apply per-instruction GPU clocks")
     for flag in FLAGS:
-        group.add_argument(flag.option, dest=flag.dest, type=flag.type, default=None, help=flag.help,
+        group.add_argument(*flag.options, dest=flag.dest, type=flag.type, default=None, help=flag.help,
                            metavar=flag.metavar, choices=flag.choices)
     return parser
 

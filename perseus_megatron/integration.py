@@ -13,7 +13,8 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob, describe_value
+from perseus.runtime import (Attachment, InstructionListener, PerseusConfig, PipelineJob, describe_value,
+                             entry_point_hooks)
 from perseus_megatron.hooks import install_hooks
 from perseus_megatron.observability import MegatronWritersSink, add_to_iteration_log
 from perseus_megatron.tracker import StepInfo
@@ -211,6 +212,7 @@ def enable(
     if not resolved.enabled:
         log.info("perseus: disabled by configuration; training runs unchanged")
         return handle
+    entry_point_hooks(resolved)
     handle.hooks = install_hooks(listener_for_step=handle._listener_for_step)
     handle.on_close(handle.hooks.uninstall)
     handle.close_at_exit()

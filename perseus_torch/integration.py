@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from perseus.errors import ConfigError
-from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob, stage_fingerprint
+from perseus.runtime import (Attachment, InstructionListener, PerseusConfig, PipelineJob, entry_point_hooks,
+                             stage_fingerprint)
 from perseus_torch.compat import schedule_name
 from perseus_torch.hooks import install_hooks, resolve_stages
 
@@ -87,6 +88,7 @@ def enable(schedule: Any, stages: Any = None, config: PerseusConfig | Mapping[st
     exit restores default clocks and removes the hooks.
     """
     cfg = _config(config)
+    entry_point_hooks(cfg)
     job = job_from_schedule(schedule, stages, dp_rank=dp_rank, dp_size=dp_size, model_config=model_config)
     if runtime_factory is None:
         from perseus.runtime import PerseusRuntime

@@ -120,7 +120,7 @@ class _GPU:
         self.keeper = ClockKeeper(device, self._keeper_event)  # applier-owned
         self.claim = _Claim(None, 0.0)  # applier-owned: whose notices these are, how often to read back
         self.thread: threading.Thread | None = None
-        minor = getattr(device, "minor_number", lambda: None)()
+        minor = device.minor_number()
         # st_rdev of /dev/nvidia<minor> (NVIDIA's character-device major is 195); None: unknown
         self.rdev: int | None = os.makedev(NVIDIA_MAJOR, minor) if minor is not None else None
 

@@ -125,6 +125,11 @@ class ClockdController:
         self.died_warning_emitted = False
 
     # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """None: the clocks are changed by the node's daemon, not a child of this process."""
+        return None
+
     def start(self) -> ClockdController:
         """Connect, claim the GPU, wait for the daemon's OK (raises a typed ``GPUError``)."""
         if self._sock is not None:

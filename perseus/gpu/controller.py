@@ -91,6 +91,12 @@ class ClockController(Protocol):
     enabled: bool
     timed_requests: bool
 
+    @property
+    def pid(self) -> int | None:
+        """The process that makes the clock changes when it is this one's child (clock traces); None
+        otherwise (measure-only, the node's clock daemon)."""
+        ...
+
     def set_frequency(self, mhz: int, at: float | None = None) -> None: ...
 
     def reset(self) -> None: ...
@@ -118,6 +124,10 @@ class NullController:
 
     def start(self) -> NullController:
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return None
 
     def set_frequency(self, mhz: int, at: float | None = None) -> None:
         self.requests += 1

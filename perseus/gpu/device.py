@@ -92,6 +92,17 @@ class GPUDevice(ABC):
         a clock does); "unknown" where the backend cannot tell."""
         return "unknown"
 
+    @property
+    def simulated(self) -> bool:
+        """Whether the work runs on the simulated GPU (``perseus.gpu.sim``), also behind a wrapper:
+        its index is a state file rather than a CUDA device, and the runtime stretches its kernels."""
+        return self.underlying.simulated if self.underlying is not self else False
+
+    @property
+    def underlying(self) -> GPUDevice:
+        """The device that does the work: this one, or the one a wrapper (zeusd) forwards reads to."""
+        return self
+
     # -- clocks -----------------------------------------------------------------------------
     @abstractmethod
     def supported_sm_clocks_mhz(self) -> list[int]:
@@ -125,10 +136,20 @@ class GPUDevice(ABC):
     def locked_sm_clock_mhz(self) -> int | None:
         """The SM clock the device is currently held at, or ``None`` if the backend can't tell."""
 
+    def minor_number(self) -> int | None:
+        """Minor number of this GPU's ``/dev/nvidia<N>`` (``perseus clockd --require-open-device``);
+        None where there is no such file or the backend cannot tell."""
+        return None
+
     # -- energy and power -------------------------------------------------------------------
     @abstractmethod
     def total_energy_j(self) -> float:
         """Cumulative energy counter (J); differences of two readings give energy used."""
+
+    def energy_counter_reading(self) -> tuple[float, float | None]:
+        """(counter, CLOCK_MONOTONIC time of its last update), for the energy poller; the time is
+        None where only the reader's own clock says when it changed (real GPUs)."""
+        return self.total_energy_j(), None
 
     @abstractmethod
     def power_w(self) -> float:
@@ -159,6 +180,11 @@ class GPUDevice(ABC):
     @abstractmethod
     def can_set_clocks(self) -> bool:
         """Whether this process may change clocks, checked without leaving anything changed."""
+
+    def control_problem(self) -> str | None:
+        """Why this process may not change clocks, in one line naming the fix, where the backend
+        knows better than the generic advice (zeusd: token, scope); None otherwise."""
+        return None
 
     # -- running work and sharing ---------------------------------------------------------------
     @contextmanager

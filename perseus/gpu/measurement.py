@@ -70,11 +70,7 @@ class EnergyPoller:
         self.polls = 0
 
     def poll_once(self) -> CounterUpdate | None:
-        reading = getattr(self.device, "energy_counter_reading", None)
-        if reading is not None:  # a device that knows when its counter advanced (the simulator)
-            e, stamp = reading()
-        else:
-            e, stamp = self.device.total_energy_j(), None
+        e, stamp = self.device.energy_counter_reading()  # a stamp: the device knows when it advanced (the simulator)
         t = self._clock()
         self.polls += 1
         update = None

@@ -62,6 +62,10 @@ class ZeusdGPU(GPUDevice):
     def clock_event_reasons(self) -> frozenset[ClockEventReason]:
         return self.base.clock_event_reasons()
 
+    @property
+    def underlying(self) -> GPUDevice:
+        return self.base.underlying
+
     def supported_sm_clocks_mhz(self) -> list[int]:
         return self.base.supported_sm_clocks_mhz()
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.job import PipelineJob
+from perseus.runtime.lifecycle import install_process_hooks
 
 Undo = Callable[[], None]
 
@@ -64,14 +65,23 @@ class Attachment:
                 raise error
 
     def close_at_exit(self) -> None:
-        """Close at interpreter exit unless closed (or garbage-collected) before."""
-        atexit.register(_close_if_alive, weakref.ref(self))
+        """Close at interpreter exit unless closed (or garbage-collected) before; nothing when the
+        config leaves the process's hooks to the trainer (``process_hooks`` off)."""
+        if self.config.process_hooks:
+            atexit.register(_close_if_alive, weakref.ref(self))
 
     def __enter__(self) -> Attachment:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def entry_point_hooks(config: PerseusConfig) -> None:
+    """What an adapter's entry point calls first, before it starts a runtime: the process's hooks
+    (``install_process_hooks``) when Perseus is on and the config does not leave them to the trainer."""
+    if config.enabled and config.process_hooks:
+        install_process_hooks()
 
 
 def _close_if_alive(ref: weakref.ref) -> None:

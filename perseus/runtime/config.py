@@ -6,18 +6,83 @@ Every value is checked before training starts: a typo or an impossible combinati
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping
+import enum
+from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, model_validator
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.planner.settings import PlannerOptions
 
-Mode = Literal["profile", "plan", "run", "measure-only"]
-GPUBackend = Literal["auto", "nvml", "sim"]
-ControlPlaneDesign = Literal["hierarchical", "flat"]
 
-MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
+
+class Choice(str, enum.Enum):
+    """A setting with a fixed set of string values: the config parses the string to the member, and
+    the member prints (and serializes) as that string, so metrics and summaries keep the same text."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(str(member.value) for member in cls)
+
+
+class Mode(Choice):
+    """What a run does with the clocks. The code asks the properties, never the name."""
+
+    PROFILE = "profile"
+    PLAN = "plan"
+    RUN = "run"
+    MEASURE_ONLY = "measure-only"
+
+    @property
+    def controls_clocks(self) -> bool:
+        """Whether the rank's controller may change clocks (measure-only opens the NullController)."""
+        return self is not Mode.MEASURE_ONLY
+
+    @property
+    def profiles(self) -> bool:
+        """Whether a missing profile is measured by sweeping clocks (needs clock control)."""
+        return self.controls_clocks
+
+    @property
+    def plans(self) -> bool:
+        """Whether a profile is turned into a frontier (and a cached frontier is loaded)."""
+        return self is not Mode.PROFILE
+
+    @property
+    def deploys(self) -> bool:
+        """Whether a plan is run at its planned clocks; the other modes keep default clocks."""
+        return self is Mode.RUN
+
+    @property
+    def description(self) -> str:
+        return _MODE_DESCRIPTIONS[self]
+
+
+_MODE_DESCRIPTIONS: dict[Mode, str] = {
+    Mode.PROFILE: "sweep clocks and save the profile",
+    Mode.PLAN: "also plan, keep default clocks",
+    Mode.RUN: "profile, plan and deploy (default)",
+    Mode.MEASURE_ONLY: "no clock control, report time/energy",
+}
+
+
+class ControlPlaneDesign(Choice):
+    """How the runtime's collectives connect the ranks (docs/runtime.md, Control plane)."""
+
+    HIERARCHICAL = "hierarchical"  # along the job's grid: TP ranks, a pipeline's stages, a stage's replicas
+    FLAT = "flat"  # one gloo group over every rank
+
+
+# Also perseus.gpu.factory.KINDS (which this module does not import: it loads the GPU layer); a test keeps them equal.
+GPUBackend = Literal["auto", "nvml", "sim"]
+
+MODES: tuple[str, ...] = Mode.values()
+_MODE_HELP = "; ".join(f"{mode}: {mode.description}" for mode in Mode)
+DESIGNS: tuple[str, ...] = ControlPlaneDesign.values()
+GPU_BACKENDS: tuple[str, ...] = get_args(GPUBackend)
 # The smallest probe period that keeps one counted plan step between default-clock probe blocks
 # (guard/probes.py: ProbeSchedule.min_every with its one settle step; a test keeps them equal).
 MIN_PROBE_EVERY_STEPS = 4
@@ -43,110 +108,236 @@ class PerseusConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    enabled: bool = True
-    mode: Mode = "run"
-    gpu: GPUBackend = "auto"
-    device_index: int | None = Field(default=None, ge=0)
-    sim_gpu: dict[str, Any] = Field(default_factory=dict)
+    enabled: bool = Field(
+        default=True,
+        description="turn Perseus on (Megatron: --perseus; a DeepSpeed config without the section: off)",
+    )
+    mode: Mode = Field(default=Mode.RUN, description=_MODE_HELP)
+    gpu: GPUBackend = Field(default="auto", description="GPU backend: auto (NVML, or $PERSEUS_GPU), nvml, sim")
+    device_index: int | None = Field(
+        default=None, ge=0,
+        description="NVML index of this rank's GPU (default: the current CUDA device)",
+    )
+    sim_gpu: dict[str, Any] = Field(
+        default_factory=dict,
+        description='simulated GPU options as JSON, e.g. \'{"preset": "A40"}\'',
+    )
     # Clocks and energy through Zeus's zeusd on this Unix socket (None: $PERSEUS_ZEUSD_SOCKET, if set).
-    zeusd_socket: str | None = None
+    zeusd_socket: str | None = Field(
+        default=None,
+        description=("change clocks and read energy through Zeus's zeusd on this Unix socket (default: "
+                     "$PERSEUS_ZEUSD_SOCKET)"),
+    )
 
     # Online profiling: which SM clocks to sweep, and how long.
-    freq_max_mhz: int | None = Field(default=None, gt=0)
-    freq_min_mhz: int | None = Field(default=None, gt=0)
-    freq_step_mhz: int | None = Field(default=None, gt=0)
-    freq_every_k: int = Field(default=1, ge=1)
-    warmup_steps: int = Field(default=2, ge=1)
+    freq_max_mhz: int | None = Field(default=None, gt=0, description="highest SM clock to profile (MHz)")
+    freq_min_mhz: int | None = Field(default=None, gt=0, description="lowest SM clock to profile (MHz)")
+    freq_step_mhz: int | None = Field(default=None, gt=0, description="profile clocks this many MHz apart")
+    freq_every_k: int = Field(default=1, ge=1, description="profile every k-th supported clock")
+    warmup_steps: int = Field(default=2, ge=1, description="iterations at default clocks before profiling (baseline)")
     # Iterations per clock: the first after a clock change is dropped when it is systematically
     # slow, so 3 leaves at least two to know the noise (docs/runtime.md, "Online profiling").
-    iters_per_freq: int = Field(default=3, ge=1)
+    iters_per_freq: int = Field(default=3, ge=1, description="profiled iterations per clock")
     # Two clocks in a row: one clock made noisy by the node must not end the sweep early.
-    early_stop_patience: int = Field(default=2, ge=0)
+    early_stop_patience: int = Field(
+        default=2, ge=0,
+        description=("stop lowering clocks after this many coarse clocks in a row where no kind's energy fell "
+                     "(0: never)"),
+    )
     # Coarse pass: clocks at least this far apart (null: every candidate clock); refinement
     # measures at most refine_max_clocks more where interpolation does not predict the
     # measured clocks; the rest of the candidates are interpolated.
-    coarse_step_mhz: int | None = Field(default=90, gt=0)
-    refine_max_clocks: int = Field(default=2, ge=0)
+    coarse_step_mhz: int | None = Field(
+        default=90, gt=0,
+        description="the sweep's coarse pass: clocks this many MHz apart",
+    )
+    refine_max_clocks: int = Field(
+        default=2, ge=0,
+        description="clocks measured between coarse ones where interpolation is not accurate",
+    )
     # A clock whose noise is larger than its effect is measured again (at most this many times per sweep).
-    remeasure_max: int = Field(default=2, ge=0)
+    remeasure_max: int = Field(
+        default=2, ge=0,
+        description="re-measurements of clocks whose noise exceeds their effect",
+    )
     # The planner's times: fitted time + noise_k standard errors (0: the fitted time itself).
-    noise_k: float = Field(default=2.0, ge=0)
-    p_blocking_w: float | None = Field(default=None, gt=0)
-    p_blocking_seconds: float = Field(default=1.0, gt=0)
-    energy_poll_s: float = Field(default=0.002, gt=0)
+    noise_k: float = Field(default=2.0, ge=0, description="planning times: fitted time + this many standard errors")
+    p_blocking_w: float | None = Field(
+        default=None, gt=0,
+        description="GPU power while blocked on communication (W); measured if unset",
+    )
+    p_blocking_seconds: float = Field(
+        default=1.0, gt=0,
+        description="how long P_blocking is measured at start-up when p_blocking_w is not given",
+    )
+    energy_poll_s: float = Field(
+        default=0.002, gt=0,
+        description="how often the profiling run's poller reads the GPU's energy counter",
+    )
 
     # Planning.
-    profile_path: str | None = None
-    frontier_path: str | None = None
-    planner_options: PlannerOptionsField = Field(default_factory=PlannerOptions)
+    profile_path: str | None = Field(
+        default=None,
+        description="use this profile (Zeus CSV or perseus JSON) instead of profiling",
+    )
+    frontier_path: str | None = Field(
+        default=None,
+        description="deploy this planned frontier instead of profiling and planning",
+    )
+    planner_options: PlannerOptionsField = Field(
+        default_factory=PlannerOptions,
+        description='planner settings (PlannerOptions) as JSON, e.g. \'{"num_anchors": 16}\'; checked at startup',
+    )
     # Priority of rank 0's planner process (os.nice): 10 yields the CPU to a trainer whose Python
     # thread must wake up promptly; 0 for CPU-bound trainers on a busy machine (the CPU demos),
     # where a niced planner would be starved.
-    planner_nice: int = Field(default=10, ge=0, le=19)
+    planner_nice: int = Field(
+        default=10, ge=0, le=19,
+        description=("priority (nice 0-19) of rank 0's planner process (its own session; nice counts where it "
+                     "shares a CPU cgroup with the trainer); 0 for CPU-bound trainers on a busy machine"),
+    )
     # At each step end while planning, rank 0 waits up to this long for its planner before the
     # ranks learn the outcome (0: never; training goes on at default clocks meanwhile). For runs
     # with a fixed, short iteration budget (benchmarks, CI) that must reach the deployed plan
     # however busy the machine is: the step that waits lasts as long as planning.
-    plan_wait_s: float = Field(default=0.0, ge=0)
+    plan_wait_s: float = Field(
+        default=0.0, ge=0,
+        description=("rank 0 waits up to this long at a step end for its planner (0: never); for short "
+                     "fixed-length runs"),
+    )
     # When training ends (``close()``) while rank 0 is still planning, it waits up to this long for
     # the planner process to finish and write the frontier to the cache, so the next run deploys it
     # instead of planning again; then it stops the planner (0: stop it at once, the work is lost).
-    close_plan_wait_s: float = Field(default=60.0, ge=0)
+    close_plan_wait_s: float = Field(
+        default=60.0, ge=0,
+        description=("when training ends while planning, rank 0 waits up to this long for the planner to cache "
+                     "the frontier (0: stop it at once)"),
+    )
 
     # Stragglers and external targets.
     # Request each instruction's clock when the previous one ends, so the switch latency overlaps
     # the wait between them (off: at the instruction's own start, as the plan assumes).
-    switch_ahead: bool = True
+    switch_ahead: bool = Field(
+        default=True,
+        description=("request each instruction's clock when the previous one ends, hiding the switch latency "
+                     "(default: on)"),
+    )
     # Record per instruction when its clock was requested and took effect, hook time, the
     # simulated kernel's stretch and wake-up (perseus/runtime/port/clock_trace.py); for diagnosis.
-    trace_clocks: bool = False
-    straggler_period_steps: int = Field(default=10, ge=0)
-    straggler_threshold: float = Field(default=0.05, gt=0)
-    straggler_recover_threshold: float = Field(default=0.02, ge=0)
-    straggler_patience: int = Field(default=2, ge=1)
+    trace_clocks: bool = Field(
+        default=False,
+        description="record per instruction when its clock was requested and took effect (diagnosis)",
+    )
+    straggler_period_steps: int = Field(
+        default=10, ge=0,
+        description="check for stragglers every N iterations (0: never)",
+    )
+    straggler_threshold: float = Field(
+        default=0.05, gt=0,
+        description="slow down to match a pipeline this fraction slower than the rest (e.g. 0.05)",
+    )
+    straggler_recover_threshold: float = Field(
+        default=0.02, ge=0,
+        description="return to full speed when the slowest pipeline is within this fraction",
+    )
+    straggler_patience: int = Field(default=2, ge=1, description="consecutive checks before reacting")
 
     # The no-slowdown guard (docs/runtime.md, "No slowdown, checked while training"): every N
     # deployed steps a default-clock probe (one settle step, one counted step) gives the same-run
     # A/B; the plan moves to a faster point after ``guard_patience`` checks in a row slower than its
     # target by more than ``guard_tolerance`` + ``guard_noise_z`` robust standard errors, and falls
     # back to default clocks when even the fastest point is. 0 turns probes and the guard off.
-    probe_every_steps: int = Field(default=50, ge=0)
-    guard_tolerance: float = Field(default=0.01, ge=0, lt=0.5)
-    guard_patience: int = Field(default=3, ge=1)
-    guard_noise_z: float = Field(default=2.0, ge=0)
+    probe_every_steps: int = Field(
+        default=50, ge=0,
+        description=("run a default-clock probe every N deployed iterations for the same-run A/B and the "
+                     "no-slowdown guard (0: never)"),
+    )
+    guard_tolerance: float = Field(
+        default=0.01, ge=0, lt=0.5,
+        description="move to a faster plan when it is slower than its target by more than this fraction plus the noise",
+    )
+    guard_patience: int = Field(default=3, ge=1, description="consecutive slow checks before the guard acts")
+    guard_noise_z: float = Field(
+        default=2.0, ge=0,
+        description="noise allowance of the guard, in robust standard errors of the A/B",
+    )
 
     # Faults. Every collective with the other ranks gives up after this long (a rank died or
     # hung): the survivors continue at default clocks. The controller reads the applied clock back
     # this often and re-applies it when something else changed it (0: never).
-    collective_timeout_s: float = Field(default=300.0, gt=0)
+    collective_timeout_s: float = Field(
+        default=300.0, gt=0,
+        description=("a collective with the other ranks gives up after this long (a rank died or hung); the "
+                     "survivors continue at default clocks"),
+    )
     # The runtime's collectives: along the job's grid (tensor-parallel ranks, a pipeline's stages,
     # a stage's replicas; no rank connects to the whole job), or one gloo group over every rank
     # (``flat``, the design before 0.x; fine for a few dozen ranks). docs/runtime.md, Control plane.
-    control_plane: ControlPlaneDesign = "hierarchical"
-    clock_check_s: float = Field(default=1.0, ge=0)
+    control_plane: ControlPlaneDesign = Field(
+        default=ControlPlaneDesign.HIERARCHICAL,
+        description=("the runtime's collectives: hierarchical (along the job's TP/PP/DP groups, default) or "
+                     "flat (one gloo group over every rank)"),
+    )
+    # The process's atexit, SIGTERM and sys.excepthook belong to its entry point: the adapters'
+    # (perseus_megatron.enable, perseus_deepspeed.initialize, perseus_torch.enable) install
+    # perseus.runtime.install_process_hooks unless this is off, for a trainer that owns its signal
+    # handlers; its clocks are still reset on every exit by the clock controller (docs/gpu.md).
+    process_hooks: bool = Field(
+        default=True,
+        description=("the adapter installs Perseus's atexit, SIGTERM and one-line-error hooks (off: the trainer "
+                     "owns them; the clock controller still resets the clocks at exit)"),
+    )
+    clock_check_s: float = Field(
+        default=1.0, ge=0,
+        description=("how often the controller reads the applied clock back and re-applies it when something "
+                     "else changed it (0: never)"),
+    )
 
     # Carbon and power targets (docs/carbon.md). A source is a .csv trace, http(s)://... (JSON),
     # unix:PATH, file:PATH or a plain path (an operator file). Rank 0 reads them every
     # grid_every_steps deployed steps; every rank switches at the same step. A carbon source that
     # fails runs the no-slowdown point; a cap keeps its last value.
-    carbon_source: str | None = None
-    carbon_time_budget: float = Field(default=0.025, ge=0, le=1)  # average slowdown allowed (fraction)
-    carbon_horizon_windows: int = Field(default=168, ge=1)  # the budget is restored over this many windows
-    carbon_window_s: float = Field(default=3600.0, gt=0)  # one point per window
-    carbon_stale_s: float = Field(default=7200.0, gt=0)  # an intensity older than this is not used
+    carbon_source: str | None = Field(
+        default=None,
+        description="carbon intensity: a .csv trace, http(s):// JSON, unix:PATH or file:PATH (docs/carbon.md)",
+    )
+    carbon_time_budget: float = Field(
+        default=0.025, ge=0, le=1,
+        description="average slowdown the carbon policy may spend (e.g. 0.025)",
+    )
+    carbon_horizon_windows: int = Field(default=168, ge=1, description="windows over which the budget is restored")
+    carbon_window_s: float = Field(default=3600.0, gt=0, description="one carbon point per window of this many seconds")
+    carbon_stale_s: float = Field(default=7200.0, gt=0, description="an intensity older than this is not used")
     # A .csv trace replayed this many times faster than real time from its first row (the demo).
-    carbon_replay_speed: float | None = Field(default=None, gt=0)
-    power_cap_w: float | None = Field(default=None, gt=0)  # job-wide cap, watts (all GPUs)
-    power_cap_source: str | None = None  # where the cap is read at runtime (demand response)
-    grid_every_steps: int = Field(default=10, ge=1)
-    grid_timeout_s: float = Field(default=5.0, gt=0)
+    carbon_replay_speed: float | None = Field(
+        default=None, gt=0,
+        description="replay a .csv trace this many times faster than real time",
+    )
+    power_cap_w: float | None = Field(default=None, gt=0, description="job-wide power cap (W, all GPUs)")
+    power_cap_source: str | None = Field(
+        default=None,
+        description=("read the job power cap while training (demand response): file:PATH, unix:PATH or "
+                     "http(s)://"),
+    )
+    grid_every_steps: int = Field(default=10, ge=1, description="read the grid signals and decide every N iterations")
+    grid_timeout_s: float = Field(default=5.0, gt=0, description="a grid source slower than this is a failed read")
 
     # Cache and reports.
-    cache_dir: str | None = "perseus-cache"
-    metrics_file: str | None = None
-    log_every_steps: int = Field(default=1, ge=0)
+    cache_dir: str | None = Field(
+        default="perseus-cache",
+        description="where profiles and frontiers are cached across runs",
+    )
+    metrics_file: str | None = Field(
+        default=None,
+        description="rank 0 writes per-iteration time/energy as JSON lines here",
+    )
+    log_every_steps: int = Field(default=1, ge=0, description="log progress every N iterations (0: never)")
     # Prometheus exporter on 127.0.0.1, one per rank: 0 = any free port; N = port N + LOCAL_RANK.
-    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
+    prometheus_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description=("serve Perseus metrics for Prometheus on 127.0.0.1, one exporter per rank (0: any free "
+                     "port; N: port N + LOCAL_RANK)"),
+    )
 
     @model_validator(mode="after")
     def _check_combinations(self) -> PerseusConfig:
@@ -196,6 +387,15 @@ class PerseusConfig(BaseModel):
         return PerseusConfig.from_dict({**self.model_dump(), **changes})
 
 
+def choices(field: str) -> tuple[str, ...]:
+    """The values a field accepts when they are a fixed set (an enum or a ``Literal``), else ``()``:
+    the one list that flags, validation messages and docs all read."""
+    annotation = PerseusConfig.model_fields[field].annotation
+    if isinstance(annotation, type) and issubclass(annotation, Choice):
+        return annotation.values()
+    return tuple(str(a) for a in get_args(annotation)) if getattr(annotation, "__origin__", None) is Literal else ()
+
+
 def _one_line(exc: ValidationError) -> str:
     """Pydantic's multi-line report → one line per problem, joined, naming each field."""
     problems = []
@@ -204,8 +404,8 @@ def _one_line(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown setting; valid settings are {', '.join(PerseusConfig.model_fields)}"
-        elif err["type"] == "literal_error" and field == "mode":
-            msg = f"must be one of {', '.join(MODES)}"
+        elif err["type"] in ("enum", "literal_error") and field in PerseusConfig.model_fields:
+            msg = f"must be one of {', '.join(choices(field))}"
         got = err.get("input")
         shown = "" if err["type"] in ("extra_forbidden", "value_error") else f" (got {got!r})"
         problems.append(f"{field}: {msg}{shown}")

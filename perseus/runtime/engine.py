@@ -28,9 +28,9 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
-from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
+from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
-from perseus.runtime.observe.observer import Observer
+from perseus.runtime.observe.observer import Observer, StepEnd
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
 from perseus.runtime.measure.instruction_samples import instruction_keys
 from perseus.runtime.observe.report import summary_line
@@ -70,14 +70,11 @@ class PerseusRuntime:
         self.is_root = self.collective.is_root
         if self.is_root:
             ensure_log_handler()
-        install_exit_hooks()  # before the controller starts, so its SIGTERM handler chains to ours
-        one_line_errors()  # a rank that cannot start says why in one line, not in chained tracebacks
         self.gpu = open_port(c, self.collective, job.rank, gpu)
         if self.gpu.is_simulated:
             self.sim_kernels = SimulatedKernels(self.gpu.sim_device)
         if c.trace_clocks:
-            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device,
-                                                           getattr(self.gpu.controller, "pid", None))
+            self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device, self.gpu.controller.pid)
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
         self.reporter, self.events = self.observe.reporter, self.observe.events
         self.phases = PhaseMachine()
@@ -261,8 +258,8 @@ class PerseusRuntime:
             return
         self._event("profiled", visited)
         self._event("profiling_overhead", self.observe.profiling_overhead())
-        if self.config.mode == "profile":
-            self._steady("profiling done; mode 'profile' keeps default clocks")
+        if not self.config.mode.plans:
+            self._steady(f"profiling done; mode {self.config.mode.value!r} keeps default clocks")
         else:
             self._start_planning()
 
@@ -279,7 +276,7 @@ class PerseusRuntime:
             self._steady("no plan")
             return
         self._take_plan(outcome.plan, outcome.received_bytes)
-        if self.config.mode == "run":
+        if self.config.mode.deploys:
             self._deploy()
         else:
             self._steady(ready_line(outcome.plan, self.config.mode))
@@ -403,12 +400,11 @@ class PerseusRuntime:
             self.observe.add_sink(sink)
 
     def _publish(self, record: StepMetrics) -> None:
-        job = self.job_numbers
-        self.observe.publish(
-            record, clock_mhz=self.gpu.current_mhz, default_mhz=self.gpu.default_mhz, follower=self._follower,
-            point=self.targeting.point, slowdown=self.targeting.slowdown, straggler_ratio=self.targeting.straggler_ratio,
-            job_energy_j=job.get("energy_per_iteration_j") if job.get("answered_step") == self.step else None,
-            stage_instructions=len(self._stage_instructions))
+        job, t = self.job_numbers, self.targeting
+        self.observe.publish(record, StepEnd(
+            self.gpu.current_mhz, self.gpu.default_mhz, self._follower, t.point, t.slowdown, t.straggler_ratio,
+            job.get("energy_per_iteration_j") if job.get("answered_step") == self.step else None,
+            len(self._stage_instructions)))
 
     def summary(self) -> dict[str, Any]:
         """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""

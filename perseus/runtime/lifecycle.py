@@ -1,9 +1,14 @@
 """Never leave a locked clock: every live runtime is closed on every normal way out of the process.
 
-atexit and SIGTERM (when nobody else handles it) close all live runtimes, which resets their
-clocks. SIGTERM becomes ``SystemExit`` after the reset, so the trainer's ``finally`` blocks and
-context managers run too. SIGKILL is covered by the GPU layer's controller process, which resets
-the clocks when its parent disappears.
+The process's hooks belong to its entry point, not to the runtime: ``install_process_hooks`` is
+called by the adapters' entry points (``perseus_megatron.enable``, ``perseus_deepspeed.initialize``,
+``perseus_torch.enable``, unless ``process_hooks`` is off) and by a trainer that builds
+``PerseusRuntime`` itself; the runtime only registers itself (``track``). With the hooks, atexit
+and SIGTERM (when nobody else handles it) close all live runtimes, which resets their clocks and
+finishes their files; SIGTERM becomes ``SystemExit`` after the reset, so the trainer's ``finally``
+blocks and context managers run too. Without them the clocks are still reset on every exit: the
+GPU layer's controller closes itself at exit and on SIGTERM/SIGINT, and its process resets the
+clocks when the trainer disappears, SIGKILL included (docs/gpu.md, "Clock safety").
 
 A Perseus error nobody catches (a rank that cannot open its GPU, a bad setting) ends the process
 with one line instead of Python's chained tracebacks (``one_line_errors``): every rank of a job
@@ -64,6 +69,14 @@ def install_exit_hooks() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def install_process_hooks() -> None:
+    """The process-wide hooks, once per process, for an entry point to call before it starts a
+    runtime (so the clock controller's SIGTERM handler chains to this one): atexit and SIGTERM close
+    every live runtime; an uncaught ``PerseusError`` prints one line."""
+    install_exit_hooks()
+    one_line_errors()
+
+
 def one_line_errors() -> None:
     """An uncaught ``PerseusError`` prints one line on stderr and exits 1 (Python's default exit
     for an uncaught exception); any other exception, and every error with ``$PERSEUS_TRACEBACK``
@@ -81,7 +94,7 @@ def one_line_errors() -> None:
         if not isinstance(value, PerseusError) or os.environ.get(ENV_TRACEBACK):
             previous(kind, value, tb)
             return
-        line = getattr(value, "line", None) or error_line(value)
+        line = value.line or error_line(value)
         print(f"{line} ({ENV_TRACEBACK}=1 shows the traceback)", file=sys.stderr, flush=True)
 
     sys.excepthook = hook

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 
+from perseus.runtime.config import Mode
+
 
 class Phase(enum.Enum):
     WARMUP = "warmup"
@@ -61,19 +63,19 @@ class PhaseMachine:
         return next((step for step, p in self.history if p == phase), None)
 
 
-def after_warmup(has_plan: bool, has_profile: bool, mode: str) -> tuple[Phase, str | None]:
+def after_warmup(has_plan: bool, has_profile: bool, mode: Mode) -> tuple[Phase, str | None]:
     """The phase warm-up leads to, from what the sources gave (a plan: this rank's stage of a
     frontier; a profile) and the mode; with the line saying why, for ``STEADY``."""
     if has_plan:
-        if mode == "run":
+        if mode.deploys:
             return Phase.DEPLOYED, None
-        return Phase.STEADY, "frontier available; mode %r keeps default clocks" % mode
-    if has_profile and mode in ("run", "plan", "measure-only"):
+        return Phase.STEADY, "frontier available; mode %r keeps default clocks" % mode.value
+    if has_profile and mode.plans:
         return Phase.PLANNING, None
     if has_profile:
         return Phase.STEADY, "profile already available (cached or provided); nothing to profile"
-    if mode == "measure-only":
-        return Phase.STEADY, ("measure-only: no clock control, so no frequency sweep; give profile_path or "
+    if not mode.profiles:
+        return Phase.STEADY, (f"{mode}: no clock control, so no frequency sweep; give profile_path or "
                               "frontier_path (or a cache from a privileged run) to get a plan. Reporting measured "
                               "time and energy only")
     return Phase.PROFILING, None

@@ -139,6 +139,9 @@ def test_blocking_power_times_out_on_a_frozen_counter():
         def total_energy_j(self) -> float:
             return 1.0
 
+        def energy_counter_reading(self) -> tuple[float, float | None]:
+            return self.total_energy_j(), None
+
         def power_w(self) -> float:
             return 0.0
 

@@ -27,8 +27,8 @@ class LoggingDirectController(NullController):
         super().__init__()
         self.device, self.log = device, log
 
-    def set_frequency(self, mhz: int) -> None:
-        super().set_frequency(mhz)
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
+        super().set_frequency(mhz, at)
         self.log.append(("request", mhz))
         self.device.set_locked_sm_clock(mhz)
 

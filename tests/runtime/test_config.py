@@ -3,7 +3,7 @@
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.runtime.config import MIN_PROBE_EVERY_STEPS, PerseusConfig
+from perseus.runtime.config import MIN_PROBE_EVERY_STEPS, MODES, ControlPlaneDesign, Mode, PerseusConfig, choices
 from perseus.runtime.guard.probes import ProbeSchedule
 from perseus.runtime.guard.time_guard import GuardSettings
 
@@ -97,3 +97,38 @@ def test_guard_settings_come_from_the_config():
 
 def test_the_configs_smallest_probe_period_is_the_schedules():
     assert MIN_PROBE_EVERY_STEPS == ProbeSchedule.min_every(ProbeSchedule.settle)
+
+
+def test_mode_is_parsed_to_the_enum_and_keeps_its_string():
+    cfg = PerseusConfig.from_dict({"mode": "measure-only", "control_plane": "flat"})
+    assert cfg.mode is Mode.MEASURE_ONLY and cfg.control_plane is ControlPlaneDesign.FLAT
+    assert str(cfg.mode) == f"{cfg.mode}" == "measure-only" and cfg.model_dump(mode="json")["mode"] == "measure-only"
+    assert cfg.replace(noise_k=1.0).mode is Mode.MEASURE_ONLY
+
+
+@pytest.mark.parametrize("mode, controls, profiles, plans, deploys", [
+    ("profile", True, True, False, False),
+    ("plan", True, True, True, False),
+    ("run", True, True, True, True),
+    ("measure-only", False, False, True, False),
+])
+def test_what_each_mode_does(mode, controls, profiles, plans, deploys):
+    m = Mode(mode)
+    assert (m.controls_clocks, m.profiles, m.plans, m.deploys) == (controls, profiles, plans, deploys)
+    assert m.description
+
+
+def test_each_list_of_choices_is_defined_once():
+    from perseus.gpu.factory import KINDS
+    from perseus.runtime.plane.design import DESIGNS
+
+    assert choices("mode") == MODES == ("profile", "plan", "run", "measure-only")
+    assert choices("control_plane") == DESIGNS == ("hierarchical", "flat")
+    assert choices("gpu") == KINDS
+    assert choices("noise_k") == ()
+
+
+@pytest.mark.parametrize("field, value", [("mode", "fast"), ("control_plane", "ring"), ("gpu", "tpu")])
+def test_a_value_outside_the_choices_names_them(field, value):
+    with pytest.raises(ConfigError, match=f"{field}: must be one of {', '.join(choices(field))} \\(got '{value}'\\)"):
+        PerseusConfig.from_dict({field: value})

@@ -175,8 +175,8 @@ class RecordingController(NullController):
         super().__init__()
         self.log = log
 
-    def set_frequency(self, mhz: int) -> None:
-        super().set_frequency(mhz)
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
+        super().set_frequency(mhz, at)
         self.log.append(("request", mhz))
 
 
@@ -218,8 +218,8 @@ class DirectController(NullController):
         super().__init__()
         self.device = device
 
-    def set_frequency(self, mhz: int) -> None:
-        super().set_frequency(mhz)
+    def set_frequency(self, mhz: int, at: float | None = None) -> None:
+        super().set_frequency(mhz, at)
         self.device.set_locked_sm_clock(mhz)
 
     def reset(self) -> None:

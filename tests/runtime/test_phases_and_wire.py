@@ -8,6 +8,7 @@ import pytest
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.frontier.v1 import encode_v1
 from perseus.runtime.plane.collective import Collective, decode_frontier, encode_frontier
+from perseus.runtime.config import Mode
 from perseus.runtime.phases import ALLOWED, Phase, PhaseMachine, after_warmup
 from perseus.schedules import build_schedule
 
@@ -34,7 +35,7 @@ def test_phase_history_and_illegal_transition():
     (False, False, "profile", Phase.PROFILING, None),
 ])
 def test_where_warmup_leads(plan, profile, mode, phase, why):
-    got, line = after_warmup(plan, profile, mode)
+    got, line = after_warmup(plan, profile, Mode(mode))
     assert got is phase and got in ALLOWED[Phase.WARMUP]
     assert (line is None) if why is None else (why in line)
 

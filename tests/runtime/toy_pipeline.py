@@ -186,6 +186,7 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
 
     from perseus.gpu.sim.device import SimulatedGPU
     from perseus.runtime.config import PerseusConfig
+    from perseus.runtime import install_process_hooks
     from perseus.runtime.engine import PerseusRuntime
     from perseus.runtime.job import PipelineJob
 
@@ -210,6 +211,8 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
         config = PerseusConfig.from_dict({"gpu": "sim", "device_index": rank, **cfg.perseus,
                                           "enabled": cfg.perseus_enabled})
         sched = job.build_schedule()
+        if config.enabled:
+            install_process_hooks()  # this trainer is its process's entry point: SIGTERM closes the runtime
         with PerseusRuntime(job, config) as runtime:
             worker = _StageWorker(cfg, rank, device, runtime.sim_kernels)
             (out / f"rank{rank}.pid").write_text(str(os.getpid()))

@@ -206,6 +206,10 @@ class SimulatedGPU(GPUDevice):
         return SIM_DRIVER_VERSION
 
     @property
+    def simulated(self) -> bool:
+        return True
+
+    @property
     def state_path(self) -> Path:
         """The shared state file (inspect it from any process with ``read_sim_state``)."""
         return self._file.path
@@ -395,7 +399,7 @@ class SimulatedGPU(GPUDevice):
         k = math.floor((now - self._phase) / self.energy_update_period_s)
         return st.counter_j if k <= st.counter_k else self._counter_at(st, k)
 
-    def energy_counter_reading(self) -> tuple[float, float]:
+    def energy_counter_reading(self) -> tuple[float, float | None]:
         """(counter value, time of its last update): the simulator knows when its coarse counter
         advanced, so the energy poller need not guess it from when it looked (a busy process
         looks late). CLOCK_MONOTONIC seconds."""

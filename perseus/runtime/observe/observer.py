@@ -7,15 +7,18 @@ Prometheus exporter; the engine hands it values at step end and gets ``StepMetri
 
 A step's record is made in two parts, both at step end: ``record`` right after the step is
 measured (its log and file lines precede the phase change it may cause, as they always did), and
-``publish`` once the step's phase logic ran (the clock requested now, the straggler ratio and job
-check of this step, running totals): that form replaces the first in ``Reporter.records`` and
-goes to every sink.
+``publish`` once the step's phase logic ran, with one ``StepEnd`` value (the clock requested now,
+the straggler ratio and job check of this step; the observer adds the running totals): that form
+replaces the first in ``Reporter.records`` and goes to every sink. The first part cannot wait for
+the second: warm-up's end reads the step's record as a baseline, and the step's file line precedes
+the phase-change events it causes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
@@ -37,6 +40,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("perseus.runtime")
 
 J_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What holds at a step's end, once its phase logic ran: one value the engine reads off its
+    rooms, so ``Observer.publish`` takes it instead of a keyword per collaborator.
+
+    ``point``: the point being run, if any, with its ``slowdown``; ``follower``: the plan's, whose
+    instructions per clock a deployed step counts; ``job_energy_j``: the job check's answer when it
+    came at this step."""
+
+    clock_mhz: int
+    default_mhz: int
+    follower: PlanFollower | None
+    point: StagePoint | None
+    slowdown: float
+    straggler_ratio: float
+    job_energy_j: float | None
+    stage_instructions: int
 
 
 class Observer:
@@ -114,24 +136,22 @@ class Observer:
             out.update(carbon_intensity=grid.intensity, carbon_g=carbon, carbon_g_total=self.carbon_g_total)
         return out
 
-    def publish(self, record: StepMetrics, *, clock_mhz: int, default_mhz: int, follower: PlanFollower | None,
-                point: StagePoint | None, slowdown: float, straggler_ratio: float, job_energy_j: float | None,
-                stage_instructions: int) -> StepMetrics:
-        """``record`` completed with what holds at step end (``point``: the one being run, if any),
-        kept in place of it and given to every sink. Instructions per clock are counted for sinks
-        only: the plan's (``follower``) on a deployed step, else all at the step's one clock."""
-        deployed = record.phase is Phase.DEPLOYED and point is not None
+    def publish(self, record: StepMetrics, end: StepEnd) -> StepMetrics:
+        """``record`` completed with what holds at step ``end``, kept in place of it and given to
+        every sink. Instructions per clock are counted for sinks only: the plan's (``end.follower``)
+        on a deployed step, else all at the step's one clock."""
+        point = end.point if record.phase is Phase.DEPLOYED else None
 
         def instructions() -> dict[int, int]:
-            if record.phase is Phase.DEPLOYED and follower is not None:
-                return follower.step_clocks(default_mhz)
-            return {record.freq_mhz if record.freq_mhz is not None else default_mhz: stage_instructions}
+            if record.phase is Phase.DEPLOYED and end.follower is not None:
+                return end.follower.step_clocks(end.default_mhz)
+            return {record.freq_mhz if record.freq_mhz is not None else end.default_mhz: end.stage_instructions}
 
         full = self._totals.complete(
-            record, clock_mhz=clock_mhz, instructions=instructions() if self.sinks else None,
-            baseline_energy_j=self.reporter.baseline_energy_j, straggler_ratio=straggler_ratio,
-            point_slowdown=slowdown if deployed else None,
-            point_energy_j=point.energy_j if deployed and point is not None else None, job_energy_j=job_energy_j,
+            record, clock_mhz=end.clock_mhz, instructions=instructions() if self.sinks else None,
+            baseline_energy_j=self.reporter.baseline_energy_j, straggler_ratio=end.straggler_ratio,
+            point_slowdown=end.slowdown if point is not None else None,
+            point_energy_j=point.energy_j if point is not None else None, job_energy_j=end.job_energy_j,
         )
         self.reporter.complete(full)
         if self.sinks:
@@ -160,7 +180,7 @@ class Observer:
         c, run = self.config, supply.profiling
         sweep = run.sweep if run is not None else None
         return RunFacts(
-            rank=self.rank, job=job, mode=c.mode, phase=phases.phase, steps=steps, phase_history=list(phases.history),
+            rank=self.rank, job=job, mode=c.mode.value, phase=phases.phase, steps=steps, phase_history=list(phases.history),
             p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
             clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
             profiling_iterations=c.warmup_steps + run.iterations() if run is not None else None,

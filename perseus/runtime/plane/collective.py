@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, encode_frontier_json, frontier_from_json_dict
+from perseus.runtime.config import ControlPlaneDesign
 
 try:  # torch is optional for planning-only use of perseus
     import torch
@@ -90,7 +91,7 @@ class Collective:
     (``perseus.runtime.plane.hierarchy`` is the default above one process; docs/runtime.md).
     """
 
-    design = "flat"
+    design: str = ControlPlaneDesign.FLAT.value
     overlapped = False  # the job check's answer is ready at the check that asked for it
 
     def __init__(self, process_group: Any = None, timeout_s: float | None = None) -> None:

@@ -7,16 +7,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from perseus.runtime.config import DESIGNS, ControlPlaneDesign
 from perseus.runtime.plane.collective import Collective, dist
 from perseus.runtime.job import PipelineJob
 
 log = logging.getLogger("perseus.runtime")
 
-DESIGNS = ("hierarchical", "flat")
-
 
 def open_control_plane(job: PipelineJob, process_group: Any = None, timeout_s: float | None = None,
-                       design: str = "hierarchical") -> Collective:
+                       design: ControlPlaneDesign | str = ControlPlaneDesign.HIERARCHICAL) -> Collective:
     """Every rank of the job calls this at the same point (it connects to peers).
 
     Flat where the hierarchy cannot apply: no torch.distributed or one process (the local
@@ -24,7 +23,7 @@ def open_control_plane(job: PipelineJob, process_group: Any = None, timeout_s: f
     not cover the world (``dp × stages × tp`` ≠ world size: ranks Perseus does not see)."""
     if design not in DESIGNS:
         raise ValueError(f"control_plane must be one of {DESIGNS}, not {design!r}")
-    if design == "flat" or process_group is not None or dist is None or not dist.is_available() \
+    if design == ControlPlaneDesign.FLAT or process_group is not None or dist is None or not dist.is_available() \
             or not dist.is_initialized() or dist.get_world_size() == 1:
         return Collective(process_group, timeout_s)
     world = dist.get_world_size()

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from perseus.errors import ProfileError
 from perseus.profile.aggregate import RankMeasurements, combine_tensor_parallel, replica_vector, replicas_mean
+from perseus.runtime.config import ControlPlaneDesign
 from perseus.runtime.plane.axis_group import AxisGroup
 from perseus.runtime.plane.collective import DEFAULT_TIMEOUT_S, Collective, PairChannel, PipelineRow, collective_errors
 from perseus.runtime.plane.control_thread import ControlThread
@@ -44,7 +45,7 @@ _generations = itertools.count()  # every rank builds its planes in the same ord
 class HierarchicalCollective(Collective):
     """``Collective``'s operations along the grid of ``job`` (every rank of the job builds one)."""
 
-    design = "hierarchical"
+    design: str = ControlPlaneDesign.HIERARCHICAL.value
     overlapped = True  # the job check's answer arrives one check later
 
     def __init__(self, job: PipelineJob, timeout_s: float | None = None) -> None:  # no world group

@@ -46,10 +46,10 @@ class GPUPort:
         self.supported_mhz: list[int] = list(device.supported_sm_clocks_mhz())
         self.default_mhz: int = int(device.default_sm_clock_mhz())
         self.name: str = str(device.name)
-        self.driver_version: str = str(device.driver_version)
+        self.driver_version: str = device.driver_version
         self.current_mhz: int = self.default_mhz
         # Whether the controller can hold a request until a given time (switch latency hiding).
-        self.timed_requests: bool = bool(getattr(controller, "timed_requests", False))
+        self.timed_requests: bool = controller.timed_requests
         self._closed = False
         self._last_energy_j = 0.0
         self.energy_error: str | None = None  # set once reading the energy counter failed
@@ -82,7 +82,7 @@ class GPUPort:
         if control and clockd_socket_from_env() is not None:
             return cls(device, _clockd_controller(device, device_index, clock_check_s))
         if control and not device.can_set_clocks():
-            problem = getattr(device, "control_problem", lambda: None)()
+            problem = device.control_problem()
             device.close()
             raise ConfigError(f"perseus: {problem}" if problem else
                               f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
@@ -155,8 +155,7 @@ class GPUPort:
 
     def notices(self) -> list[ClockNotice]:
         """What the controller reported unasked since the last call (step ends; never blocks)."""
-        notices = getattr(self.controller, "notices", None)  # a caller's own controller may have none
-        return notices() if notices is not None else []
+        return self.controller.notices()
 
     def take_notices(self, rank: int) -> list[tuple[str, Any]]:
         """The notices since the last call (step ends) as the run's events, each logged once: an
@@ -187,7 +186,7 @@ class GPUPort:
 
     @property
     def is_simulated(self) -> bool:
-        return self.sim_device is not None
+        return self.device.simulated
 
     @property
     def sim_device(self) -> SimulatedGPU | None:
@@ -195,7 +194,7 @@ class GPUPort:
         runtime stretches; None on a real GPU."""
         from perseus.gpu.sim.device import SimulatedGPU
 
-        device = getattr(self.device, "base", self.device)
+        device = self.device.underlying
         return device if isinstance(device, SimulatedGPU) else None
 
     def instruction_timer(self) -> InstructionTimer:
@@ -248,7 +247,7 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
     if port is None:
         try:
             port = GPUPort.open(config.gpu, device_index(config, rank), config.sim_gpu,
-                                control=config.mode != "measure-only", clock_check_s=config.clock_check_s,
+                                control=config.mode.controls_clocks, clock_check_s=config.clock_check_s,
                                 zeusd_socket=config.zeusd_socket)
         except PerseusError as exc:
             error = exc
@@ -256,7 +255,7 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
         if port is not None:
             port.close()
         error = error or ConfigError("perseus: another rank could not open its GPU or control its clocks")
-        error.line = job_error_line(collective, rank, error)  # type: ignore[attr-defined]
+        error.line = job_error_line(collective, rank, error)
         raise error
     assert port is not None
     return port
@@ -310,7 +309,7 @@ def _clockd_controller(device: GPUDevice, device_index: int | None, clock_check_
     from perseus.gpu.clockd_client import ClockdController, socket_path_from_env
     from perseus.gpu.cuda_visible import default_cuda_index
 
-    simulated = type(device).__module__.startswith("perseus.gpu.sim")
+    simulated = device.simulated
     controller = ClockdController(
         socket_path_from_env() or "", uuid=device.uuid,
         device_index=device.index if simulated else (default_cuda_index() if device_index is None else device_index),

@@ -17,7 +17,7 @@ from perseus.profile import Profile
 from perseus.profile.aggregate import aggregate_profile
 from perseus.store.cache import RunCache
 from perseus.runtime.plane.collective import Collective
-from perseus.runtime.config import PerseusConfig
+from perseus.runtime.config import Mode, PerseusConfig
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort
 from perseus.runtime.supply.planning import (BackgroundPlanner, PlanOutcome, finish_at_close, log_planned, share_outcome, start_child,
@@ -95,7 +95,7 @@ class PlanSupply:
         True when there is nothing left to measure (a resumed sweep that an earlier run completed)."""
         assert self.profiling is not None and self.p_blocking_w is not None
         self.profiling.start(self.p_blocking_w)
-        if self.collective.is_root and self.config.mode != "profile":
+        if self.collective.is_root and self.config.mode.plans:
             try:  # a failure here shows again when planning starts
                 self._child = start_child(self.config.planner_nice)
             except Exception:  # noqa: BLE001
@@ -179,8 +179,8 @@ class PlanSupply:
             stop_child(child)
 
 
-def ready_line(plan: StagePlan, mode: str) -> str:
+def ready_line(plan: StagePlan, mode: Mode) -> str:
     """Rank 0's line for a plan that is ready in a mode that does not run it."""
     point = plan.default_point()
     return (f"plan ready (default point: {point.time_s:.4f} s, {point.energy_j:.1f} J vs baseline "
-            f"{plan.baseline_energy_j:.1f} J); mode {mode!r} keeps default clocks")
+            f"{plan.baseline_energy_j:.1f} J); mode {mode.value!r} keeps default clocks")

@@ -145,7 +145,7 @@ def _root_sources(
         return {}, None, None
     out: dict[str, Any] = {}
     frontier = None
-    if c.mode != "profile":
+    if c.mode.plans:
         frontier = cache.load_frontier(schedule)
         if frontier is not None:
             out["origin"] = f"cached frontier {cache.frontier_path}"
