@@ -30,8 +30,13 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perseus.guard.sequential import SequentialSettings  # noqa: E402
-from perseus.guard.simulation import HostEvent, Noise, lognormal_noise, simulate, trace_noise  # noqa: E402
+from perseus.guard.sequential import SequentialSettings
+from perseus.guard.simulation import (
+    HostEvent,
+    lognormal_noise,
+    simulate,
+    trace_noise,
+)
 
 TRACE = ROOT / "tests" / "data" / "straggler_noise.json"
 
