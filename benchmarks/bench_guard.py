@@ -4,7 +4,7 @@
     python benchmarks/bench_guard.py            # the table docs/runtime.md quotes
     python benchmarks/bench_guard.py --runs 10  # quicker, coarser
 
-Each row drives the guard exactly as the closed loop does (``perseus.guard.simulation``: seeded
+Each row drives the guard exactly as the closed loop does (``perseus.runtime.guard.simulation``: seeded
 probe placement, windows, the rank-score CUSUM, its backoff) over synthetic deployed runs:
 multiplicative step noise (log-normal 1 % as on a GPU, 3 %, or replayed from the recorded noise of
 this loaded 2-core machine, ``tests/data/straggler_noise.json``, about 8 % robust spread with
@@ -30,8 +30,8 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perseus.guard.sequential import SequentialSettings
-from perseus.guard.simulation import (
+from perseus.runtime.guard.sequential import SequentialSettings
+from perseus.runtime.guard.simulation import (
     HostEvent,
     lognormal_noise,
     simulate,

@@ -18,8 +18,8 @@ GPUBackend = Literal["auto", "nvml", "sim"]
 ControlPlaneDesign = Literal["hierarchical", "flat"]
 
 MODES: tuple[str, ...] = ("profile", "plan", "run", "measure-only")
-# The smallest probe period that keeps one counted plan step between default-clock probe blocks
-# (guard/probes.py: ProbeSchedule.min_every with its one settle step; a test keeps them equal).
+# The shortest probe window with one counted probe step: its settle step, the probe, the plan's settle
+# step and one counted plan step (guard/placement.py: ProbePlacement.shortest; a test keeps them equal).
 MIN_PROBE_EVERY_STEPS = 4
 
 
@@ -105,13 +105,20 @@ class PerseusConfig(BaseModel):
     straggler_recover_threshold: float = Field(default=0.02, ge=0)
     straggler_patience: int = Field(default=2, ge=1)
 
-    # The no-slowdown guard (docs/runtime.md, "No slowdown, checked while training"): every N
-    # deployed steps a default-clock probe (one settle step, one counted step) gives the same-run
-    # A/B; the plan moves to a faster point after ``guard_patience`` checks in a row slower than its
-    # target by more than ``guard_tolerance`` + ``guard_noise_z`` robust standard errors, and falls
-    # back to default clocks when even the fastest point is. 0 turns probes and the guard off.
-    probe_every_steps: int = Field(default=50, ge=0)
+    # The no-slowdown guard (docs/runtime.md, "No slowdown, checked while training"): deployed steps
+    # are cut into windows, each with one probe block (one settle step, ``probe_block_steps``
+    # counted steps at default clocks) at a seeded random offset; the first windows are
+    # ``probe_every_steps`` long, growing to ``probe_longest_steps`` once the test is confident.
+    # At each window's end every pipeline's CUSUM of rank scores is gathered; at ``guard_threshold``
+    # the job moves to a faster point (or falls back at the fastest). A plan within
+    # ``guard_tolerance`` of its target is not slow. 0 turns probes and the guard off.
+    probe_every_steps: int = Field(default=8, ge=0)
+    probe_longest_steps: int = Field(default=200, ge=1)
+    probe_block_steps: int = Field(default=1, ge=1)
     guard_tolerance: float = Field(default=0.01, ge=0, lt=0.5)
+    guard_threshold: float = Field(default=7.0, gt=0)
+    # The first design's patience and noise allowance: accepted so older configs load, unused since
+    # the CUSUM (its threshold is ``guard_threshold``).
     guard_patience: int = Field(default=3, ge=1)
     guard_noise_z: float = Field(default=2.0, ge=0)
 
@@ -161,10 +168,11 @@ class PerseusConfig(BaseModel):
                 f"straggler_recover_threshold ({self.straggler_recover_threshold}) must be below "
                 f"straggler_threshold ({self.straggler_threshold}) so the policy has a hysteresis band"
             )
-        if 0 < self.probe_every_steps < MIN_PROBE_EVERY_STEPS:
+        shortest = MIN_PROBE_EVERY_STEPS + self.probe_block_steps - 1
+        if 0 < self.probe_every_steps < shortest:
             raise ValueError(
                 f"probe_every_steps ({self.probe_every_steps}) leaves no counted plan step between default-clock "
-                f"probes; use 0 (off) or at least {MIN_PROBE_EVERY_STEPS}"
+                f"probes; use 0 (off) or at least {shortest}"
             )
         if self.plan_wait_s >= self.collective_timeout_s:
             raise ValueError(

@@ -63,7 +63,7 @@ class Reporter:
         medians of the counted plan steps and probes, with their spread), each labelled as such."""
         self.records.append(record)
         if self.rank == 0 and self.log_every_steps and record.step % self.log_every_steps == 0:
-            log.info("%s", self._line(record, this_step, run))
+            log.info("%s", self._line(record, run))
         if self._metrics is not None:
             row = record.file_row()
             row["baseline_time_s"] = self.baseline_time_s
@@ -75,10 +75,9 @@ class Reporter:
                 row.update(extra)
             self._metrics.write_line(json.dumps(row))
 
-    def _line(self, record: StepMetrics, this_step: ABFigure | None, run: ABFigure | None) -> str:
+    def _line(self, record: StepMetrics, run: ABFigure | None) -> str:
         if record.clocks is not None:  # deployed: the A/B against this run's default-clock probes
-            line = step_line(record.step, record.phase.value, record.time_s, record.energy_j, record.clocks,
-                             this_step, run)
+            line = step_line(record.step, record.phase.value, record.time_s, record.energy_j, record.clocks, run)
             return line + (f", slowdown x{record.slowdown:.3f}" if record.slowdown != 1.0 else "")
         parts = [f"perseus step {record.step} [{record.phase.value}]", f"time {record.time_s * 1e3:.1f} ms",
                  f"energy {record.energy_j:.2f} J"]

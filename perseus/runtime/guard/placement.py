@@ -32,14 +32,42 @@ Pure: roles are a function of the seed, the window lengths and the step index.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import math
 from dataclasses import dataclass
 
 from perseus.errors import ConfigError
-from perseus.runtime.probes import StepRole
 
 JITTER = 0x5EED  # mixes the seed for window lengths apart from block offsets
+
+
+class StepRole(enum.Enum):
+    """What a deployed step is for. Settle steps follow a clock change and are not counted: the first
+    iteration after a change is systematically slower (profiling saw 25-35 % on a loaded CPU; on a GPU
+    the clock, caches and the allocator settle), so every counted sample, plan or probe, follows
+    ``settle`` steps at its own clocks and the transient enters neither side."""
+
+    PLAN = "plan"  # planned clocks, counted
+    PLAN_SETTLE = "plan_settle"  # planned clocks, first step(s) after a clock change: not counted
+    PROBE_SETTLE = "probe_settle"  # the probe's clocks, first step(s) of a block: not counted
+    PROBE = "probe"  # the probe's clocks, counted
+
+    @property
+    def default_clocks(self) -> bool:
+        """Runs at the probe's clocks (default clocks, or a target's reference point; the metrics file
+        marks it ``"clocks": "default"``)."""
+        return self in (StepRole.PROBE, StepRole.PROBE_SETTLE)
+
+    @property
+    def counted(self) -> bool:
+        """Its time and energy enter the A/B and the test (it was preceded by steps at its own clocks)."""
+        return self in (StepRole.PLAN, StepRole.PROBE)
+
+
+def clocks_label(role: StepRole) -> str:
+    """The metrics file's ``"clocks"`` field: ``"default"`` for probe steps, ``"plan"`` otherwise."""
+    return "default" if role.default_clocks else "plan"
 
 
 def probe_seed(deploy_step: int, fingerprint: str) -> int:
@@ -175,5 +203,6 @@ class ProbeTimeline:
         """Open the window after the current one, ``length`` steps long; ``after_move``: the clocks
         changed at its start (a guard move), so its first ``settle`` steps are not counted."""
         lead = self.placement.settle if after_move else 0
+        length = max(length, self.placement.shortest(lead))  # a move's settle steps lengthen the shortest window
         self.window = self.placement.window(self.window.index + 1, self.window.end, length, lead)
         return self.window

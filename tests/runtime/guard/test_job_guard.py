@@ -4,17 +4,18 @@ import random
 
 import pytest
 
-from perseus.guard.job_guard import (
+from perseus.runtime.guard.job_guard import (
+    Action,
     RankGuard,
     agree,
     judged_time,
     verdict_of,
+    target_ratio,
     verdict_row,
 )
-from perseus.guard.placement import ProbePlacement, probe_seed
-from perseus.guard.sequential import Confidence, SequentialSettings, WindowVerdict
-from perseus.guard.simulation import HostEvent
-from perseus.runtime.time_guard import Action
+from perseus.runtime.guard.placement import ProbePlacement, probe_seed
+from perseus.runtime.guard.sequential import Confidence, SequentialSettings, WindowVerdict
+from perseus.runtime.guard.simulation import HostEvent
 
 
 def test_verdicts_cross_the_wire_as_floats():
@@ -103,3 +104,11 @@ def test_probe_cost_counts_default_steps_and_their_extra_energy():
     assert cost.deployed_steps == 400 and 0 < cost.share < 0.3
     assert cost.extra_energy_j == pytest.approx(20.0 * cost.default_steps, rel=0.2)
     assert guard.summary()["probe_share"] == cost.share
+
+
+def test_a_target_is_held_in_units_of_the_probes_reference_never_faster_than_it():
+    assert target_ratio(None, 2.0) == 1.0
+    assert target_ratio(2.4, 2.0) == pytest.approx(1.2)
+    assert target_ratio(1.5, 2.0) == 1.0
+    with pytest.raises(ValueError, match="positive"):
+        target_ratio(1.0, 0.0)

@@ -1,5 +1,5 @@
 """The guard's sequential test: rank scores, the CUSUM, its backoff; honest and lying plans under
-periodic host events, in process (``perseus.guard.simulation``)."""
+periodic host events, in process (``perseus.runtime.guard.simulation``)."""
 
 import random
 from statistics import mean, pvariance
@@ -7,8 +7,8 @@ from statistics import mean, pvariance
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.guard.placement import Backoff
-from perseus.guard.sequential import (
+from perseus.runtime.guard.placement import Backoff
+from perseus.runtime.guard.sequential import (
     Confidence,
     SequentialSettings,
     SequentialTest,
@@ -17,7 +17,7 @@ from perseus.guard.sequential import (
     null_windows_to_alarm,
     rank_score,
 )
-from perseus.guard.simulation import HostEvent, lognormal_noise, simulate
+from perseus.runtime.guard.simulation import HostEvent, lognormal_noise, simulate
 
 PERIODS = (2, 4, 10, 25, 50, 100)
 

@@ -12,8 +12,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from perseus.guard.placement import ProbePlacement, ProbeTimeline
-from perseus.guard.sequential import (
+from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline
+from perseus.runtime.guard.sequential import (
     Confidence,
     SequentialSettings,
     SequentialTest,

@@ -16,22 +16,40 @@ Pure: the engine feeds steps and applies decisions; no collective or clock here.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perseus.guard.placement import ProbePlacement, ProbeTimeline
-from perseus.guard.sequential import (
+from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline, StepRole
+from perseus.runtime.guard.sequential import (
     Confidence,
     SequentialSettings,
     SequentialTest,
     WindowVerdict,
     next_length,
 )
-from perseus.runtime.probes import StepRole
-from perseus.runtime.time_guard import Action
 
 CONFIDENCE_CODE = {c: float(i) for i, c in enumerate(Confidence)}
+
+
+class Action(enum.Enum):
+    """What the job does at a window's end."""
+
+    KEEP = "keep"  # leave the deployed point as it is
+    FASTER = "faster"  # look up the point for target time × factor
+    FALLBACK = "fallback"  # default clocks for the rest of the run
+
+
+def target_ratio(target_time_s: float | None, reference_time_s: float) -> float:
+    """A target's time in units of the probes' reference point's (default clocks unless a power cap
+    forbids them): what the plan is held to. ``None`` is the no-slowdown target, 1.0; a target faster
+    than the reference is held to the reference's time (no plan is promised faster than it)."""
+    if reference_time_s <= 0:
+        raise ValueError(f"reference point's planned time must be positive, got {reference_time_s}")
+    if target_time_s is None:
+        return 1.0
+    return max(1.0, target_time_s / reference_time_s)
 
 
 def judged_time(first_begin_s: float, last_end_s: float) -> float:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from perseus.errors import ConfigError
-from perseus.guard.placement import Backoff
+from perseus.runtime.guard.placement import Backoff
 
 MAD_TO_SD = 1.4826  # MAD × this = standard deviation, for normal noise
 MEDIAN_SE = 1.2533  # a median's standard error over a mean's, for normal noise

@@ -3,14 +3,14 @@
 import pytest
 
 from perseus.errors import ConfigError
-from perseus.guard.placement import (
+from perseus.runtime.guard.placement import (
     Backoff,
     ProbePlacement,
     ProbeTimeline,
+    StepRole,
     probe_seed,
     uniform_offset,
 )
-from perseus.runtime.probes import ProbeSchedule, StepRole
 
 PERIODS = (2, 4, 10, 25, 50, 100)
 
@@ -102,8 +102,9 @@ def test_probes_pay_periodic_host_work_as_often_as_plan_steps(period, deploy_ste
 
 
 def test_the_fixed_phase_schedule_it_replaces_locks_onto_a_period():
-    """What the placement fixes: the old schedule's probes all fall on the same phase of a 50-step loop."""
-    rs = ProbeSchedule(every=50).roles(20_000)
+    """What the placement fixes: the first design's probes (deployed step 6, then every 50) all fall on
+    the same phase of a 50-step loop."""
+    rs = [StepRole.PROBE if i >= 5 and (i - 5) % 50 == 1 else StepRole.PLAN for i in range(20_000)]
     for deploy_step in (36, 37):
         probe, plan = event_shares(rs, deploy_step, 50)
         assert probe in (0.0, 1.0) and 0.0 < plan < 0.1
