@@ -50,6 +50,8 @@ _HOT_IDLE, _HOT_PROFILE, _HOT_DEPLOY = 0, 1, 2
 class PerseusRuntime:
     """Implements ``InstructionListener``; see docs/runtime.md for phases, protocol and config."""
 
+    _step_t0 = _first_begin = 0.0  # the step's begin and its first instruction's (also when disabled)
+
     def __init__(self, job: PipelineJob, config: PerseusConfig | None = None, *, process_group: Any = None,
                  gpu: GPUPort | None = None) -> None:
         self.job = job

@@ -179,7 +179,7 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["profiled_clocks_mhz"] = list(sweep.visited)
         out["profiling_iterations"] = f.profiling_iterations
         out["sweep_stopped_early"] = sweep.stopped_early
-        out["profiling_overhead"] = profiling_overhead(reporter.records, reporter.baseline_time_s, reporter.baseline_energy_j)
+        out["profiling_overhead"] = profiling_overhead(reporter.records)
     if f.closed_loop is not None:
         out["closed_loop"] = f.closed_loop
     if f.grid is not None:
@@ -211,22 +211,35 @@ def _fmt(d: dict[str, Any] | None) -> str:
     return f"{d['time_s'] * 1e3:.1f} ms / {d['energy_j']:.2f} J"
 
 
-def profiling_overhead(records: Sequence[StepMetrics], baseline_time_s: float | None,
-                       baseline_energy_j: float | None) -> dict[str, Any] | None:
-    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time
-    and energy minus the warm-up median × as many steps. None before profiling."""
+def profiling_overhead(records: Sequence[StepMetrics]) -> dict[str, Any] | None:
+    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time and
+    energy minus a like-with-like reference × as many steps. The reference is the sweep's own
+    steps at its top clock (default clocks, timed the same way, after start-up); without those,
+    the warm-up median with its first (start-up) step left out. A figure below zero is noise (or a
+    reference that ran slower than the sweep), never a gain: ``note`` says so. None before profiling."""
     rows = [r for r in records if r.phase is Phase.PROFILING]
-    if not rows or not baseline_time_s or not baseline_energy_j:
+    top = max((r.freq_mhz for r in rows if r.freq_mhz is not None), default=None)
+    reference = [r for r in rows if top is not None and r.freq_mhz == top]
+    basis = f"the sweep's own steps at its top clock ({top} MHz)"
+    if not reference:
+        reference = [r for r in records if r.phase is Phase.WARMUP][1:]
+        basis = "warm-up steps after the first (start-up left out)"
+    base_t = median(r.time_s for r in reference) if reference else 0.0
+    base_e = median(r.energy_j for r in reference) if reference else 0.0
+    if not rows or base_t <= 0 or base_e <= 0:
         return None
     n = len(rows)
     time_s = sum(r.time_s for r in rows)
     energy_j = sum(r.energy_j for r in rows)
-    return {
-        "iterations": n,
-        "time_s": time_s,
-        "energy_j": energy_j,
-        "extra_time_s": time_s - n * baseline_time_s,
-        "extra_energy_j": energy_j - n * baseline_energy_j,
-        "extra_time_ratio": time_s / (n * baseline_time_s) - 1.0,
-        "extra_energy_ratio": energy_j / (n * baseline_energy_j) - 1.0,
+    out: dict[str, Any] = {
+        "iterations": n, "time_s": time_s, "energy_j": energy_j, "reference": basis,
+        "reference_steps": len(reference),
+        "extra_time_s": time_s - n * base_t,
+        "extra_energy_j": energy_j - n * base_e,
+        "extra_time_ratio": time_s / (n * base_t) - 1.0,
+        "extra_energy_ratio": energy_j / (n * base_e) - 1.0,
     }
+    if out["extra_time_s"] < 0 or out["extra_energy_j"] < 0:
+        out["note"] = (f"below zero: the {n} profiling steps ran {'faster' if out['extra_time_s'] < 0 else 'slower'}"
+                       f" than {basis} suggest; step noise on this machine, not a gain")
+    return out
