@@ -17,6 +17,7 @@ import numpy as np
 from perseus.frontier import Frontier, FrontierPoint, save_frontier
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+from perseus.runtime.observe.report import summary_line
 from perseus.schedules import build_schedule
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0)
@@ -94,6 +95,7 @@ def test_a_plan_slower_than_default_clocks_moves_to_a_faster_point(tmp_path, cap
     loop = summary["closed_loop"]
     assert summary["phase"] == "deployed" and loop["guard_moves"] == 1 and loop["pipelines"]["0"]["alarms"] == 1
     assert 0 < loop["default_clock_fraction"] < 0.5 and loop["decisions"][0]["action"] == "faster"
+    assert "1 move(s) faster): pipeline 0 CUSUM" in summary_line(summary)
     assert "no-slowdown guard" in caplog.text
 
 

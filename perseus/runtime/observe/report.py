@@ -202,7 +202,17 @@ def summary_line(summary: dict[str, Any]) -> str:
     s = summary
     saving = f"{100 * s['saving']:.1f}%" if s["saving"] is not None else "n/a"
     return (f"perseus summary: {s['steps']} steps, phase {s['phase']}, baseline {_fmt(s['baseline'])}, "
-            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}")
+            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}{_guard(s.get('closed_loop'))}")
+
+
+def _guard(loop: dict[str, Any] | None) -> str:
+    """The no-slowdown guard per pipeline: its statistic, the probes' share and energy, what it did."""
+    if not loop or not loop.get("pipelines"):
+        return ""
+    did = "fell back" if loop["guard_fell_back"] else f"{loop['guard_moves']} move(s) faster" if loop["guard_moves"] else "kept"
+    parts = [f"pipeline {dp} CUSUM {p['statistic']:.2f}/{loop['threshold']:g}, probes {100 * p['probe_share']:.1f}% "
+             f"of steps ({p['probe_extra_energy_j']:+.1f} J)" for dp, p in loop["pipelines"].items()]
+    return f"; guard ({loop['windows']} windows, {did}): " + "; ".join(parts)
 
 
 def _fmt(d: dict[str, Any] | None) -> str:
