@@ -16,7 +16,8 @@ Reported per run: the step it deployed at, the guard's decisions (from the metri
 last window's CUSUM statistic and probe share per pipeline, the probes' extra energy, and the
 median of the last ``--tail`` step times over the measure-only run's (the acceptance is <= 1.05).
 
-Usage: ``python benchmarks/bench_guard_e2e.py [--steps 140] [--tail 30] [--hog] [--out DIR]``.
+Usage: ``python benchmarks/bench_guard_e2e.py [--steps 140] [--tail 30] [--hog] [--out DIR [--reuse]
+[--runs 'lying profile']]``.
 """
 
 from __future__ import annotations
@@ -34,15 +35,20 @@ for _path in (ROOT, ROOT / "tests", ROOT / "tests" / "deepspeed"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from unpadded_workload import SHORT_RUN, WorkloadRun, run_beside_cpu_hog  # noqa: E402
+from unpadded_workload import SHORT_RUN, WorkloadRun, read_metrics, run_beside_cpu_hog  # noqa: E402
 
 
 def lying(profile: dict[str, Any]) -> dict[str, Any]:
-    """The profile with every instruction's time flat across clocks (its top clock's time)."""
+    """The profile with every instruction's time flat across clocks (its top clock's time) and its
+    energy that time at a power proportional to the clock: lower clocks look as fast and cheaper,
+    so the planner deploys the lowest (kept energies would keep it at the top clock: on the
+    simulated GPU's measured curve the lowest clocks cost more energy)."""
     out = json.loads(json.dumps(profile))
     for item in out["measurements"]:
-        top = item["time_s"][max(range(len(item["freq_mhz"])), key=lambda i: item["freq_mhz"][i])]
-        item["time_s"] = [top] * len(item["time_s"])
+        top = max(range(len(item["freq_mhz"])), key=lambda i: item["freq_mhz"][i])
+        t, e, f = item["time_s"][top], item["energy_j"][top], item["freq_mhz"][top]
+        item["time_s"] = [t] * len(item["time_s"])
+        item["energy_j"] = [e * mhz / f for mhz in item["freq_mhz"]]
         item.pop("quality", None)
     return out
 
@@ -73,28 +79,38 @@ def main() -> None:
     parser.add_argument("--tail", type=int, default=30)
     parser.add_argument("--hog", action="store_true", help="a busy loop beside the runs")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true", help="keep --out's profile and runs that finished")
+    parser.add_argument("--runs", default="measure-only,lying profile,honest profile")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_guard_e2e_"))
     timeout = 1800.0
 
-    profiled = run_beside_cpu_hog(out / "profile", 12, {"mode": "profile"}, hog=args.hog, timeout_s=timeout)
-    found = sorted((out / "profile" / "cache").rglob("profile.json"))
-    if profiled.returncode != 0 or not found:
-        raise SystemExit(f"profiling run failed (rc {profiled.returncode}):\n{profiled.log[-3000:]}")
+    found = sorted((out / "profile" / "cache").rglob("profile.json")) if args.reuse else []
+    if not found:
+        profiled = run_beside_cpu_hog(out / "profile", 12, {"mode": "profile"}, hog=args.hog, timeout_s=timeout)
+        found = sorted((out / "profile" / "cache").rglob("profile.json"))
+        if profiled.returncode != 0 or not found:
+            raise SystemExit(f"profiling run failed (rc {profiled.returncode}):\n{profiled.log[-3000:]}")
     honest = found[0]
     lie = out / "lying_profile.json"
     lie.write_text(json.dumps(lying(json.loads(honest.read_text()))))
 
+    wanted = args.runs.split(",")
+    sections = {"measure-only": {"mode": "measure-only"}, "lying profile": {"profile_path": str(lie)},
+                "honest profile": {"profile_path": str(honest)}}
     runs: list[dict[str, Any]] = []
-    base = run_beside_cpu_hog(out / "measure_only", args.steps, {"mode": "measure-only"}, hog=args.hog,
-                              timeout_s=timeout)
-    runs.append(summarize("measure-only", base, args.tail, None))
-    reference = runs[0].get("tail_median_s")
-    for name, path in (("lying profile", lie), ("honest profile", honest)):
-        run = run_beside_cpu_hog(out / name.replace(" ", "_"), args.steps,
-                                 {"profile_path": str(path), "iters_per_freq": SHORT_RUN["iters_per_freq"]},
-                                 hog=args.hog, timeout_s=timeout)
+    reference = None
+    for name, section in sections.items():
+        where = out / name.replace(" ", "_").replace("-", "_")
+        if name in wanted or not (args.reuse and (where / "metrics.jsonl").exists()):
+            run = run_beside_cpu_hog(where, args.steps, {**section, "iters_per_freq": SHORT_RUN["iters_per_freq"]},
+                                     hog=args.hog, timeout_s=timeout)
+        else:
+            records, events = read_metrics(where / "metrics.jsonl")
+            run = WorkloadRun(0, records, events, "")
         runs.append(summarize(name, run, args.tail, reference))
+        if name == "measure-only":
+            reference = runs[-1].get("tail_median_s")
     print(f"\nunpadded AlexNet, 2 stages, 4-step epoch, {args.steps} steps, last {args.tail} compared"
           f"{', beside a busy loop' if args.hog else ''}; files under {out}")
     for row in runs:
