@@ -103,11 +103,14 @@ def main() -> None:
     for name, section in sections.items():
         where = out / name.replace(" ", "_").replace("-", "_")
         if name in wanted or not (args.reuse and (where / "metrics.jsonl").exists()):
+            (where / "metrics.jsonl").unlink(missing_ok=True)  # a new run, not appended to an old one
             run = run_beside_cpu_hog(where, args.steps, {**section, "iters_per_freq": SHORT_RUN["iters_per_freq"]},
                                      hog=args.hog, timeout_s=timeout)
         else:
             records, events = read_metrics(where / "metrics.jsonl")
-            run = WorkloadRun(0, records, events, "")
+            latest = records[-1]["run_id"] if records else None  # an appended file: its last run
+            run = WorkloadRun(0, [r for r in records if r.get("run_id") == latest],
+                              [e for e in events if e.get("run_id") == latest], "")
         runs.append(summarize(name, run, args.tail, reference))
         if name == "measure-only":
             reference = runs[-1].get("tail_median_s")

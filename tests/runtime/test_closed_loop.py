@@ -163,3 +163,47 @@ def test_straggler_and_external_targets_are_held_to_their_own_time():
     for _ in range(5):
         targeting.observe_slowdown(1.3)
     assert guard_target_ratio(targeting, plan) == targeting.straggler_ratio > 1.0
+
+
+class OtherPipeline:
+    """A control plane of two ranks whose other rank (data-parallel pipeline 1) sends ``row``:
+    what ``all_gather_floats`` returns to pipeline 0's rank."""
+
+    is_root = True
+
+    def __init__(self, row: list[float]) -> None:
+        self.row = row
+        self.gathers = 0
+
+    def all_gather_floats(self, values: list[float]) -> list[list[float]]:
+        self.gathers += 1
+        return [list(values), list(self.row)]
+
+
+def test_another_pipelines_alarm_moves_this_pipeline_too():
+    """Pipeline 0 is honest; pipeline 1 says its CUSUM crossed the threshold, 20 % slow: every rank
+    computes the same decision from the gathered rows, so pipeline 0's rank moves faster as well."""
+    from perseus.planner.stage_plan import decode_stage, encode_stage
+    from perseus.runtime.clocks.targeting import Targeting
+    from perseus.runtime.guard.closed_loop import ClosedLoop
+    from perseus.runtime.guard.job_guard import Action
+    from perseus.runtime.guard.sequential import Confidence
+
+    alarm = [1.0, 1.5, 7.5, float(list(Confidence).index(Confidence.ALARM)), 1.2, 0.2, 0.0, 0.25, 4.0]
+    plane = OtherPipeline(alarm)
+    loop = ClosedLoop(PerseusConfig(probe_every_steps=EVERY), plane, PipelineJob(1, 2, 0, dp_rank=0, dp_size=2))
+    frontier = Frontier(SCHEDULE, 80.0, 1.0, 10.0, [uniform(MAX, 0.9, 9.0), uniform(LOW, 1.0, 5.0)])
+    plan = decode_stage(encode_stage(frontier, 0), SCHEDULE, 0)
+    targeting = Targeting()
+    targeting.deploy(plan)
+    decision = None
+    for step in range(3, 3 + 3 * EVERY):
+        loop.begin_step(step)
+        decision = loop.end_step(0.0, 1.0, 2.0, targeting, plan)
+        if decision is not None:
+            break
+    assert decision is not None and plane.gathers == 1
+    assert decision.action is Action.FASTER and decision.slow_pipelines == (1,) and abs(decision.factor - 1 / 1.2) < 1e-12
+    assert loop.apply(decision, targeting, speak=False) is None and targeting.due
+    assert set(loop.pipelines) == {0, 1} and loop.pipelines[1].alarms == 1 and loop.pipelines[0].alarms == 0
+    assert loop.summary()["pipelines"]["1"]["statistic"] == 7.5
