@@ -35,7 +35,7 @@ for _path in (ROOT, ROOT / "tests", ROOT / "tests" / "deepspeed"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from unpadded_workload import SHORT_RUN, WorkloadRun, read_metrics, run_beside_cpu_hog  # noqa: E402
+from unpadded_workload import SHORT_RUN, WorkloadRun, read_metrics, run_beside_cpu_hog
 
 
 def lying(profile: dict[str, Any]) -> dict[str, Any]:

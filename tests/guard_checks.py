@@ -22,8 +22,9 @@ a speed: the checks are that the runtime's *decisions* follow from the evidence 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 MOVES = ("faster", "fallback")
 

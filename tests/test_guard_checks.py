@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from guard_checks import check_guard_run, split_run
+
 from perseus.runtime.guard.job_guard import Action, RankGuard, agree, verdict_row
 from perseus.runtime.guard.placement import ProbePlacement
 from perseus.runtime.guard.sequential import SequentialSettings

@@ -8,6 +8,7 @@ claiming the all-max time. Nothing asserts a wall-clock speed: the lie is a fact
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -69,7 +70,7 @@ def test_probe_steps_run_default_clocks_and_are_marked(tmp_path):
     # one block of two default-clock steps (settle + counted) per window, never at a fixed phase
     starts = [i for i, r in enumerate(steps) if r["clocks"] == "default" and (i == 0 or steps[i - 1]["clocks"] == "plan")]
     assert all(steps[i + 1]["clocks"] == "default" for i in starts if i + 1 < len(steps)) and 3 <= len(starts) <= 6
-    assert len({(b - a) for a, b in zip(starts, starts[1:])}) > 1, "blocks at seeded offsets, not a fixed period"
+    assert len({b - a for a, b in itertools.pairwise(starts)}) > 1, "blocks at seeded offsets, not a fixed period"
     guard = [r["data"] for r in lines(tmp_path) if r.get("event") == "guard"]
     assert guard and all(g["action"] == "keep" and "0" in g["pipelines"] for g in guard)
     # a probe step has no planned time; counted plan steps after the first probe have their own A/B figure

@@ -44,7 +44,13 @@ from perseus.runtime.guard.job_guard import (
     target_ratio,
     verdict_row,
 )
-from perseus.runtime.guard.placement import Backoff, ProbePlacement, StepRole, clocks_label, probe_seed
+from perseus.runtime.guard.placement import (
+    Backoff,
+    ProbePlacement,
+    StepRole,
+    clocks_label,
+    probe_seed,
+)
 from perseus.runtime.guard.sequential import SequentialSettings
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.plane.collective import Collective

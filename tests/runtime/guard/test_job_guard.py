@@ -9,12 +9,16 @@ from perseus.runtime.guard.job_guard import (
     RankGuard,
     agree,
     judged_time,
-    verdict_of,
     target_ratio,
+    verdict_of,
     verdict_row,
 )
 from perseus.runtime.guard.placement import ProbePlacement, probe_seed
-from perseus.runtime.guard.sequential import Confidence, SequentialSettings, WindowVerdict
+from perseus.runtime.guard.sequential import (
+    Confidence,
+    SequentialSettings,
+    WindowVerdict,
+)
 from perseus.runtime.guard.simulation import HostEvent
 
 
