@@ -40,8 +40,6 @@ from cpu_hog import cpu_hog
 from guard_checks import check_guard_run, split_run
 
 from perseus.runtime.guard.ab import ab_figure
-from perseus.runtime.guard.probes import ProbeSchedule, StepRole
-from perseus.runtime.guard.time_guard import GuardSettings
 
 
 def run_padded(out: Path, deployed_steps: int, probe_every: int) -> list[dict[str, Any]]:
@@ -69,7 +67,7 @@ def run_unpadded(out: Path, deployed_steps: int, probe_every: int) -> list[dict[
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def measure(lines: list[dict[str, Any]], probe_every: int) -> dict[str, Any]:
+def measure(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """One run's row: iterations to deployment, the final point's A/B, the guard's verdict."""
     steps, events = split_run(lines)
     deployed = [r for r in steps if r["phase"] == "deployed"]
@@ -79,10 +77,9 @@ def measure(lines: list[dict[str, Any]], probe_every: int) -> dict[str, Any]:
     overhead = next((e["data"] for e in events if e["event"] == "profiling_overhead"), {})
     moves = [e["step"] for e in events if e["event"] == "guard" and e["data"]["action"] == "faster"]
     last_move = moves[-1] if moves else first - 1
-    schedule = ProbeSchedule(every=probe_every)
-    roles = [(r, schedule.role(r["step"] - first)) for r in deployed]
-    plan = [r for r, role in roles if role is StepRole.PLAN and r["step"] > last_move]
-    probes = [r for r, role in roles if role is StepRole.PROBE]
+    counted = [r for r in deployed if r.get("counted")]  # the file marks each step's role (clocks, counted)
+    plan = [r for r in counted if r["clocks"] == "plan" and r["step"] > last_move]
+    probes = [r for r in counted if r["clocks"] == "default"]
     row: dict[str, Any] = {"deployed_at": first, "profiling_iterations": overhead.get("iterations"),
                            "n_plan": len(plan), "n_probe": len(probes)}
     if plan and probes:
@@ -91,8 +88,8 @@ def measure(lines: list[dict[str, Any]], probe_every: int) -> dict[str, Any]:
         row.update(time=ab.time_change, time_se=ab.time_stderr, saving=ab.saving, saving_se=ab.saving_stderr,
                    plan_s=median(r["time_s"] for r in plan), probe_s=median(r["time_s"] for r in probes))
     try:
-        verdict = check_guard_run(steps, events, GuardSettings(), probe_every)
-        row["guard"] = f"{verdict.outcome}, {verdict.checks} checks ({verdict.slow_checks} slow), {verdict.moves} moves"
+        verdict = check_guard_run(steps, events)
+        row["guard"] = f"{verdict.outcome}, {verdict.windows} windows, {verdict.moves} moves"
     except AssertionError as err:
         row["guard"] = f"CHECK FAILED: {str(err).splitlines()[0][:120]}"
     return row
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.runs):
                 started = time.perf_counter()
                 with tempfile.TemporaryDirectory(prefix="perseus-bench-ab-") as tmp:
-                    row = measure(runners[name](Path(tmp), args.deployed_steps, args.probe_every), args.probe_every)
+                    row = measure(runners[name](Path(tmp), args.deployed_steps, args.probe_every))
                 rows.append(row)
                 print(f"{name} run {i + 1}: {row} ({time.perf_counter() - started:.0f} s)", flush=True)
             table.append((name, rows))

@@ -62,6 +62,7 @@ class RunView:
     events: list[dict[str, str]] = field(default_factory=list)
     straggler_phase: bool = False  # the demo's "deployed (straggler)" window, left out of the comparison
     straggler_events: bool = False  # the runtime followed a straggler: its slowed steps are "deployed"
+    guard: list[dict[str, Any]] = field(default_factory=list)  # the no-slowdown guard, one row per pipeline
 
 
 def _pct(x: float) -> str:
@@ -117,8 +118,31 @@ def _cards(run: Run, cmp: dict[str, Any] | None, data: RunData) -> list[tuple[st
     cost = next((e["data"] for e in run.events if e["event"] == "profiling_overhead" and isinstance(e["data"], dict)), None)
     if cost is not None and {"iterations", "extra_time_ratio", "extra_energy_ratio"} <= cost.keys():
         cards.append(("", f"{cost['iterations']} iterations", f"of profiling: {_pct(cost['extra_time_ratio'])} time, "
-                      f"{_pct(cost['extra_energy_ratio'])} energy against default clocks"))
+                      f"{_pct(cost['extra_energy_ratio'])} energy against default clocks"
+                      + (f" ({cost['note']})" if cost.get("note") else "")))
     return cards
+
+
+def guard_rows(run: Run) -> list[dict[str, Any]]:
+    """The no-slowdown guard per data-parallel pipeline, from the run's ``guard`` events (one per
+    probe window; each carries every pipeline's CUSUM statistic, probe share and probe energy):
+    windows, the decisions that named it, its last statistic against the threshold, the probes'
+    share of deployed steps and their energy over the plan's."""
+    windows = [e for e in run.events if e["event"] == "guard" and isinstance(e.get("data"), dict)
+               and isinstance(e["data"].get("pipelines"), dict)]
+    rows: dict[str, dict[str, Any]] = {}
+    for e in windows:
+        data = e["data"]
+        for dp, p in data["pipelines"].items():
+            row = rows.setdefault(dp, {"pipeline": dp, "windows": 0, "decisions": []})
+            row["windows"] += 1
+            row.update(statistic=f"{p['statistic']:.2f} (alarm at {data['threshold']:g})",
+                       probe_share=f"{100 * p['probe_share']:.1f}%", probe_energy=f"{p['probe_extra_energy_j']:+.1f} J")
+            if data["action"] != "keep" and int(dp) in data.get("slow_pipelines", []):
+                row["decisions"].append(f"{data['action']} at step {e.get('step')}")
+    for row in rows.values():
+        row["decisions"] = ", ".join(row["decisions"]) or "kept (no alarm)"
+    return [rows[dp] for dp in sorted(rows, key=int)]
 
 
 def _embed(section: str, path: Path, title: str, caption: str) -> Figure:
@@ -182,6 +206,7 @@ def write_report(data: RunData, out: Path) -> list[Path]:
                        for ev in run.events]
         view.straggler_phase = any(is_deployed(s.phase) and s.phase != DEPLOYED for s in run.steps)
         view.straggler_events = any(ev["event"] == "straggler" for ev in run.events)
+        view.guard = guard_rows(run)
         views.append(view)
     shared: list[Figure] = []
     used = used_points(data)

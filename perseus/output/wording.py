@@ -29,3 +29,30 @@ def time_phrase(change: float, stderr: float | None = None) -> str:
     """``"1.2% slower"`` or ``"0.4% faster"`` (``change`` = time / baseline − 1)."""
     word = "slower" if change > 0 else "faster"
     return f"{100 * abs(change):.1f}%{_pm(stderr)} {word}"
+
+
+Z95 = 1.96  # a normal 95 % interval: value ± this × standard error
+
+
+def _interval(value: float, stderr: float) -> str:
+    low, high = value - Z95 * stderr, value + Z95 * stderr
+    return f"{100 * low:+.1f}..{100 * high:+.1f}%"
+
+
+def measured_saving_phrase(saving: float, stderr: float | None) -> str:
+    """The run's saving with its 95 % interval; ``"energy change not yet measurable"`` while the
+    interval spans zero (or the spread is unknown): a saving read from noise is not a saving."""
+    if stderr is None:
+        return "energy change not yet measurable (spread unknown)"
+    if abs(saving) <= Z95 * stderr:
+        return f"energy change not yet measurable ({_interval(-saving, stderr)} energy, 95 % interval)"
+    return f"{saving_phrase(saving, stderr)} (95 % interval {_interval(saving, stderr)} saved)"
+
+
+def measured_time_phrase(change: float, stderr: float | None) -> str:
+    """The run's time change with its 95 % interval; ``"time change not yet measurable"`` while it spans zero."""
+    if stderr is None:
+        return "time change not yet measurable (spread unknown)"
+    if abs(change) <= Z95 * stderr:
+        return f"time change not yet measurable ({_interval(change, stderr)} time, 95 % interval)"
+    return f"{time_phrase(change, stderr)} (95 % interval {_interval(change, stderr)} time)"

@@ -83,8 +83,8 @@ MODES: tuple[str, ...] = Mode.values()
 _MODE_HELP = "; ".join(f"{mode}: {mode.description}" for mode in Mode)
 DESIGNS: tuple[str, ...] = ControlPlaneDesign.values()
 GPU_BACKENDS: tuple[str, ...] = get_args(GPUBackend)
-# The smallest probe period that keeps one counted plan step between default-clock probe blocks
-# (guard/probes.py: ProbeSchedule.min_every with its one settle step; a test keeps them equal).
+# The shortest probe window with one counted probe step: its settle step, the probe, the plan's settle
+# step and one counted plan step (guard/placement.py: ProbePlacement.shortest; a test keeps them equal).
 MIN_PROBE_EVERY_STEPS = 4
 
 
@@ -242,25 +242,38 @@ class PerseusConfig(BaseModel):
     )
     straggler_patience: int = Field(default=2, ge=1, description="consecutive checks before reacting")
 
-    # The no-slowdown guard (docs/runtime.md, "No slowdown, checked while training"): every N
-    # deployed steps a default-clock probe (one settle step, one counted step) gives the same-run
-    # A/B; the plan moves to a faster point after ``guard_patience`` checks in a row slower than its
-    # target by more than ``guard_tolerance`` + ``guard_noise_z`` robust standard errors, and falls
-    # back to default clocks when even the fastest point is. 0 turns probes and the guard off.
+    # The no-slowdown guard (docs/runtime.md, "No slowdown, checked while training"): deployed steps
+    # are cut into windows, each with one probe block (one settle step, ``probe_block_steps``
+    # counted steps at default clocks) at a seeded random offset; the first windows are
+    # ``probe_every_steps`` long, growing to ``probe_longest_steps`` once the test is confident.
+    # At each window's end every pipeline's CUSUM of rank scores is gathered; at ``guard_threshold``
+    # the job moves to a faster point (or falls back at the fastest). A plan within
+    # ``guard_tolerance`` of its target is not slow. 0 turns probes and the guard off.
     probe_every_steps: int = Field(
-        default=50, ge=0,
-        description=("run a default-clock probe every N deployed iterations for the same-run A/B and the "
-                     "no-slowdown guard (0: never)"),
+        default=8, ge=0,
+        description=("length of the guard's first probe windows in deployed iterations, each with one "
+                     "default-clock probe block at a random offset (0: no probes, no guard)"),
+    )
+    probe_longest_steps: int = Field(
+        default=200, ge=1,
+        description="longest probe window, reached as the guard's test grows confident (1 probe block per window)",
+    )
+    probe_block_steps: int = Field(
+        default=1, ge=1,
+        description="counted default-clock steps per probe block (more for GPUs slow to reach their sustained clock)",
     )
     guard_tolerance: float = Field(
         default=0.01, ge=0, lt=0.5,
-        description="move to a faster plan when it is slower than its target by more than this fraction plus the noise",
+        description="a plan within this fraction of its target time is not slow",
     )
-    guard_patience: int = Field(default=3, ge=1, description="consecutive slow checks before the guard acts")
-    guard_noise_z: float = Field(
-        default=2.0, ge=0,
-        description="noise allowance of the guard, in robust standard errors of the A/B",
+    guard_threshold: float = Field(
+        default=7.0, gt=0,
+        description="CUSUM threshold of the guard's sequential test (higher: fewer false alarms, later detection)",
     )
+    # The first design's patience and noise allowance: accepted so older configs load, unused since
+    # the CUSUM (its threshold is ``guard_threshold``).
+    guard_patience: int = Field(default=3, ge=1, description="unused since the sequential guard (accepted for old configs)")
+    guard_noise_z: float = Field(default=2.0, ge=0, description="unused since the sequential guard (accepted for old configs)")
 
     # Faults. Every collective with the other ranks gives up after this long (a rank died or
     # hung): the survivors continue at default clocks. The controller reads the applied clock back
@@ -352,10 +365,11 @@ class PerseusConfig(BaseModel):
                 f"straggler_recover_threshold ({self.straggler_recover_threshold}) must be below "
                 f"straggler_threshold ({self.straggler_threshold}) so the policy has a hysteresis band"
             )
-        if 0 < self.probe_every_steps < MIN_PROBE_EVERY_STEPS:
+        shortest = MIN_PROBE_EVERY_STEPS + self.probe_block_steps - 1
+        if 0 < self.probe_every_steps < shortest:
             raise ValueError(
                 f"probe_every_steps ({self.probe_every_steps}) leaves no counted plan step between default-clock "
-                f"probes; use 0 (off) or at least {MIN_PROBE_EVERY_STEPS}"
+                f"probes; use 0 (off) or at least {shortest}"
             )
         if self.plan_wait_s >= self.collective_timeout_s:
             raise ValueError(

@@ -39,7 +39,6 @@ from perseus.planner.stage_plan import StagePlan, StagePoint
 from perseus.runtime.clocks.straggler import StragglerPolicy, natural_time
 from perseus.runtime.supply.plan_supply import PlanSupply, ready_line
 from perseus.runtime.clocks.targeting import PacedTarget, Targeting, TimeTarget
-from perseus.runtime.guard.time_guard import GuardDecision
 from perseus.schedules import InstructionKind
 
 log = logging.getLogger("perseus.runtime")
@@ -50,6 +49,8 @@ _HOT_IDLE, _HOT_PROFILE, _HOT_DEPLOY = 0, 1, 2
 
 class PerseusRuntime:
     """Implements ``InstructionListener``; see docs/runtime.md for phases, protocol and config."""
+
+    _step_t0 = _first_begin = 0.0  # the step's begin and its first instruction's (also when disabled)
 
     def __init__(self, job: PipelineJob, config: PerseusConfig | None = None, *, process_group: Any = None,
                  gpu: GPUPort | None = None) -> None:
@@ -91,11 +92,11 @@ class PerseusRuntime:
         self.targeting = Targeting(StragglerPolicy(c.straggler_threshold, c.straggler_recover_threshold,
                                                    c.straggler_patience))
         self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
-        self.loop = ClosedLoop(c, self.collective)  # default-clock probes, the A/B, the no-slowdown guard
+        self.loop = ClosedLoop(c, self.collective, job)  # probe blocks, the A/B, the no-slowdown guard
         self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}
-        self._step_t0 = self._step_e0 = self._last_end = 0.0
+        self._step_t0 = self._step_e0 = self._last_end = self._first_begin = 0.0
         self._in_step = False
         track(self)
         try:
@@ -129,7 +130,7 @@ class PerseusRuntime:
             self._follower.start_step()
         self._in_step = True
         self._step_e0 = self.gpu.energy_j()
-        self._step_t0 = self._last_end = perf_counter()
+        self._step_t0 = self._last_end = self._first_begin = perf_counter()
 
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
                              backward: FusedBackward = None) -> None:
@@ -137,6 +138,8 @@ class PerseusRuntime:
         t0 = monotonic() if trace is not None else 0.0
         hot = self._hot
         freq = None
+        if self._first_begin == self._step_t0:  # the guard judges the instructions' span (ClosedLoop.end_step)
+            self._first_begin = perf_counter()
         if hot == _HOT_DEPLOY:
             freq = self.deployment.begin_instruction(kind, microbatch, chunk, backward)
             if freq is None:
@@ -196,8 +199,13 @@ class PerseusRuntime:
                 self._poll_plan()
             if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
                 self._after_deployed_step(natural_time(span, 1.0 if probe else self.targeting.slowdown), energy)
-                # every rank that deployed, fallen back or not: a probe's decision is a collective
-                self._guard(self.loop.end_step(step_time, energy, self.targeting, self.frontier))  # type: ignore[arg-type]
+                # every rank that deployed, fallen back or not: a window's decision is a collective
+                decision = self.loop.end_step(self._first_begin, self._last_end, energy, self.targeting,
+                                              self.frontier)  # type: ignore[arg-type]
+                if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
+                    self._event("guard", self.loop.event(decision))
+                    if (problem := self.loop.apply(decision, self.targeting, self.is_root)) is not None:
+                        self._fall_back(problem)
         except CollectiveError as exc:
             self._detach(exc)
         self._publish(record)
@@ -316,22 +324,12 @@ class PerseusRuntime:
             self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
             self.loop.retarget()
         was_probing = self.loop.probing
-        if self.loop.begin_step().default_clocks != was_probing and self.deployment.problem is None:
-            if was_probing:  # back to the plan: its clocks from this step's first instruction
-                self._hot = _HOT_DEPLOY
-                self._follow(self.targeting.point, changed=False)
-            else:
-                self._hot = _HOT_IDLE
+        if self.loop.begin_step(self.step).default_clocks != was_probing and self.deployment.problem is None:
+            point = self.loop.point_now(self.targeting, self.frontier)  # type: ignore[arg-type]
+            self._hot = _HOT_IDLE if point is None else _HOT_DEPLOY
+            self._follow(point, changed=False)
+            if point is None:
                 self.gpu.release()
-
-    def _guard(self, decision: GuardDecision | None) -> None:
-        """The no-slowdown guard's decision (every rank the same, at the same step): an event; a
-        faster point (targeting.py) or default clocks."""
-        if decision is not None:
-            self._event("guard", decision.as_dict())
-            problem = self.loop.apply(decision, self.targeting, self.is_root)
-            if problem is not None:
-                self._fall_back(problem)
 
     def _mismatch(self) -> None:
         """First divergence from the plan: one warning, default clocks from now on."""

@@ -434,3 +434,29 @@ def test_a_grid_field_that_is_not_a_number_is_one_line(tmp_path, frontier, capsy
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["report", str(run), "--out", str(run / "page.html")]) == 2
     assert "carbon_intensity must be a finite number" in capsys.readouterr().err
+
+
+def test_the_page_shows_the_guard_per_pipeline(run_dir, tmp_path):
+    """Each guard event (one per probe window) carries every pipeline's statistic, probe share and
+    probe energy; the page shows them per pipeline with the decisions that named it."""
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+
+    def window(step: int, action: str, slow: list[int], stats: tuple[float, float]) -> dict:
+        return {"event": "guard", "step": step, "data": {
+            "action": action, "reason": "r", "threshold": 7.0, "slow_pipelines": slow, "next_window": 8,
+            "target_scale": 1.0, "pipelines": {str(dp): {"statistic": s, "probe_share": 0.25, "probe_extra_energy_j": 3.5,
+                                                         "windows": 1, "alarms": 0} for dp, s in enumerate(stats)}}}
+    for event in (window(12, "keep", [], (1.0, 3.25)), window(14, "faster", [1], (0.5, 7.5)),
+                  window(16, "keep", [], (0.0, 0.75))):  # after the step line of the same step
+        at = next(i for i, line in enumerate(lines) if "event" not in line and line["step"] == event["step"])
+        lines.insert(at + 1, event)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    table = re.search(r'<table id="guard-table">(.*?)</table>', page, re.S)
+    assert table, "no guard table"
+    rows = re.findall(r"<tr><td>(\d)</td><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td></tr>",
+                      table.group(1))
+    assert rows == [("0", "3", "kept (no alarm)", "0.00 (alarm at 7)", "25.0%", "+3.5 J"),
+                    ("1", "3", "faster at step 14", "0.75 (alarm at 7)", "25.0%", "+3.5 J")]

@@ -15,9 +15,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from guard_checks import check_guard_run  # tests/ is on sys.path
-from perseus.runtime.guard.time_guard import GuardSettings
-from unpadded_workload import MINIMAL, run_beside_cpu_hog  # this directory is on sys.path
+from guard_checks import check_guard_run
+from unpadded_workload import MINIMAL, run_beside_cpu_hog
 
 STEPS = 12
 
@@ -46,26 +45,25 @@ def test_unpadded_alexnet_pipeline_beside_a_busy_loop_reaches_deployment(tmp_pat
     assert "phase" in kinds and "fallback" not in kinds, kinds
 
 
-# Probes every 6 deployed steps: checks at deployed steps 6, 12, 18, 24 (docs/runtime.md, "No
-# slowdown, checked while training"). Default profiling deploys within about 50 steps here
-# (42 profiling iterations and 3 planning steps on this machine); 95 steps leave room for
-# patience + 1 = 4 checks after a late deployment.
+# Probe windows of 6 deployed steps at first (docs/runtime.md, "No slowdown, checked while
+# training"). Default profiling deploys within about 50 steps here (42 profiling iterations and 3
+# planning steps on this machine); 95 steps leave room for several windows after a late deployment.
 PROBE_EVERY = 6
 GUARD_STEPS = 95
+MIN_WINDOWS = 4
 
 
 @pytest.mark.distributed
 def test_unpadded_alexnet_with_the_minimal_section_keeps_no_slowdown_beside_a_busy_loop(tmp_path):
-    settings = GuardSettings()
     run = run_beside_cpu_hog(tmp_path / "run", GUARD_STEPS, {"probe_every_steps": PROBE_EVERY}, base=MINIMAL,
                              timeout_s=600.0)
     assert run.returncode == 0, run.log[-4000:]
     assert [r["step"] for r in run.records] == list(range(GUARD_STEPS))
     phases = [r["phase"] for r in run.records]
     assert "deployed" in phases, f"never deployed with default profiling: {phases}"
-    assert phases.index("deployed") + (settings.patience + 1) * PROBE_EVERY < GUARD_STEPS, (
-        f"deployed at step {phases.index('deployed')}: too late for {settings.patience + 1} checks in {GUARD_STEPS} steps")
+    assert phases.index("deployed") + MIN_WINDOWS * PROBE_EVERY < GUARD_STEPS, (
+        f"deployed at step {phases.index('deployed')}: too late for {MIN_WINDOWS} windows in {GUARD_STEPS} steps")
     overhead = next(e["data"] for e in run.events if e["event"] == "profiling_overhead")
-    verdict = check_guard_run(run.records, run.events, settings, PROBE_EVERY)
+    verdict = check_guard_run(run.records, run.events)
     print(f"\nunpadded AlexNet: {overhead['iterations']} profiling iterations, deployed at step "
           f"{verdict.first_deployed_step}; {verdict.describe()}")

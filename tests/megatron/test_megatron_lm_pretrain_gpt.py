@@ -36,10 +36,9 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from cpu_hog import cpu_hog  # tests/ is on sys.path
+from cpu_hog import cpu_hog
 from guard_checks import check_guard_run, split_run
 from megatron_lm_archive import REPO, release_for_installed_core, unpack
-from perseus.runtime.guard.time_guard import GuardSettings
 from tensorboard_events import read_scalars
 from perseus_demo.megatron_lm_cpu import format_summaries, launch, overlap_p2p_args
 
@@ -167,10 +166,9 @@ def test_interleaved_four_stages_two_chunks_with_simulated_compute(checkout, tmp
     assert json.loads((entry / "frontier.json").read_text()).get("overlap_p2p", False) is overlapped
 
 
-# The shortest run the guard allows: probes every 6 deployed steps (3 counted plan steps per
-# check), patience 2, so checks at deployed steps 6, 12 and 18 are patience + 1 checks.
+# A short run: probe windows of 6 deployed steps at first (3 counted plan steps each), so three
+# windows end in 19 deployed steps.
 GUARD_PROBE_EVERY = 6
-GUARD_PATIENCE = 2
 GUARD_ITERS = 34  # warm-up 2, profiling 4 clocks (a retried clock or two), planning, 19+ deployed
 
 
@@ -183,12 +181,11 @@ def test_unpadded_pretrain_gpt_beside_a_busy_loop_keeps_no_slowdown(checkout, tm
         results = run_pretrain_gpt(checkout, tmp_path, stages=2, microbatches=4, train_iters=GUARD_ITERS,
                                    simulate_compute=False,
                                    extra_args=["--perseus-probe-every", str(GUARD_PROBE_EVERY),
-                                               "--perseus-guard-patience", str(GUARD_PATIENCE),
                                                "--perseus-metrics-file", str(metrics)])
     assert sorted(r["stage"] for r in results) == [0, 1]
     steps, events = split_run(json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
     assert [r["step"] for r in steps] == list(range(GUARD_ITERS))
-    verdict = check_guard_run(steps, events, GuardSettings(patience=GUARD_PATIENCE), GUARD_PROBE_EVERY)
+    verdict = check_guard_run(steps, events)
     print(f"\nunpadded pretrain_gpt.py: {verdict.describe()}")
     for r in results:  # every rank applied the same decisions
         loop = r["closed_loop"]

@@ -4,8 +4,8 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.runtime.config import MIN_PROBE_EVERY_STEPS, MODES, ControlPlaneDesign, Mode, PerseusConfig, choices
-from perseus.runtime.guard.probes import ProbeSchedule
-from perseus.runtime.guard.time_guard import GuardSettings
+from perseus.runtime.guard.closed_loop import settings_from
+from perseus.runtime.guard.placement import ProbePlacement
 
 
 def test_defaults_are_valid_and_run_mode():
@@ -86,17 +86,18 @@ def test_planner_options_default_overrides_nothing():
 
 
 def test_guard_settings_come_from_the_config():
-    cfg = PerseusConfig.from_dict({"probe_every_steps": 20, "guard_tolerance": 0.02, "guard_patience": 2,
-                                   "guard_noise_z": 1.5})
-    assert ProbeSchedule.from_config(cfg).every == 20 and ProbeSchedule.from_config(cfg).default_fraction == 0.1
-    g = GuardSettings.from_config(cfg)
-    assert (g.tolerance, g.patience, g.noise_z) == (0.02, 2, 1.5)
-    assert ProbeSchedule.from_config(PerseusConfig.from_dict({"probe_every_steps": 0})).enabled is False
-    assert PerseusConfig().probe_every_steps == 50 and PerseusConfig().guard_tolerance == 0.01
+    cfg = PerseusConfig.from_dict({"probe_every_steps": 20, "probe_longest_steps": 300, "guard_tolerance": 0.02,
+                                   "guard_threshold": 5.0})
+    g = settings_from(cfg)
+    assert (g.tolerance, g.threshold, g.backoff.first, g.backoff.longest) == (0.02, 5.0, 20, 300)
+    assert PerseusConfig().probe_every_steps == 8 and PerseusConfig().guard_tolerance == 0.01
+    assert PerseusConfig.from_dict({"guard_patience": 2, "guard_noise_z": 1.5}).guard_patience == 2  # older configs load
 
 
-def test_the_configs_smallest_probe_period_is_the_schedules():
-    assert MIN_PROBE_EVERY_STEPS == ProbeSchedule.min_every(ProbeSchedule.settle)
+def test_the_configs_smallest_probe_window_is_the_placements():
+    assert MIN_PROBE_EVERY_STEPS == ProbePlacement(seed=0).shortest()
+    with pytest.raises(ConfigError, match="at least 5"):
+        PerseusConfig.from_dict({"probe_every_steps": 4, "probe_block_steps": 2})
 
 
 def test_mode_is_parsed_to_the_enum_and_keeps_its_string():

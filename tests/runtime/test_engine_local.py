@@ -189,7 +189,8 @@ def test_switch_ahead_requests_the_next_clock_when_the_previous_instruction_ends
     log: list = []
     device = sim(tmp_path)
     port = GPUPort(device, RecordingController(log))
-    cfg = config(tmp_path, frontier_path=str(tmp_path / "f.json"), warmup_steps=1, switch_ahead=switch_ahead)
+    cfg = config(tmp_path, frontier_path=str(tmp_path / "f.json"), warmup_steps=1, switch_ahead=switch_ahead,
+                 probe_every_steps=0)  # no probe block among the 2 deployed steps
     with PerseusRuntime(JOB, cfg, gpu=port) as rt:
         for _ in range(3):
             rt.on_step_begin()

@@ -238,7 +238,9 @@ def test_clocks_reset_when_trainer_dies(tmp_path, how):
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=40, target_slowdown=1.2)
     frontier = stage_uniform_frontier(cfg, FREQS)
     save_frontier(frontier, tmp_path / "frontier.json")
-    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None}
+    # no probes: step 5 must run the plan's locked clocks (a probe block may sit at any deployed step)
+    cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
+                   "probe_every_steps": 0}
     out = tmp_path / "run"
     if how == "exception":
         cfg.raise_at_step = 5

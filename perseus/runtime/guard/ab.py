@@ -9,10 +9,11 @@ their own spread alone would be a poor estimate), their MAD scaled to a standard
 (× 1.4826, exact for normal noise) and combined as ``s · sqrt(1/n_plan + 1/n_probe)``. With one
 probe the spread comes from the plan steps alone; with one sample in all it is unknown (None).
 
-Log wording: a figure is either *this step's* (one step against the probes' median) or the
-*run's* (median of the counted plan steps so far against the probes' median); the line names
-which. A negative saving reads "X % more energy", never "saving −X %" (the wording is
-``perseus.output.wording``'s, shared with ``perseus report``).
+Log wording: the line shows the *run's* figure (median of the counted plan steps so far against
+the probes' median) with its 95 % interval, and says "not yet measurable" while the interval spans
+zero. A negative saving reads "X % more energy", never "saving −X %" (the wording is
+``perseus.output.wording``'s, shared with ``perseus report``). ``step_figure`` (one step against
+the probes) stays in the metrics file's ``saving_vs_probes``, not in the log.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from math import sqrt
 from statistics import median
 from typing import Sequence
 
-from perseus.output.wording import saving_phrase, time_phrase
+from perseus.output.wording import measured_saving_phrase, measured_time_phrase
 
 MAD_TO_SD = 1.4826  # MAD × this = standard deviation, for normal noise
 
@@ -86,19 +87,18 @@ def step_figure(time_s: float, energy_j: float, probe_time_s: Sequence[float], p
     return ab_figure([time_s], [energy_j], probe_time_s, probe_energy_j)
 
 
-def step_line(step: int, phase: str, time_s: float, energy_j: float, clocks: str,
-              this_step: ABFigure | None, run: ABFigure | None) -> str:
-    """The rank-0 per-step log line; every figure says whose it is.
+def step_line(step: int, phase: str, time_s: float, energy_j: float, clocks: str, run: ABFigure | None) -> str:
+    """The rank-0 per-step log line: the step's own time and energy, and the run's A/B with its 95 %
+    interval ("not yet measurable" while it spans zero). One step is never compared with one probe
+    in a log line: on a loaded machine that figure is mostly noise (issue 34).
 
-    ``perseus step 60 [deployed, plan clocks], time 1869.0 ms, energy 780.00 J; this step: saves 7.7% energy,
-    0.3% slower; run (median of 40 plan steps vs 2 default-clock probes): saves 5.1% ± 0.8% energy,
-    0.2% ± 0.5% faster``
+    ``perseus step 60 [deployed, plan clocks], time 1869.0 ms, energy 780.00 J; run (median of 40
+    plan steps vs 4 probes): saves 5.1% ± 0.8% energy (95 % interval +3.5..+6.7% saved), time change
+    not yet measurable (-0.8..+1.2% time, 95 % interval)``
     """
     line = f"perseus step {step} [{phase}, {clocks} clocks], time {1e3 * time_s:.1f} ms, energy {energy_j:.2f} J"
-    if this_step is not None and clocks == "plan":
-        line += f"; this step: {saving_phrase(this_step.saving)}, {time_phrase(this_step.time_change)}"
     if run is not None:
-        line += (f"; run (median of {run.n_plan} plan steps vs {run.n_probe} default-clock probe"
-                 f"{'s' if run.n_probe != 1 else ''}): {saving_phrase(run.saving, run.saving_stderr)}, "
-                 f"{time_phrase(run.time_change, run.time_stderr)}")
+        line += (f"; run (median of {run.n_plan} plan steps vs {run.n_probe} probe"
+                 f"{'s' if run.n_probe != 1 else ''}): {measured_saving_phrase(run.saving, run.saving_stderr)}, "
+                 f"{measured_time_phrase(run.time_change, run.time_stderr)}")
     return line

@@ -1,34 +1,65 @@
-"""The deployed plan checked while training: default-clock probe steps, the same-run A/B and the
-no-slowdown guard, for one rank.
+"""The deployed plan checked while training: probe blocks, the same-run A/B and the no-slowdown
+guard, for one rank, with every pipeline's evidence agreed at each window's end.
 
-Why a room of its own: the engine only asks two things of it per deployed step, whether the step
-runs at default clocks (``begin_step``) and, at its end, whether the guard decided anything
-(``end_step``). Which steps are probes is ``probes.ProbeSchedule``; what to decide from them is
-``time_guard.TimeGuard``; the A/B figures are ``ab.py``'s. Every rank runs the same probe steps
-(the schedule counts deployed steps, and every rank deploys at the same step), so at each counted
-probe rank 0's guard decides and the decision is broadcast: all ranks move to the same frontier
-point, or fall back, at the same step.
+Why a room of its own: the engine only asks three things of it per deployed step: whether the step
+runs at the probe's clocks (``begin_step``), at which point (``reference_point``: default clocks,
+or under a power cap the cap's own point, never above it), and at its end whether the job decided
+anything (``end_step``). Where probes go is ``placement.py`` (seeded, so every rank computes the
+same steps without a message); the test is ``sequential.py``; one rank's windows are
+``job_guard.RankGuard``. At a window's end (the same step on every rank: window lengths are part of
+the agreed decision) every rank's verdict row is all-gathered (``Collective.all_gather_floats``)
+and every rank computes the same ``JobDecision`` from all of them: a pipeline measurably slower
+than its target moves the job to a faster point, or back to default clocks at the fastest point.
+
+What is judged is ``job_guard.judged_time``: the step's instruction span (the engine passes the
+first instruction's begin and the last one's end), not the whole step call.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
-from perseus.runtime.guard.ab import ABFigure, ab_figure, step_figure
-from perseus.runtime.plane.collective import Collective
+from perseus.planner.stage_plan import StagePlan, StagePoint
+from perseus.runtime.clocks.targeting import (
+    CarbonTarget,
+    GridPaced,
+    PacedTarget,
+    PowerCapTarget,
+    SpeedUp,
+    Targeting,
+    TimeTarget,
+)
 from perseus.runtime.config import PerseusConfig
-from perseus.runtime.guard.probes import ProbeSchedule, StepRole, clocks_label
-from perseus.planner.stage_plan import StagePlan
-from perseus.runtime.clocks.targeting import PacedTarget, SpeedUp, Targeting, TimeTarget
-from perseus.runtime.guard.time_guard import Action, GuardDecision, GuardSettings, TimeGuard, target_ratio
+from perseus.runtime.guard.ab import ABFigure, ab_figure, step_figure
+from perseus.runtime.guard.job_guard import (
+    Action,
+    JobDecision,
+    RankGuard,
+    agree,
+    judged_time,
+    target_ratio,
+    verdict_row,
+)
+from perseus.runtime.guard.placement import (
+    Backoff,
+    ProbePlacement,
+    StepRole,
+    clocks_label,
+    probe_seed,
+)
+from perseus.runtime.guard.sequential import SequentialSettings
+from perseus.runtime.job import PipelineJob
+from perseus.runtime.plane.collective import Collective
 
 log = logging.getLogger("perseus.runtime")
 
 # Counted samples kept for the A/B: the most recent, so a long run's figure follows the point it runs.
 AB_WINDOW = 400
+DECISIONS_KEPT = 50  # acting decisions the summary lists (every window's is in the metrics file)
 
 
 @dataclass
@@ -50,24 +81,61 @@ class Samples:
         self.changes += 1
 
 
-class ClosedLoop:
-    """Probe steps, the A/B and the guard of one rank's deployment (module docstring)."""
+@dataclass
+class PipelineGuard:
+    """One data-parallel pipeline's guard as the last window's all-gather told every rank."""
 
-    def __init__(self, config: PerseusConfig, collective: Collective) -> None:
-        self.schedule: ProbeSchedule = ProbeSchedule.from_config(config)
-        self.guard = TimeGuard(GuardSettings.from_config(config))
+    statistic: float = 0.0  # the largest CUSUM statistic among its ranks
+    probe_share: float = 0.0  # deployed steps at the probe's clocks
+    probe_extra_energy_j: float = 0.0  # the probes' energy over the plan's, summed over its ranks
+    windows: int = 0
+    alarms: int = 0  # windows whose decision it alarmed in
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"statistic": self.statistic, "probe_share": self.probe_share,
+                "probe_extra_energy_j": self.probe_extra_energy_j, "windows": self.windows, "alarms": self.alarms}
+
+
+def settings_from(config: PerseusConfig) -> SequentialSettings:
+    """The test's constants from the config: ``probe_every_steps`` is the first (shortest) window,
+    ``probe_longest_steps`` the longest once confident."""
+    first = config.probe_every_steps or Backoff.first  # 0 (probes off): the settings are unused
+    return SequentialSettings(tolerance=config.guard_tolerance, threshold=config.guard_threshold,
+                              backoff=Backoff(first=first, longest=max(first, config.probe_longest_steps)))
+
+
+def job_seed_text(job: PipelineJob) -> str:
+    """What every rank of the job knows alike, for the probes' seed."""
+    return f"{job.schedule}:{job.num_stages}:{job.num_microbatches}:{job.num_chunks}:{job.dp_size}:{job.world_size}"
+
+
+class ClosedLoop:
+    """Probe blocks, the A/B and the guard of one rank's deployment (module docstring)."""
+
+    def __init__(self, config: PerseusConfig, collective: Collective, job: PipelineJob | None = None) -> None:
+        self.enabled = config.probe_every_steps > 0
+        self.settings = settings_from(config)
+        self.counted_per_block = config.probe_block_steps
         self.collective = collective
+        self.dp = job.dp_rank if job is not None else 0
+        self._seed_text = job_seed_text(job) if job is not None else "local"
+        self.rank_guard: RankGuard | None = None  # made at the first deployed step (its seed needs the step)
         self.steps = 0  # deployed steps begun
         self.role = StepRole.PLAN
         self.plan = Samples()
         self.probes = Samples()
-        self.decisions: list[GuardDecision] = []
+        self.target_scale = 1.0
+        self.fell_back = False
+        self.decisions: deque[JobDecision] = deque(maxlen=DECISIONS_KEPT)  # acting ones
+        self.windows = 0
+        self.pipelines: dict[int, PipelineGuard] = {}
+        self.last: JobDecision | None = None
         # the run's A/B and the samples' changes it was computed at: recomputed only when they change
         self._figure: tuple[tuple[int, int], ABFigure | None] | None = None
 
     @property
     def probing(self) -> bool:
-        """The current step runs at default clocks."""
+        """The current step runs at the probe's clocks."""
         return self.role.default_clocks
 
     @property
@@ -75,43 +143,83 @@ class ClosedLoop:
         """The metrics file's ``"clocks"`` of the current step: ``"default"`` or ``"plan"``."""
         return clocks_label(self.role)
 
-    def begin_step(self) -> StepRole:
-        """The role of the deployed step that begins now."""
-        self.role = self.schedule.role(self.steps)
+    def begin_step(self, step: int = 0) -> StepRole:
+        """The role of the deployed step that begins now (``step``: the job's step, the same on every
+        rank; the first deployed one seeds the probes' placement)."""
+        if self.rank_guard is None and self.enabled:
+            placement = ProbePlacement(probe_seed(step, self._seed_text), counted=self.counted_per_block)
+            self.rank_guard = RankGuard(placement, self.settings)
         self.steps += 1
+        self.role = self.rank_guard.begin_step() if self.rank_guard is not None and not self.fell_back else StepRole.PLAN
         return self.role
+
+    def reference_point(self, targeting: Targeting, plan: StagePlan) -> StagePoint | None:
+        """Where a probe runs: None for default clocks; under a power cap (the grid's) the cap's own
+        point, the fastest the cap allows, so a probe never draws more than the cap."""
+        grid = targeting.grid
+        if grid is None or grid.power_cap_w is None:
+            return None
+        return plan.lookup(grid.time_s)
 
     def retarget(self) -> None:
         """The point changed for another reason (straggler, external target): the plan's samples
-        so far belong to the old point."""
-        self.guard.retarget()
+        so far belong to the old point, and so does the test's evidence."""
         self.plan.clear()
+        if self.rank_guard is not None:
+            self.rank_guard.test.restart()
 
-    def end_step(self, time_s: float, energy_j: float, targeting: Targeting, plan: StagePlan) -> GuardDecision | None:
-        """Count the step that ended; at a counted probe, the guard's decision (every rank the same:
-        a collective at that step on every rank). None at other steps and with probes off."""
+    def point_now(self, targeting: Targeting, plan: StagePlan) -> StagePoint | None:
+        """The point of a step whose clocks differ from the last one's: the plan's, or the probe's
+        (None: default clocks; ``reference_point``)."""
+        return self.reference_point(targeting, plan) if self.probing else targeting.point
+
+    def end_step(self, first_begin_s: float, last_end_s: float, energy_j: float, targeting: Targeting,
+                 plan: StagePlan) -> JobDecision | None:
+        """Count the step that ended (judged on its instructions' span, ``judged_time``); at a window's
+        end, the job's decision (a collective on every rank at that step). None at other steps, with
+        probes off and after the job fell back."""
+        judged_s = judged_time(first_begin_s, last_end_s)
         role = self.role
         if role.counted:
-            (self.plan if role is StepRole.PLAN else self.probes).add(time_s, energy_j)
-        if not self.schedule.enabled:
+            (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
+        guard = self.rank_guard
+        if guard is None or not self.enabled or self.fell_back:
             return None
-        if role is not StepRole.PROBE:
-            if self.collective.is_root:
-                self.guard.observe(role, time_s)  # a plan step's sample; checks come at probes only
+        reference = self.reference_point(targeting, plan)
+        ratio = guard_target_ratio(targeting, plan, reference)
+        end = guard.end_step(judged_s, energy_j, ratio)
+        if end is None:
             return None
-        decision = None
-        if self.collective.is_root:
-            at_fastest = targeting.point is not None and targeting.point.time_s <= plan.points[0].time_s
-            decision = self.guard.observe(role, time_s, target_ratio=guard_target_ratio(targeting, plan),
-                                          at_fastest=at_fastest)
-        decision = self.collective.broadcast_object(decision)
-        if decision is not None:
+        at_fastest = targeting.point is not None and targeting.point.time_s <= plan.points[0].time_s
+        mine = verdict_row(self.dp, end.verdict) + [float(at_fastest), guard.cost.share, guard.cost.extra_energy_j]
+        rows = self.collective.all_gather_floats(mine)
+        decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows))
+        self._count(rows, decision)
+        guard.apply(decision)
+        if decision.action is not Action.KEEP:
             self.decisions.append(decision)
-            if decision.action is Action.FASTER:
-                self.plan.clear()
+            self.plan.clear()
         return decision
 
-    def apply(self, decision: GuardDecision, targeting: Targeting, speak: bool) -> str | None:
+    def _count(self, rows: list[list[float]], decision: JobDecision) -> None:
+        """Every pipeline's statistic and probe cost, from the gathered rows (the same on every rank)."""
+        self.windows += 1
+        self.last = decision
+        seen: dict[int, PipelineGuard] = {}
+        for row in rows:
+            dp = int(row[0])
+            if dp not in seen:
+                before = self.pipelines.get(dp, PipelineGuard())
+                seen[dp] = PipelineGuard(windows=before.windows + 1,
+                                         alarms=before.alarms + (dp in decision.slow_pipelines))
+            p = seen[dp]
+            if not math.isnan(row[2]):
+                p.statistic = max(p.statistic, row[2])
+            p.probe_share = max(p.probe_share, row[7])
+            p.probe_extra_energy_j += row[8]
+        self.pipelines = seen
+
+    def apply(self, decision: JobDecision, targeting: Targeting, speak: bool) -> str | None:
         """Carry out a decision on the targets: a faster point from the next step (a ``SpeedUp``
         adjustment), or the problem to fall back to default clocks for; one log line when it acts."""
         if decision.action is Action.KEEP:
@@ -119,9 +227,18 @@ class ClosedLoop:
         if speak:
             log.warning("perseus: no-slowdown guard: %s", decision.reason)
         if decision.action is Action.FASTER:
-            targeting.set_adjustment("guard", SpeedUp(1.0 - decision.target_scale))
+            self.target_scale *= decision.factor
+            targeting.set_adjustment("guard", SpeedUp(1.0 - self.target_scale))
             return None
+        self.fell_back = True
         return f"no-slowdown guard: {decision.reason}"
+
+    def event(self, decision: JobDecision) -> dict[str, object]:
+        """The metrics file's ``guard`` event: the decision, every pipeline's statistic and probe cost."""
+        return {"action": decision.action.value, "reason": decision.reason, "next_window": decision.next_length,
+                "slow_pipelines": list(decision.slow_pipelines), "threshold": self.settings.threshold,
+                "target_scale": self.target_scale,
+                "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())}}
 
     def _comparable(self) -> bool:
         """Probes to compare with: at least one, with energy measured (a step shorter than the
@@ -129,7 +246,7 @@ class ClosedLoop:
         return bool(self.probes.time_s) and median(self.probes.energy_j) > 0
 
     def figure(self) -> ABFigure | None:
-        """The run's A/B: counted plan steps against counted default-clock probes (None until both)."""
+        """The run's A/B: counted plan steps against counted probes (None until both)."""
         at = (self.plan.changes, self.probes.changes)
         if self._figure is None or self._figure[0] != at:
             figure = None
@@ -145,31 +262,39 @@ class ClosedLoop:
         return step_figure(time_s, energy_j, self.probes.time_s, self.probes.energy_j)
 
     def summary(self) -> dict[str, object]:
-        """The summary's ``"closed_loop"``: the A/B with its spread, the probes' cost, the decisions."""
+        """The summary's ``"closed_loop"``: the A/B with its spread, every pipeline's guard and probe
+        cost, the decisions that acted."""
         ab = self.figure()
+        guard = self.rank_guard
         return {
-            "probe_every_steps": self.schedule.every,
-            "default_clock_fraction": self.schedule.default_fraction,
+            "probe_first_window": self.settings.backoff.first, "probe_longest_window": self.settings.backoff.longest,
+            "threshold": self.settings.threshold, "tolerance": self.settings.tolerance,
             "plan_steps": len(self.plan.time_s), "probe_steps": len(self.probes.time_s),
+            "default_clock_fraction": guard.cost.share if guard is not None else 0.0,
             "ab": None if ab is None else {"saving": ab.saving, "saving_stderr": ab.saving_stderr,
                                            "time_change": ab.time_change, "time_stderr": ab.time_stderr,
                                            "n_plan": ab.n_plan, "n_probe": ab.n_probe},
-            "guard_state": self.guard.state.value,
-            "guard_target_scale": self.guard.target_scale,
-            "guard_moves": sum(d.action.value == "faster" for d in self.decisions),
-            "guard_fell_back": any(d.action.value == "fallback" for d in self.decisions),
+            "windows": self.windows,
+            "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())},
+            "guard_target_scale": self.target_scale,
+            "guard_moves": sum(d.action is Action.FASTER for d in self.decisions),
+            "guard_fell_back": self.fell_back,
+            "decisions": [{"action": d.action.value, "slow_pipelines": list(d.slow_pipelines), "reason": d.reason}
+                          for d in self.decisions],
         }
 
 
-def guard_target_ratio(targeting: Targeting, plan: StagePlan) -> float:
-    """The target's iteration time in units of default clocks' (1.0: no slowdown): what the guard
-    holds the measured plan to."""
+def guard_target_ratio(targeting: Targeting, plan: StagePlan, reference: StagePoint | None = None) -> float:
+    """The target's iteration time in units of the probes' reference point's (default clocks unless
+    a power cap; 1.0: no slowdown): what the measured plan is held to. Under a straggler target it is
+    the straggler's time, so a plan paced behind it is not called slow."""
     target = targeting.target()
     default_s = plan.default_point().time_s
+    reference_s = reference.time_s if reference is not None else default_s
     if isinstance(target, PacedTarget):
-        return target.ratio
+        return target_ratio(target.ratio * default_s, reference_s)
     if isinstance(target, TimeTarget):
-        return target_ratio(target.seconds, default_s)
-    if hasattr(target, "time_ratio"):  # a grid target (carbon, power cap), paced or not
-        return float(target.time_ratio(default_s))
-    return 1.0  # NoSlowdown, or a target with no time of its own
+        return target_ratio(target.seconds, reference_s)
+    if isinstance(target, (CarbonTarget, PowerCapTarget, GridPaced)):  # a grid target, paced or not
+        return target_ratio(target.time_ratio(default_s) * default_s, reference_s)
+    return target_ratio(None, reference_s)  # NoSlowdown, or a target with no time of its own

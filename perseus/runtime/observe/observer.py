@@ -161,9 +161,8 @@ class Observer:
     # ---------------------------------------------------------------- results
 
     def profiling_overhead(self) -> dict[str, Any] | None:
-        """What profiling cost against default clocks (``profiling.profiling_overhead``)."""
-        r = self.reporter
-        return profiling_overhead(r.records, r.baseline_time_s, r.baseline_energy_j)
+        """What profiling cost against default clocks, like with like (``report.profiling_overhead``)."""
+        return profiling_overhead(self.reporter.records)
 
     def summary(self, facts: RunFacts) -> dict[str, Any]:
         """``summarize`` on this rank's records, plus where its Prometheus exporter serves."""

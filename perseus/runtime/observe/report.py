@@ -63,7 +63,7 @@ class Reporter:
         medians of the counted plan steps and probes, with their spread), each labelled as such."""
         self.records.append(record)
         if self.rank == 0 and self.log_every_steps and record.step % self.log_every_steps == 0:
-            log.info("%s", self._line(record, this_step, run))
+            log.info("%s", self._line(record, run))
         if self._metrics is not None:
             row = record.file_row()
             row["baseline_time_s"] = self.baseline_time_s
@@ -75,10 +75,9 @@ class Reporter:
                 row.update(extra)
             self._metrics.write_line(json.dumps(row))
 
-    def _line(self, record: StepMetrics, this_step: ABFigure | None, run: ABFigure | None) -> str:
+    def _line(self, record: StepMetrics, run: ABFigure | None) -> str:
         if record.clocks is not None:  # deployed: the A/B against this run's default-clock probes
-            line = step_line(record.step, record.phase.value, record.time_s, record.energy_j, record.clocks,
-                             this_step, run)
+            line = step_line(record.step, record.phase.value, record.time_s, record.energy_j, record.clocks, run)
             return line + (f", slowdown x{record.slowdown:.3f}" if record.slowdown != 1.0 else "")
         parts = [f"perseus step {record.step} [{record.phase.value}]", f"time {record.time_s * 1e3:.1f} ms",
                  f"energy {record.energy_j:.2f} J"]
@@ -180,7 +179,7 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["profiled_clocks_mhz"] = list(sweep.visited)
         out["profiling_iterations"] = f.profiling_iterations
         out["sweep_stopped_early"] = sweep.stopped_early
-        out["profiling_overhead"] = profiling_overhead(reporter.records, reporter.baseline_time_s, reporter.baseline_energy_j)
+        out["profiling_overhead"] = profiling_overhead(reporter.records)
     if f.closed_loop is not None:
         out["closed_loop"] = f.closed_loop
     if f.grid is not None:
@@ -203,7 +202,17 @@ def summary_line(summary: dict[str, Any]) -> str:
     s = summary
     saving = f"{100 * s['saving']:.1f}%" if s["saving"] is not None else "n/a"
     return (f"perseus summary: {s['steps']} steps, phase {s['phase']}, baseline {_fmt(s['baseline'])}, "
-            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}")
+            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}{_guard(s.get('closed_loop'))}")
+
+
+def _guard(loop: dict[str, Any] | None) -> str:
+    """The no-slowdown guard per pipeline: its statistic, the probes' share and energy, what it did."""
+    if not loop or not loop.get("pipelines"):
+        return ""
+    did = "fell back" if loop["guard_fell_back"] else f"{loop['guard_moves']} move(s) faster" if loop["guard_moves"] else "kept"
+    parts = [f"pipeline {dp} CUSUM {p['statistic']:.2f}/{loop['threshold']:g}, probes {100 * p['probe_share']:.1f}% "
+             f"of steps ({p['probe_extra_energy_j']:+.1f} J)" for dp, p in loop["pipelines"].items()]
+    return f"; guard ({loop['windows']} windows, {did}): " + "; ".join(parts)
 
 
 def _fmt(d: dict[str, Any] | None) -> str:
@@ -212,22 +221,35 @@ def _fmt(d: dict[str, Any] | None) -> str:
     return f"{d['time_s'] * 1e3:.1f} ms / {d['energy_j']:.2f} J"
 
 
-def profiling_overhead(records: Sequence[StepMetrics], baseline_time_s: float | None,
-                       baseline_energy_j: float | None) -> dict[str, Any] | None:
-    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time
-    and energy minus the warm-up median × as many steps. None before profiling."""
+def profiling_overhead(records: Sequence[StepMetrics]) -> dict[str, Any] | None:
+    """What profiling cost against default clocks (this rank's GPU): the profiling steps' time and
+    energy minus a like-with-like reference × as many steps. The reference is the sweep's own
+    steps at its top clock (default clocks, timed the same way, after start-up); without those,
+    the warm-up median with its first (start-up) step left out. A figure below zero is noise (or a
+    reference that ran slower than the sweep), never a gain: ``note`` says so. None before profiling."""
     rows = [r for r in records if r.phase is Phase.PROFILING]
-    if not rows or not baseline_time_s or not baseline_energy_j:
+    top = max((r.freq_mhz for r in rows if r.freq_mhz is not None), default=None)
+    reference = [r for r in rows if top is not None and r.freq_mhz == top]
+    basis = f"the sweep's own steps at its top clock ({top} MHz)"
+    if not reference:
+        reference = [r for r in records if r.phase is Phase.WARMUP][1:]
+        basis = "warm-up steps after the first (start-up left out)"
+    base_t = median(r.time_s for r in reference) if reference else 0.0
+    base_e = median(r.energy_j for r in reference) if reference else 0.0
+    if not rows or base_t <= 0 or base_e <= 0:
         return None
     n = len(rows)
     time_s = sum(r.time_s for r in rows)
     energy_j = sum(r.energy_j for r in rows)
-    return {
-        "iterations": n,
-        "time_s": time_s,
-        "energy_j": energy_j,
-        "extra_time_s": time_s - n * baseline_time_s,
-        "extra_energy_j": energy_j - n * baseline_energy_j,
-        "extra_time_ratio": time_s / (n * baseline_time_s) - 1.0,
-        "extra_energy_ratio": energy_j / (n * baseline_energy_j) - 1.0,
+    out: dict[str, Any] = {
+        "iterations": n, "time_s": time_s, "energy_j": energy_j, "reference": basis,
+        "reference_steps": len(reference),
+        "extra_time_s": time_s - n * base_t,
+        "extra_energy_j": energy_j - n * base_e,
+        "extra_time_ratio": time_s / (n * base_t) - 1.0,
+        "extra_energy_ratio": energy_j / (n * base_e) - 1.0,
     }
+    if out["extra_time_s"] < 0 or out["extra_energy_j"] < 0:
+        out["note"] = (f"below zero: the {n} profiling steps ran {'faster' if out['extra_time_s'] < 0 else 'slower'}"
+                       f" than {basis} suggest; step noise on this machine, not a gain")
+    return out

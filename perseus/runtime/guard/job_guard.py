@@ -1,0 +1,190 @@
+"""Every pipeline's evidence, one job decision: each rank runs the test on its own steps, and at each
+window's end the ranks' verdicts are gathered (one all-gather of a few floats, the control plane's
+``all_gather_floats``) and every rank computes the same decision from them.
+
+Why every rank: a data-parallel pipeline can be slower than its own default clocks while another
+is not (other nodes, other cooling, another profile); a guard that judges rank 0 alone never sees
+it. The job is as slow as its slowest pipeline, so it moves faster (or falls back) when any
+pipeline's test alarms, by the largest excess the alarming pipelines measured.
+
+What is judged (``judged_time``): the span of the step's instructions, the part of the step the
+plan's clocks control. Host work outside the instructions (data loading before the first
+instruction, logging after the last) is reported, not judged.
+
+Pure: the engine feeds steps and applies decisions; no collective or clock here.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline, StepRole
+from perseus.runtime.guard.sequential import (
+    Confidence,
+    SequentialSettings,
+    SequentialTest,
+    WindowVerdict,
+    next_length,
+)
+
+CONFIDENCE_CODE = {c: float(i) for i, c in enumerate(Confidence)}
+
+
+class Action(enum.Enum):
+    """What the job does at a window's end."""
+
+    KEEP = "keep"  # leave the deployed point as it is
+    FASTER = "faster"  # look up the point for target time × factor
+    FALLBACK = "fallback"  # default clocks for the rest of the run
+
+
+def target_ratio(target_time_s: float | None, reference_time_s: float) -> float:
+    """A target's time in units of the probes' reference point's (default clocks unless a power cap
+    forbids them): what the plan is held to. ``None`` is the no-slowdown target, 1.0; a target faster
+    than the reference is held to the reference's time (no plan is promised faster than it)."""
+    if reference_time_s <= 0:
+        raise ValueError(f"reference point's planned time must be positive, got {reference_time_s}")
+    if target_time_s is None:
+        return 1.0
+    return max(1.0, target_time_s / reference_time_s)
+
+
+def judged_time(first_begin_s: float, last_end_s: float) -> float:
+    """The quantity the guard judges: the step's instruction span (first instruction's begin to the
+    last one's end), in host time until per-step GPU spans exist (issue 33); swapped here alone."""
+    return max(last_end_s - first_begin_s, 1e-9)
+
+
+def verdict_row(dp: int, verdict: WindowVerdict | None) -> list[float]:
+    """One rank's contribution to the all-gather (a rank with no verdict sends NaN)."""
+    if verdict is None:
+        return [float(dp)] + [math.nan] * 5
+    excess = math.nan if verdict.excess is None else verdict.excess
+    return [float(dp), verdict.score, verdict.statistic, CONFIDENCE_CODE[verdict.confidence], verdict.ratio, excess]
+
+
+def verdict_of(row: Sequence[float]) -> tuple[int, WindowVerdict | None]:
+    dp = int(row[0])
+    if math.isnan(row[1]):
+        return dp, None
+    confidence = list(Confidence)[int(row[3])]
+    return dp, WindowVerdict(row[1], row[2], confidence, row[4], None if math.isnan(row[5]) else row[5], None)
+
+
+@dataclass(frozen=True)
+class JobDecision:
+    """What every rank does at a window's end, and the one line that says why."""
+
+    action: Action
+    factor: float  # multiplies the target time (< 1 for FASTER)
+    next_length: int
+    slow_pipelines: tuple[int, ...]
+    statistic: dict[int, float]  # per pipeline: the largest CUSUM statistic among its ranks
+    reason: str
+
+
+def agree(rows: Sequence[Sequence[float]], length: int, settings: SequentialSettings, *, at_fastest: bool) -> JobDecision:
+    """The job's decision from every rank's ``verdict_row`` (the same on every rank)."""
+    verdicts = [verdict_of(r) for r in rows]
+    statistic: dict[int, float] = {}
+    excess: dict[int, float] = {}
+    for dp, v in verdicts:
+        if v is None:
+            continue
+        statistic[dp] = max(statistic.get(dp, 0.0), v.statistic)
+        if v.confidence is Confidence.ALARM and v.excess is not None:
+            excess[dp] = max(excess.get(dp, 0.0), v.excess)
+    nxt = next_length(length, [v for _, v in verdicts if v is not None], settings.backoff)
+    stats = ", ".join(f"pipeline {dp}: {s:.2f}" for dp, s in sorted(statistic.items()))
+    if not excess:
+        return JobDecision(Action.KEEP, 1.0, nxt, (), statistic,
+                           f"within (CUSUM {stats}; alarm at {settings.threshold:g})")
+    slow = tuple(sorted(excess))
+    worst = max(excess.values())
+    said = ", ".join(f"pipeline {dp} {100 * e:+.1f}%" for dp, e in sorted(excess.items()))
+    if at_fastest:
+        return JobDecision(Action.FALLBACK, 1.0, settings.backoff.first, slow, statistic,
+                           f"measurably slower than default clocks ({said}; CUSUM {stats} >= {settings.threshold:g}) "
+                           f"at the fastest frontier point: falling back to default clocks")
+    return JobDecision(Action.FASTER, 1.0 / (1.0 + worst), settings.backoff.first, slow, statistic,
+                       f"measurably slower than the target ({said}; CUSUM {stats} >= {settings.threshold:g}): "
+                       f"moving to a faster point")
+
+
+@dataclass(frozen=True)
+class WindowEnd:
+    """A window closed on this rank: its length and verdict (None: no counted plan/probe pair)."""
+
+    length: int
+    verdict: WindowVerdict | None
+
+
+@dataclass
+class ProbeCost:
+    """What the probes cost this rank: default-clock steps, and their energy over the plan's."""
+
+    deployed_steps: int = 0
+    default_steps: int = 0
+    extra_energy_j: float = 0.0  # Σ over probe steps of (probe energy − the window's median plan energy)
+
+    @property
+    def share(self) -> float:
+        return self.default_steps / self.deployed_steps if self.deployed_steps else 0.0
+
+
+@dataclass
+class RankGuard:
+    """One rank's probes, windows and test (the closed loop's per-rank part)."""
+
+    placement: ProbePlacement
+    settings: SequentialSettings = field(default_factory=SequentialSettings)
+
+    def __post_init__(self) -> None:
+        self.timeline = ProbeTimeline(self.placement, self.settings.backoff.first)
+        self.test = SequentialTest(self.settings)
+        self.cost = ProbeCost()
+        self.step = 0
+        self.role = StepRole.PLAN_SETTLE
+        self._plan: list[tuple[float, float]] = []
+        self._probe: list[tuple[float, float]] = []
+        self._default_energy: list[float] = []
+
+    def begin_step(self) -> StepRole:
+        self.role = self.timeline.role(self.step)
+        return self.role
+
+    def end_step(self, judged_s: float, energy_j: float, target_ratio: float = 1.0) -> WindowEnd | None:
+        """Count the step; at a window's last step this rank's ``WindowEnd`` (every rank closes
+        windows at the same steps, so the all-gather it calls for happens on every rank), else None."""
+        role, step = self.role, self.step
+        self.step += 1
+        self.cost.deployed_steps += 1
+        if role.default_clocks:
+            self.cost.default_steps += 1
+            self._default_energy.append(energy_j)
+        if role.counted:
+            (self._probe if role.default_clocks else self._plan).append((judged_s, energy_j))
+        if step < self.placement.settle or not self.timeline.closes_window(step):
+            return None
+        verdict = None
+        if self._plan and self._probe:
+            verdict = self.test.observe([t for t, _ in self._plan], [t for t, _ in self._probe], target_ratio)
+            plan_e = sorted(e for _, e in self._plan)[len(self._plan) // 2]
+            self.cost.extra_energy_j += sum(e - plan_e for e in self._default_energy)
+        self._plan, self._probe, self._default_energy = [], [], []
+        return WindowEnd(self.timeline.window.length, verdict)
+
+    def apply(self, decision: JobDecision) -> None:
+        """Open the next window as the job agreed; after a move the evidence starts afresh."""
+        moved = decision.action is not Action.KEEP
+        if moved:
+            self.test.restart()
+        self.timeline.next(decision.next_length, after_move=moved)
+
+    def summary(self) -> dict[str, object]:
+        return {"statistic": self.test.statistic, "threshold": self.settings.threshold, "windows": self.test.windows,
+                "alarms": self.test.alarms, "probe_share": self.cost.share,
+                "probe_extra_energy_j": self.cost.extra_energy_j}
