@@ -17,6 +17,7 @@ is the reference every error is measured against (``evaluate``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -95,13 +96,20 @@ class PersistenceForecaster:
         return float(history[-1])
 
 
-def rolling_forecast(values: np.ndarray, first_hour_of_day: int, forecaster: object, warmup: int = LAGS) -> np.ndarray:
+class Forecaster(Protocol):
+    """What ``rolling_forecast`` asks of a forecaster: the next hour's value from the history so far."""
+
+    def predict(self, history: np.ndarray, next_hour_of_day: int, index: int | None = None) -> float: ...
+
+
+def rolling_forecast(values: np.ndarray, first_hour_of_day: int, forecaster: Forecaster,
+                     warmup: int = LAGS) -> np.ndarray:
     """Each hour's forecast made from the hours before it (the first ``warmup`` hours: persistence
     of the first value, as a job that has just started has nothing better)."""
     out = np.empty(len(values))
     out[: max(warmup, 1)] = values[0]
     for i in range(max(warmup, 1), len(values)):
-        out[i] = forecaster.predict(values[:i], (first_hour_of_day + i) % 24, i)  # type: ignore[attr-defined]
+        out[i] = forecaster.predict(values[:i], (first_hour_of_day + i) % 24, i)
     return out
 
 
