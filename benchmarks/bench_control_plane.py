@@ -126,7 +126,10 @@ def measure(dp: int, pp: int, tp: int, design: str, checks: int, period_s: float
             if "error" in row:
                 raise SystemExit(f"rank {r} of {design} {dp}x{pp}x{tp} failed: {row['error']}\n{row.get('traceback', '')}")
             rows.append(row)
-    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
     return {"ranks": world, "dp": dp, "pp": pp, "tp": tp,
             "design": {"flat": "old", "hierarchical": "new", "flat-lazy": "old-lazy"}[design],
             "peers_per_rank": med("peers"), "fds_per_rank": med("fds"), "fds_max": max(r["fds"] for r in rows), "setup_s": med("setup_s"),

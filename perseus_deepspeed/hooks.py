@@ -130,7 +130,7 @@ def _instruction_wrapper(handle: HookHandle, original: Callable[..., Any], kind:
         return result
 
     perseus_instruction.__name__ = f"perseus_{original.__name__}"
-    perseus_instruction.__wrapped__ = original  # type: ignore[attr-defined]
+    perseus_instruction.__wrapped__ = original  # type: ignore[attr-defined]  # typeshed: no __wrapped__ on functions
     return perseus_instruction
 
 
@@ -192,7 +192,9 @@ def _install_runtime_hooks(engine: Any, listener: InstructionListener, schedule_
 
     # The map lookup goes through the instance first, so a per-instance copy hooks this engine only.
     instruction_map = dict(engine._INSTRUCTION_MAP)
-    for cls, kind in ((schedule_module.ForwardPass, "forward"), (schedule_module.BackwardPass, "backward")):
+    hooked: tuple[tuple[Any, InstructionKind], ...] = ((schedule_module.ForwardPass, "forward"),
+                                                       (schedule_module.BackwardPass, "backward"))
+    for cls, kind in hooked:
         instruction_map[cls] = _instruction_wrapper(handle, instruction_map[cls], kind)
 
     exec_schedule = engine._exec_schedule  # bound: the class's (or an earlier instance override)

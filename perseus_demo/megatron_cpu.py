@@ -48,6 +48,23 @@ class CudaToCpuMode(TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def patched_attributes(owner: object, **values: object) -> Iterator[None]:
+    """``owner``'s attributes set to ``values`` for the block, the old ones put back after it.
+
+    The stand-ins (a lambda for ``torch.cuda.current_device``, a class for ``torch.cuda.Stream``)
+    do not have the types torch's stubs declare; they need only work for the calls megatron-core makes.
+    """
+    saved = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def cpu_execution() -> Iterator[None]:
     """Let CUDA-assuming megatron-core code run on the CPU for the duration of the block.
 
@@ -56,14 +73,10 @@ def cpu_execution() -> Iterator[None]:
     """
     if torch.cuda.is_available():
         raise PerseusError("perseus_demo.megatron_cpu.cpu_execution is for CPU-only machines; CUDA is available here")
-    saved = torch.cuda.current_device, torch.cuda.synchronize
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]  # mapped to the CPU by the mode
-    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
-    try:
-        with CudaToCpuMode():
-            yield
-    finally:
-        torch.cuda.current_device, torch.cuda.synchronize = saved
+    # device 0 is mapped to the CPU by the mode
+    stand_ins = patched_attributes(torch.cuda, current_device=lambda: 0, synchronize=lambda device=None: None)
+    with stand_ins, CudaToCpuMode():
+        yield
 
 
 def init_cpu_distributed() -> None:
@@ -125,8 +138,6 @@ def moe_cpu_execution() -> Iterator[None]:
 
     stream = _NoStream()
     with cpu_execution():
-        saved = (torch.cuda.current_device, torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream,
-                 dist.all_to_all_single)
         had_gemm = hasattr(moe_utils, "te_general_gemm")
         original_a2a = dist.all_to_all_single
 
@@ -138,17 +149,14 @@ def moe_cpu_execution() -> Iterator[None]:
             return original_a2a(output, input, as_list(output_split_sizes), as_list(input_split_sizes), group=group,
                                 async_op=async_op)
 
-        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-        torch.cuda.Stream = lambda *args, **kwargs: stream  # type: ignore[assignment,misc]
-        torch.cuda.current_stream = lambda device=None: stream  # type: ignore[assignment,return-value]
-        torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment]
-        dist.all_to_all_single = all_to_all_single  # type: ignore[assignment]
+        cuda = patched_attributes(torch.cuda, current_device=lambda: "cpu", Stream=lambda *args, **kwargs: stream,
+                                  current_stream=lambda device=None: stream,
+                                  stream=lambda s=None: contextlib.nullcontext())
         if not had_gemm:
             moe_utils.te_general_gemm = None
         try:
-            yield
+            with cuda, patched_attributes(dist, all_to_all_single=all_to_all_single):
+                yield
         finally:
-            (torch.cuda.current_device, torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream,
-             dist.all_to_all_single) = saved
             if not had_gemm:
                 del moe_utils.te_general_gemm

@@ -84,10 +84,20 @@ def _stub_batch_invariant_kernels() -> None:
     def enable_batch_invariant_mode(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("--batch-invariant-mode needs triton and CUDA; perseus_demo.megatron_lm_cpu runs without")
 
-    stub.enable_batch_invariant_mode = enable_batch_invariant_mode  # type: ignore[attr-defined]
-    stub.set_batch_invariant_mode = lambda enabled=True: enabled and enable_batch_invariant_mode()  # type: ignore[attr-defined]
-    stub.disable_batch_invariant_mode = lambda: None  # type: ignore[attr-defined]
-    stub.is_batch_invariant_mode_enabled = lambda: False  # type: ignore[attr-defined]
+    def set_batch_invariant_mode(enabled: bool = True) -> bool:
+        if enabled:
+            enable_batch_invariant_mode()
+        return enabled
+
+    def disable_batch_invariant_mode() -> None:
+        pass
+
+    def is_batch_invariant_mode_enabled() -> bool:
+        return False
+
+    for function in (enable_batch_invariant_mode, set_batch_invariant_mode, disable_batch_invariant_mode,
+                     is_batch_invariant_mode_enabled):
+        setattr(stub, function.__name__, function)
     sys.modules[BATCH_INVARIANT] = stub
 
 
@@ -160,8 +170,8 @@ def _patch_initialize() -> None:
         # Megatron creates its model-parallel groups only when it sees GPUs; let it see one for
         # that call (set_device is then a no-op: everything runs on the CPU).
         count, set_device = torch.cuda.device_count, torch.cuda.set_device
-        torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
-        torch.cuda.set_device = lambda device: None  # type: ignore[assignment]
+        torch.cuda.device_count = lambda: 1
+        torch.cuda.set_device = lambda device: None
         try:
             return original_distributed(*args, **kwargs)
         finally:
@@ -197,14 +207,11 @@ class _Stream:
 def _cpu_streams() -> Iterator[None]:
     import torch
 
-    saved = torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream
-    torch.cuda.Stream = _Stream  # type: ignore[misc,assignment]
-    torch.cuda.current_stream = lambda device=None: _Stream()  # type: ignore[assignment]
-    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
-    try:
+    from perseus_demo.megatron_cpu import patched_attributes
+
+    with patched_attributes(torch.cuda, Stream=_Stream, current_stream=lambda device=None: _Stream(),
+                            stream=lambda stream=None: contextlib.nullcontext()):
         yield
-    finally:
-        torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream = saved
 
 
 # Nominal kernel time at the max clock per instruction kind (as perseus_demo.megatron_demo).
@@ -253,7 +260,7 @@ def _instrument_enable(summary_dir: Path | None, simulate_compute: bool) -> None
                 for gpu in gpus:
                     gpu.close()
 
-        handle.close = close_and_report  # type: ignore[method-assign]
+        handle.close = close_and_report  # type: ignore[method-assign]  # this handle reports when closed
         return handle
 
     integration.enable = enable
@@ -286,8 +293,8 @@ def checkout_core_version(checkout: Path) -> tuple[int, int] | None:
         text = (checkout / "megatron" / "core" / "package_info.py").read_text()
     except OSError:
         return None
-    found = [re.search(rf"^{name}\s*=\s*(\d+)", text, re.MULTILINE) for name in ("MAJOR", "MINOR")]
-    return (int(found[0].group(1)), int(found[1].group(1))) if all(found) else None
+    major, minor = (re.search(rf"^{name}\s*=\s*(\d+)", text, re.MULTILINE) for name in ("MAJOR", "MINOR"))
+    return None if major is None or minor is None else (int(major.group(1)), int(minor.group(1)))
 
 
 def overlap_p2p_args(checkout: Path) -> list[str]:

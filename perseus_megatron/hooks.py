@@ -15,12 +15,13 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 from perseus.errors import PerseusError
 from perseus.runtime import HooksAlreadyInstalled, InstructionListener, stage_fingerprint
 from perseus_megatron.tracker import ListenerForStep, ScheduleTracker, StepInfo
 
+# a hooked function: each wrapper returns ``functools.wraps``' copy of it, cast back to its type
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HOOK_ATTRIBUTE = "__perseus_hook__"
@@ -91,7 +92,7 @@ def _schedule_wrapper(fn: F, point: str) -> F:
         with tracker.step(info):
             return fn(*args, **kwargs)
 
-    return perseus_schedule  # type: ignore[return-value]
+    return cast(F, perseus_schedule)
 
 
 def _forward_wrapper(fn: F) -> F:
@@ -106,7 +107,7 @@ def _forward_wrapper(fn: F) -> F:
             kwargs.get("current_microbatch"), kwargs.get("vp_stage"), lambda: fn(*args, **kwargs)
         )
 
-    return perseus_forward_step  # type: ignore[return-value]
+    return cast(F, perseus_forward_step)
 
 
 def _backward_wrapper(fn: F) -> F:
@@ -118,7 +119,7 @@ def _backward_wrapper(fn: F) -> F:
         output = args[1] if len(args) > 1 else kwargs["output_tensor"]
         return tracker.backward(output, lambda: fn(*args, **kwargs))
 
-    return perseus_backward_step  # type: ignore[return-value]
+    return cast(F, perseus_backward_step)
 
 
 def _combined_wrapper(fn: F) -> F:
@@ -137,7 +138,7 @@ def _combined_wrapper(fn: F) -> F:
         forward = (kwargs.get("current_microbatch"), kwargs.get("f_model_chunk_id")) if f_model is not None else None
         return tracker.combined(forward, output if b_model is not None else None, lambda: fn(*args, **kwargs))
 
-    return perseus_combined_step  # type: ignore[return-value]
+    return cast(F, perseus_combined_step)
 
 
 def wrap(point: str, fn: F) -> F:
@@ -210,6 +211,15 @@ class HookHandle:
         self.uninstall()
 
 
+def _every_step(listener: InstructionListener) -> ListenerForStep:
+    """``listener_for_step`` for a fixed listener: the same one at every step."""
+
+    def for_step(info: StepInfo) -> InstructionListener:
+        return listener
+
+    return for_step
+
+
 def install_hooks(
     listener: InstructionListener | None = None, *, listener_for_step: ListenerForStep | None = None
 ) -> HookHandle:
@@ -223,16 +233,17 @@ def install_hooks(
     global _active, _active_handle, _combined_problem
     from perseus_megatron.compat import COMBINED_STEP, HOOK_POINTS, load_combined_module, load_schedules_module
 
-    if (listener is None) == (listener_for_step is None):
-        raise PerseusError("install_hooks needs exactly one of listener= or listener_for_step=")
-    if listener is not None:
+    if listener is not None and listener_for_step is None:
         if not isinstance(listener, InstructionListener):
             raise PerseusError(
                 f"install_hooks: {type(listener).__name__} is not an InstructionListener "
                 "(needs on_step_begin, on_step_end, on_instruction_begin, on_instruction_end)"
             )
-        fixed = listener
-        listener_for_step = lambda info: fixed  # noqa: E731
+        for_step = _every_step(listener)
+    elif listener is None and listener_for_step is not None:
+        for_step = listener_for_step
+    else:
+        raise PerseusError("install_hooks needs exactly one of listener= or listener_for_step=")
     schedules = load_schedules_module()
     with _lock:
         if _active is not None:
@@ -259,7 +270,7 @@ def install_hooks(
             original = getattr(combined_module, COMBINED_STEP)
             setattr(combined_module, COMBINED_STEP, wrap(COMBINED_STEP, original))
             combined = (combined_module, original)
-        tracker = ScheduleTracker(listener_for_step)
+        tracker = ScheduleTracker(for_step)
         handle = HookHandle(schedules, replaced, tracker, combined)
         _active, _active_handle = tracker, handle
     return handle

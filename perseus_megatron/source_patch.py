@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeGuard
 
 from perseus.errors import PerseusError
 from perseus_megatron.compat import HOOK_POINTS, missing_hook_points_in_source
@@ -192,7 +192,7 @@ def schedules_insertions(text: str, path: str = SCHEDULES) -> list[Insertion]:
 # ------------------------------------------------------------------------------ pretrain_gpt.py
 
 
-def _is_main_guard(node: ast.stmt) -> bool:
+def _is_main_guard(node: ast.stmt) -> TypeGuard[ast.If]:
     if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1):
         return False
     if not isinstance(node.test.ops[0], ast.Eq):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
 from perseus.runtime import HookStateError, InstructionListener
+from perseus.schedules import InstructionKind
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -143,7 +144,7 @@ class ScheduleTracker:
         listener = self._listener
         if listener is None:
             return run()
-        pair = None
+        pair: tuple[int, int] | None = None
         if backward_output is not None:
             entry = self._outputs.pop(id(backward_output), None)
             if entry is None or entry[0] is not backward_output:
@@ -152,23 +153,25 @@ class ScheduleTracker:
                     "returned; the schedule is not one Perseus supports"
                 )
             pair = (entry[1], entry[2])
-        if forward is not None and forward[0] is None:
-            raise HookStateError("megatron-core's combined 1F1B ran a forward without current_microbatch; this "
-                                 "megatron-core version is not supported by the Perseus hooks")
-        if forward is None and pair is None:
-            return run()  # neither part: nothing megatron-core's schedules call
+        kind: InstructionKind
         if forward is None:
-            kind, microbatch, chunk = "backward", pair[0], pair[1]  # type: ignore[index]
+            if pair is None:
+                return run()  # neither part: nothing megatron-core's schedules call
+            kind, microbatch, chunk = "backward", pair[0], pair[1]
             pair = None
         else:
+            forward_microbatch, forward_chunk = forward
+            if forward_microbatch is None:
+                raise HookStateError("megatron-core's combined 1F1B ran a forward without current_microbatch; this "
+                                     "megatron-core version is not supported by the Perseus hooks")
             kind = "forward_backward" if pair is not None else "forward"
-            microbatch, chunk = int(forward[0]), int(forward[1] or 0)  # type: ignore[arg-type]
+            microbatch, chunk = int(forward_microbatch), int(forward_chunk or 0)
         # the pair only for a fused unit: listeners written for plain kinds keep their three arguments
-        extra = () if pair is None else (pair,)
-        listener.on_instruction_begin(kind, microbatch, chunk, *extra)  # type: ignore[arg-type]
+        extra: tuple[()] | tuple[tuple[int, int]] = () if pair is None else (pair,)
+        listener.on_instruction_begin(kind, microbatch, chunk, *extra)
         result = run()
         if forward is not None:
             output = result[0] if isinstance(result, tuple) else result
             self._outputs[id(output)] = (output, microbatch, chunk)
-        listener.on_instruction_end(kind, microbatch, chunk, *extra)  # type: ignore[arg-type]
+        listener.on_instruction_end(kind, microbatch, chunk, *extra)
         return result

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from perseus.errors import PerseusError
 from perseus.runtime import HooksAlreadyInstalled, InstructionListener
+from perseus.schedules import InstructionKind
 from perseus_torch.compat import (
     HOOK_METHODS,
     UnsupportedTorchSchedule,
@@ -32,7 +33,7 @@ _HANDLE = "_perseus_torch_hooks"
 
 
 
-def _kind(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def _kind(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InstructionKind:
     if method == "forward_one_chunk":
         return "forward"
     if method == "backward_weight_one_chunk":

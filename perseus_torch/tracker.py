@@ -21,6 +21,7 @@ import contextlib
 from typing import Any, Callable, Iterator, TypeVar
 
 from perseus.runtime import HookStateError, InstructionListener
+from perseus.schedules import InstructionKind
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ class PipelineTracker:
         self._in_step = False
         self._in_eval = False
         self._reporting = False
-        self._open: tuple[str, int, int] | None = None
+        self._open: tuple[InstructionKind, int, int] | None = None
         self._unit: tuple[int, int, tuple[int, int]] | None = None  # an open fused unit: forward's (mb, chunk), backward
 
     @property
@@ -83,7 +84,7 @@ class PipelineTracker:
             self._open = None
             self._unit = None
 
-    def compute(self, kind: str, microbatch: Any, chunk: int, run: Callable[[], T]) -> T:
+    def compute(self, kind: InstructionKind, microbatch: Any, chunk: int, run: Callable[[], T]) -> T:
         """Run one compute call, reporting it when inside a reported step."""
         if not self._reporting:
             return run()
@@ -103,17 +104,17 @@ class PipelineTracker:
             self._open = (kind, microbatch, chunk)
             result = run()
             self._open = self._unit = None
-            self.listener.on_instruction_end("forward_backward", unit[0], unit[1], unit[2])  # type: ignore[arg-type]
+            self.listener.on_instruction_end("forward_backward", unit[0], unit[1], unit[2])
             return result
         pair = self.fused.get((chunk, microbatch)) if kind == "forward" else None
         self._open = (kind, microbatch, chunk)
         if pair is not None:  # a fused unit begins with its forward and ends after its backward
-            self.listener.on_instruction_begin("forward_backward", microbatch, chunk, pair)  # type: ignore[arg-type]
+            self.listener.on_instruction_begin("forward_backward", microbatch, chunk, pair)
             result = run()
             self._open, self._unit = None, (microbatch, chunk, pair)
             return result
-        self.listener.on_instruction_begin(kind, microbatch, chunk)  # type: ignore[arg-type]
+        self.listener.on_instruction_begin(kind, microbatch, chunk)
         result = run()
-        self.listener.on_instruction_end(kind, microbatch, chunk)  # type: ignore[arg-type]
+        self.listener.on_instruction_end(kind, microbatch, chunk)
         self._open = None
         return result

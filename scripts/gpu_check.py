@@ -39,9 +39,9 @@ for _p in (str(SCRIPTS.parent), str(SCRIPTS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import gpu_check_nvml as nvml_parts  # noqa: E402
+import gpu_check_nvml as nvml_parts  # noqa: E402 - found through the sys.path lines above
 
-from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402
+from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402 - found through the sys.path lines above
 
 SCHEMA = "perseus-gpu-check/2"
 NVML_PARTS = ("identity", "versions", "clocks", "power", "read_latency", "counter")

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     vanilla_gpt_pretrain_config, Callback, forward_step, pretrain = _bridge()
     import perseus_megatron
 
-    class PerseusCallback(Callback):  # type: ignore[misc, valid-type]
+    class PerseusCallback(Callback):  # type: ignore[misc, valid-type]  # Bridge's class, imported by _bridge()
         """Perseus's hooks for one Bridge run: installed at construction (before ``pretrain``), closed
         at ``on_train_end``; the settings are this callback's, since Bridge's ConfigContainer has no
         field for a third party's."""

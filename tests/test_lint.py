@@ -53,8 +53,8 @@ def test_the_check_tells_explained_from_bare():
 
 
 # strict: once the last marker has its reason this xpasses, which fails, and the mark must go
-@pytest.mark.xfail(strict=True, reason="issue 35 item 9 unfinished: about 100 markers (most in the modules "
-                   "mypy.ini lists as not yet clean, and tests/) still lack a reason")
+@pytest.mark.xfail(strict=True, reason="issue 35 item 9 unfinished: 15 markers in perseus/runtime/ still lack "
+                   "a reason")
 def test_every_suppression_names_its_code_and_reason():
     files = sorted(p for d in CHECKED for p in d.rglob("*.py"))
     assert len(files) > 100, "the checked directories were not found"

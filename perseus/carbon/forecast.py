@@ -17,12 +17,15 @@ is the reference every error is measured against (``evaluate``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from perseus.errors import ConfigError
 
 LAGS = 24  # hours of history a feature row reads
+# hourly values, newest last: an array in the replay, the policy's list in the runtime
+History = Sequence[float] | np.ndarray
 
 
 def _features(history: np.ndarray, hours_of_day: np.ndarray) -> np.ndarray:
@@ -70,20 +73,20 @@ class HourlyForecaster:
         b = np.concatenate([y, np.zeros(x.shape[1])])
         self._coef = np.linalg.lstsq(a, b, rcond=None)[0]
 
-    def predict(self, history: np.ndarray, next_hour_of_day: int, index: int | None = None) -> float:
+    def predict(self, history: History, next_hour_of_day: int, index: int | None = None) -> float:
         """The value of the hour after ``history`` (hourly, newest last), the hour being
         ``next_hour_of_day`` UTC. ``index`` (hours since the series began) paces refits."""
-        history = np.asarray(history, dtype=float)
-        if len(history) == 0:
+        values = np.asarray(history, dtype=float)
+        if len(values) == 0:
             raise ConfigError("forecaster: no history to predict from")
-        at = len(history) if index is None else index
-        if len(history) >= self.min_train_hours and at - self._fitted_at >= self.refit_every:
-            window = history[-(self.train_days * 24 + LAGS):]
+        at = len(values) if index is None else index
+        if len(values) >= self.min_train_hours and at - self._fitted_at >= self.refit_every:
+            window = values[-(self.train_days * 24 + LAGS):]
             self.fit(window, (next_hour_of_day - len(window)) % 24)
             self._fitted_at = at
-        if self._coef is None or len(history) < LAGS:
-            return float(history[-1])
-        x = _features(history[None, -LAGS:], np.array([next_hour_of_day]))
+        if self._coef is None or len(values) < LAGS:
+            return float(values[-1])
+        x = _features(values[None, -LAGS:], np.array([next_hour_of_day]))
         x[:, 24:] /= self._scale
         return float(max(x[0] @ self._coef, 0.0))
 
@@ -91,17 +94,24 @@ class HourlyForecaster:
 class PersistenceForecaster:
     """The next hour equals the last one: the reference a forecaster has to beat."""
 
-    def predict(self, history: np.ndarray, next_hour_of_day: int, index: int | None = None) -> float:
+    def predict(self, history: History, next_hour_of_day: int, index: int | None = None) -> float:
         return float(history[-1])
 
 
-def rolling_forecast(values: np.ndarray, first_hour_of_day: int, forecaster: object, warmup: int = LAGS) -> np.ndarray:
+class Forecaster(Protocol):
+    """What ``rolling_forecast`` asks of a forecaster: the next hour's value from the history so far."""
+
+    def predict(self, history: History, next_hour_of_day: int, index: int | None = None) -> float: ...
+
+
+def rolling_forecast(values: np.ndarray, first_hour_of_day: int, forecaster: Forecaster,
+                     warmup: int = LAGS) -> np.ndarray:
     """Each hour's forecast made from the hours before it (the first ``warmup`` hours: persistence
     of the first value, as a job that has just started has nothing better)."""
     out = np.empty(len(values))
     out[: max(warmup, 1)] = values[0]
     for i in range(max(warmup, 1), len(values)):
-        out[i] = forecaster.predict(values[:i], (first_hour_of_day + i) % 24, i)  # type: ignore[attr-defined]
+        out[i] = forecaster.predict(values[:i], (first_hour_of_day + i) % 24, i)
     return out
 
 

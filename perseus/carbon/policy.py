@@ -27,11 +27,14 @@ mix of two points within a window, which no per-window choice beats.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from perseus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perseus.frontier.model import Frontier
 
 J_PER_KWH = 3.6e6
 
@@ -60,10 +63,10 @@ class PointMenu:
         return cls(t, e, float(baseline_time_s), float(baseline_energy_j))
 
     @classmethod
-    def from_frontier(cls, frontier: object) -> PointMenu:
-        """From a ``perseus.frontier.Frontier`` (its own-pace points)."""
-        points = [(p.time_s, p.energy_j) for p in frontier.points]  # type: ignore[attr-defined]
-        return cls.from_points(points, frontier.baseline_time_s, frontier.baseline_energy_j)  # type: ignore[attr-defined]
+    def from_frontier(cls, frontier: Frontier) -> PointMenu:
+        """From a frontier's own-pace points."""
+        points = [(p.time_s, p.energy_j) for p in frontier.points]
+        return cls.from_points(points, frontier.baseline_time_s, frontier.baseline_energy_j)
 
     def __post_init__(self) -> None:
         rate, power = 1.0 / self.times_s, self.energies_j / self.times_s

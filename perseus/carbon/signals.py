@@ -109,6 +109,14 @@ def _pick(header: Sequence[str], wanted: Sequence[str], prefix: str | None) -> s
     return None
 
 
+def _column(path: Path, header: Sequence[str], col: str | None, label: str, option: str) -> str:
+    """The column named ``col``, or one line naming the option that chooses it."""
+    if col is None or col not in header:
+        raise SignalError(f"carbon trace {path}: no {label} column among {', '.join(header)[:120]}; "
+                          f"name it with {option}")
+    return col
+
+
 @dataclass(frozen=True)
 class Trace:
     """A signal over time: increasing Unix times and their values (missing rows dropped)."""
@@ -150,12 +158,9 @@ def load_trace(path: str | os.PathLike[str], value_column: str | None = None,
     if not rows or not any(rows[0]):
         raise SignalError(f"carbon trace {path}: empty file; expected a header row and one row per time")
     header = rows[0]
-    tcol = time_column or _pick(header, TIME_COLUMNS, None)
-    vcol = value_column or _pick(header, VALUE_COLUMNS, "carbon intensity")
-    for label, col, option in (("timestamp", tcol, "time_column"), ("value", vcol, "value_column")):
-        if col is None or col not in header:
-            raise SignalError(f"carbon trace {path}: no {label} column among {', '.join(header)[:120]}; "
-                              f"name it with {option}")
+    tcol = _column(path, header, time_column or _pick(header, TIME_COLUMNS, None), "timestamp", "time_column")
+    vcol = _column(path, header, value_column or _pick(header, VALUE_COLUMNS, "carbon intensity"), "value",
+                   "value_column")
     ti, vi = header.index(tcol), header.index(vcol)
     times, values, missing = [], [], 0
     for line, row in enumerate(rows[1:], start=2):
@@ -444,7 +449,7 @@ class GuardedSignal:
         with self._lock:
             try:
                 reading = self._read(now)
-                if self._stale(reading, now):
+                if self.stale_after_s is not None and self._stale(reading, now):
                     raise SignalError(f"{self.source.name}: newest value is {(now - reading.at) / 60:.0f} min old, "
                                       f"over the {self.stale_after_s / 60:.0f} min staleness limit")
             except SignalError as error:

@@ -17,7 +17,7 @@ import binascii
 import json
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -25,13 +25,13 @@ from perseus.errors import FrontierError
 from perseus.frontier.v1 import decode_v1_points, document_head, document_provenance
 from perseus.store.atomic import write_atomic
 from perseus.frontier.model import Frontier, FrontierPoint, thin_points
-from perseus.schedules import Instruction, Schedule, build_schedule
+from perseus.schedules import Instruction, InstructionKind, Schedule, build_schedule
 
 FORMAT = "perseus-frontier"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 CLOCK_ENCODING = "zlib+base64"
-_INDEX_DTYPES = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_INDEX_DTYPES: dict[str, np.dtype[np.unsignedinteger[Any]]] = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 # ---------------------------------------------------------------- writing
@@ -173,7 +173,9 @@ def _check_instructions(stages: Any, schedule: Schedule, source: str) -> None:
     if not isinstance(stages, list) or len(stages) != schedule.num_stages:
         raise FrontierError(f"{source}: \"instructions\" must list {schedule.num_stages} stages")
     for s, (stored, expected) in enumerate(zip(stages, schedule.stages)):
-        if [Instruction(str(k), int(m), int(c), *(int(x) for x in pair)) for k, m, c, *pair in stored] != list(expected):
+        # the cast is checked by the comparison: an unknown kind equals none of the schedule's instructions
+        if [Instruction(cast(InstructionKind, str(k)), int(m), int(c), *(int(x) for x in pair))
+                for k, m, c, *pair in stored] != list(expected):
             raise FrontierError(f"{source}: instructions of stage {s} do not follow the {schedule.name} order")
 
 

@@ -620,7 +620,9 @@ class ClockDaemon:
                     raise wire.ProtocolError(
                         f"UUID {gpu.uuid} is not CUDA device {cuda_index} of CUDA_VISIBLE_DEVICES="
                         f"{hello.cuda_visible_devices}", wire.E_NOT_FOUND)
-            found.append(gpu or by_cvd)  # type: ignore[arg-type]
+            chosen = gpu or by_cvd
+            assert chosen is not None  # named by UUID: gpu, else by index: by_cvd (each checked above)
+            found.append(chosen)
         if len({id(g) for g in found}) != len(found):
             raise wire.ProtocolError("the same GPU is named twice")
         return found

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
+from typing import SupportsIndex
 
 from perseus.gpu.errors import GPUInvalidArgumentError
 from perseus.gpu.spec import GPUSpec
@@ -33,7 +34,9 @@ def check_sm_clock(mhz: object, supported_desc: list[int]) -> int:
     Shared by backends so a typo (``1400.5``, ``"1410"``, 5000) fails the same way everywhere.
     """
     try:
-        value = operator.index(mhz)  # type: ignore[arg-type]
+        if not isinstance(mhz, SupportsIndex):  # a float, a string: refused like an __index__ that raises
+            raise TypeError
+        value = operator.index(mhz)
     except TypeError:
         raise GPUInvalidArgumentError(f"SM clock must be an integer number of MHz, got {mhz!r}") from None
     if isinstance(mhz, bool) or not supported_desc[-1] <= value <= supported_desc[0]:

@@ -54,7 +54,7 @@ class LatestWriter:
         A pending message becomes the tail only once the kernel took part of it, so until then a
         newer one still replaces it."""
         while (self.tail or self.pending is not None) and not self.broken:
-            data: bytes = self.tail or self.pending  # type: ignore[assignment]
+            data = self.tail or self.pending or b""  # the loop's condition: one of the first two is there
             try:
                 n = self._write(data)
             except (BlockingIOError, InterruptedError):

@@ -14,7 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-from matplotlib.colors import Normalize
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
@@ -22,7 +24,7 @@ from perseus.store.atomic import atomic_output
 from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.output.run_data import Run
+from perseus.output.run_data import Run, Step
 from perseus.output.run_stats import comparison
 from perseus.output.wording import energy_change
 from perseus.profile import Profile
@@ -86,7 +88,8 @@ def plot_frontier(frontier: Frontier, out: Path) -> None:
     save_figure(fig, out)
 
 
-def _draw_timeline(ax, dag: InstructionDAG, timeline: IterationTimeline, freqs, norm: Normalize, cmap, xmax: float) -> None:
+def _draw_timeline(ax: Axes, dag: InstructionDAG, timeline: IterationTimeline, freqs: np.ndarray, norm: Normalize,
+                   cmap: Colormap, xmax: float) -> None:
     num_stages = dag.schedule.num_stages
     min_label_width = xmax / 70  # skip labels that would not fit in their box
     for v, inst in enumerate(dag.instructions):
@@ -226,7 +229,7 @@ def plot_iterations(run: Run, out: Path) -> None:
     save_figure(fig, out)
 
 
-def _grid_panel(ax, steps: list) -> None:
+def _grid_panel(ax: Axes, steps: list[Step]) -> None:
     """Carbon intensity (left axis) and the job's planned power against its cap (right axis)."""
     ci = [(s.step, s.carbon_intensity) for s in steps if s.carbon_intensity is not None]
     if ci:

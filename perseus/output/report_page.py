@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from perseus.errors import ReportError
 from perseus.output.run_data import ALL, DEPLOYED, LATEST, Run, RunData, is_deployed, load_run
@@ -70,8 +70,12 @@ def _pct(x: float) -> str:
 
 
 def _comparison_rows(cmp: dict[str, Any]) -> list[dict[str, Any]]:
-    ms: Callable[[float], str] = lambda v: f"{v * 1e3:.1f} ms"  # noqa: E731
-    joules: Callable[[float], str] = lambda v: f"{v:.2f} J"  # noqa: E731
+    def ms(v: float) -> str:
+        return f"{v * 1e3:.1f} ms"
+
+    def joules(v: float) -> str:
+        return f"{v:.2f} J"
+
     rows = []
     for label, key in ((f"baseline ({cmp['baseline_phase']}, default clocks)", "baseline"), ("deployed plan", "deployed")):
         t, e = cmp[f"{key}_time"], cmp[f"{key}_energy"]

@@ -143,8 +143,8 @@ class BeamSearch:
             bound = cost.copy()
             own_price = np.zeros(d)
             w_old = x.shape[2]
-            for slot, column in enumerate(step.keep):
-                price = flows[:, list(step.price_edges[slot])].sum(axis=1)
+            for kept, column in enumerate(step.keep):
+                price = flows[:, list(step.price_edges[kept])].sum(axis=1)
                 if column < w_old:
                     bound += price[:, None] * x[:, :, column]
                 else:

@@ -168,7 +168,9 @@ class CompiledChooser(LevelChooser):
         self._times = np.ascontiguousarray(node_choices.times, dtype=float)  # per table: a few kB, stays in cache
         self._counts = np.ascontiguousarray(node_choices.num_choices, dtype=np.int64)
 
-    def _graph_args(self) -> tuple:
+    def _graph_args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                   np.ndarray]:
+        """The eight graph arrays every kernel takes first (order, CSR predecessors and successors, tables)."""
         return (self._order, self._pred_ptr, self._pred_idx, self._succ_ptr, self._succ_idx, self._table, self._times,
                 self._counts)
 

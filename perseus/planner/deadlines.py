@@ -167,7 +167,7 @@ def search_deadlines(
     idle_w = p_blocking_w * dag.schedule.num_stages
     descent_until = time.perf_counter() + improve_time_s  # a safety cap only: the sweeps bound the work
     flowed = not isinstance(relaxation, HullRelaxation)
-    if not flowed:
+    if isinstance(relaxation, HullRelaxation):
         targets, lp_costs, lp_slopes = _solve_anchors(relaxation, anchors, order, progress)
         deadlines, all_targets = _interpolate(anchors, targets, num_deadlines)
         plans = [repair(chooser, all_targets, deadlines, batch)]
@@ -501,7 +501,7 @@ def _beam_deadlines(anchors: np.ndarray, bounds: np.ndarray, count: int) -> np.n
     return np.unique(np.concatenate([anchors, spaced]))
 
 
-def _edge_flows(relaxation: HullRelaxation, deadlines: np.ndarray, lp_floor: float) -> np.ndarray:
+def _edge_flows(relaxation: HullRelaxation | FlowRelaxation, deadlines: np.ndarray, lp_floor: float) -> np.ndarray:
     """LP dual edge flows at every deadline (the beam's prices).
 
     At the fastest deadline the LP is degenerate (its slope is unbounded there and the duals are

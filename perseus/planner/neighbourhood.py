@@ -130,7 +130,7 @@ class WindowSearch:
                 if w in position:
                     add_finish_row(i, col_start + position[w], 0.0)
                 else:
-                    limit = min(limit, latest_start[w])
+                    limit = min(limit, float(latest_start[w]))
             if np.isfinite(limit):
                 add_finish_row(i, None, float(limit))
         a = coo_matrix((vals, (rows, cols)), shape=(len(lower), num_binary + k)).tocsr()

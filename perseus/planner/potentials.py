@@ -136,8 +136,9 @@ class PotentialDescent:
             prev = windows[term.node_pos]
             windows[term.node_pos] = value if prev is None else np.minimum(prev, value)
         cost = np.zeros(delta.shape)
-        for pos, y in enumerate(move.affected):
-            cost += self._cost(y, windows[pos])
+        for y, window in zip(move.affected, windows):
+            assert window is not None  # every affected node has a term: a successor's or the deadline's
+            cost += self._cost(y, window)
         best = np.argmin(cost, axis=1)
         rows = np.arange(batch)
         better = cost[rows, best] < cost[:, 0] - 1e-9

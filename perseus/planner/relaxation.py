@@ -115,7 +115,7 @@ class HullRelaxation:
     def solve(self, deadline_s: float) -> tuple[np.ndarray, float]:
         """(durations per node, optimal relaxed Σ effective cost) at a deadline ≥ the fastest time."""
         k = len(self._sink_rows)
-        self._highs.changeRowsBounds(
+        self._highs.changeRowsBounds(  # type: ignore[attr-defined]  # highspy 1.16's stub omits this export
             k, self._sink_rows, np.full(k, -highspy.kHighsInf), np.full(k, float(deadline_s))
         )
         self._highs.run()

@@ -338,7 +338,7 @@ def uniform_profile(
     num_chunks: int = 1,
 ) -> Profile:
     """Same measurements on every stage and chunk: handy for examples and tests."""
-    entries = {
+    entries: dict[ProfileKey, InstructionProfile] = {
         (s, c, k): by_kind[k] for s in range(schedule_stages) for c in range(num_chunks) for k in KINDS if k in by_kind
     }
     return Profile(entries, p_blocking_w, "synthetic")

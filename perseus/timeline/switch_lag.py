@@ -128,7 +128,7 @@ def simulate_with_latency(dag: InstructionDAG, profile: Profile, freqs_mhz: np.n
         for v in dag.topo_order.tolist():
             s = int(dag.node_stage[v])
             gpu, index = gpus[s], v - int(offsets[s])
-            begin = max([finish[u] for u in dag.predecessors[v]], default=t0)
+            begin = max([float(finish[u]) for u in dag.predecessors[v]], default=t0)
             hooks = schedules[s]
             if policy != "timed":  # the begin hook asks for the planned clock unless asked already
                 order += 1
@@ -160,9 +160,9 @@ def simulate_with_latency(dag: InstructionDAG, profile: Profile, freqs_mhz: np.n
             energy += e
             busy[s] += t - begin
             if policy == "ahead":
-                nxt = v + 1 if index + 1 < offsets[s + 1] - offsets[s] else int(offsets[s])
+                following = v + 1 if index + 1 < offsets[s + 1] - offsets[s] else int(offsets[s])
                 order += 1
-                gpu.ask(t, int(freqs[nxt]), order)
+                gpu.ask(t, int(freqs[following]), order)
             for delay, clock, nxt in hooks.get((index, True), ()):
                 order += 1
                 gpu.ask(t + delay + (shift if nxt else 0.0), clock, order)

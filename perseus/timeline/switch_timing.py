@@ -40,6 +40,10 @@ from typing import Sequence
 
 import numpy as np
 
+# one stage's planned times and clocks: lists from the runtime, array slices from the planner
+Times = Sequence[float] | np.ndarray
+Clocks = Sequence[int] | np.ndarray
+
 TOLERANCE_S = 1e-9  # float noise on simulated timelines
 _PASSES = 3  # cyclic chain: re-run with the wrap-around constraint (two passes settle in practice)
 MARGIN = 0.1  # of the latency, plus MARGIN_S: how much later than planned a request may be made safely
@@ -80,7 +84,7 @@ class TimedRequest:
     next_step: bool = False
 
 
-def plan_switches(begin_s: Sequence[float], end_s: Sequence[float], clocks_mhz: Sequence[int],
+def plan_switches(begin_s: Times, end_s: Times, clocks_mhz: Clocks,
                   latency_s: float, period_s: float) -> list[Switch]:
     """Every switch of one stage's plan (by instruction, the step's first one first) with its landing;
     ``period_s``: the plan's iteration time (at least the stage's last end)."""
@@ -110,13 +114,13 @@ def plan_switches(begin_s: Sequence[float], end_s: Sequence[float], clocks_mhz: 
     return [Switch(i, clocks[i], lo, hi, at) for i, (lo, hi), at in zip(targets, windows, lands)]
 
 
-def late_switches(begin_s: Sequence[float], end_s: Sequence[float], clocks_mhz: Sequence[int],
+def late_switches(begin_s: Times, end_s: Times, clocks_mhz: Clocks,
                   latency_s: float, period_s: float) -> list[Switch]:
     """The switches that cannot land between their two instructions (empty: the plan runs as planned)."""
     return [s for s in plan_switches(begin_s, end_s, clocks_mhz, latency_s, period_s) if not s.in_time]
 
 
-def request_schedule(begin_s: Sequence[float], end_s: Sequence[float], clocks_mhz: Sequence[int],
+def request_schedule(begin_s: Times, end_s: Times, clocks_mhz: Clocks,
                      latency_s: float, period_s: float) -> list[TimedRequest]:
     """When to ask for each switch so that it lands where ``plan_switches`` puts it: ``latency``
     before, from the latest instruction boundary (a begin or an end hook) at or before that moment:

@@ -22,11 +22,15 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
+
+if TYPE_CHECKING:
+    from perseus.gpu.sim.device import SimulatedGPU
 
 GROUPS = ("gpu-control", "gpu-read", "cpu-read")
 
@@ -67,7 +71,7 @@ class FakeZeusd:
         self.legacy_discover = legacy_discover
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.hold = threading.Lock()  # a test holding it stalls every request (a daemon stuck in the driver)
-        self._devices: dict[int, object] = {}
+        self._devices: dict[int, SimulatedGPU] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -96,7 +100,7 @@ class FakeZeusd:
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         for dev in self._devices.values():
-            dev.close()  # type: ignore[attr-defined]
+            dev.close()
         self._devices.clear()
 
     def __enter__(self) -> FakeZeusd:
@@ -110,7 +114,7 @@ class FakeZeusd:
         return [params for _, p, params in list(self.requests) if p == path]
 
     # -- devices --------------------------------------------------------------------------------
-    def device(self, gpu_id: int):
+    def device(self, gpu_id: int) -> SimulatedGPU:
         from perseus.gpu.sim.device import SimulatedGPU
 
         with self._lock:

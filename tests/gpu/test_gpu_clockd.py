@@ -273,7 +273,7 @@ def test_set_frequency_does_not_block_when_the_socket_is_full(clockd):
             release.wait(10)
 
         original = daemon._check_liveness
-        daemon._check_liveness = lambda: (pause(), original())  # type: ignore[method-assign]
+        daemon._check_liveness = lambda: (pause(), original())  # type: ignore[method-assign]  # a pause to test
         daemon._next_liveness = 0.0
         daemon._wake_w.send(b"x")
         assert daemon_thread_paused.wait(5)
@@ -282,7 +282,7 @@ def test_set_frequency_does_not_block_when_the_socket_is_full(clockd):
                 c.set_frequency(900 if i % 2 else 1005)
             assert c._writer.pending is not None or c._writer.tail, "the socket filled up and the latest was kept"
         finally:
-            daemon._check_liveness = original  # type: ignore[method-assign]
+            daemon._check_liveness = original  # type: ignore[method-assign]  # the pause undone
             release.set()
         assert c.flush(timeout_s=30).current == 900  # the last request (i = 19999) wins
 
@@ -585,7 +585,7 @@ def test_a_refused_clock_is_a_failed_notice_and_that_claim_stays_at_default(cloc
             raise GPUError("the driver said no")
         real(mhz)
 
-    device.set_locked_sm_clock = flaky  # type: ignore[method-assign]
+    device.set_locked_sm_clock = flaky  # type: ignore[method-assign]  # a driver that refuses once
     with _client(daemon, 0) as c, _client(daemon, 1) as other:
         other.set_frequency(1005)
         c.set_frequency(900)

@@ -147,7 +147,8 @@ def test_blocking_power_times_out_on_a_frozen_counter():
 
     vc = VirtualClock()
     with pytest.raises(MeasurementError, match="did not advance"):
-        measure_blocking_power(Frozen(), 0.5, clock=vc.now, sleep=vc.sleep, timeout_s=1.0)  # type: ignore[arg-type]
+        measure_blocking_power(Frozen(),  # type: ignore[arg-type]  # a stub GPU
+                               0.5, clock=vc.now, sleep=vc.sleep, timeout_s=1.0)
 
 
 def test_cpu_timer_and_timer_choice():

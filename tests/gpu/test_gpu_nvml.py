@@ -198,7 +198,7 @@ def test_energy_power_clocks_and_limits(fake_nvml):
     with pytest.raises(GPUInvalidArgumentError, match="210–1410"):
         gpu.set_locked_sm_clock(2000)
     with pytest.raises(GPUInvalidArgumentError, match="integer"):
-        gpu.set_locked_sm_clock(1200.5)  # type: ignore[arg-type]
+        gpu.set_locked_sm_clock(1200.5)  # type: ignore[arg-type]  # the wrong type is what is tested
     with pytest.raises(GPUInvalidArgumentError):
         gpu.lock_memory_clock(800)
     assert gpu.power_limit_w() == 400.0 and gpu.power_limit_range_w() == (100.0, 400.0)

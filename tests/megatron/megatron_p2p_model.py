@@ -52,8 +52,12 @@ def megatron_waits(pp: int, chunks: int, microbatches: int, group: int, overlap:
     # receive of that link, if any. Links: "f" (activations) and "b" (gradients).
     programs = []
     for r in range(pp):
-        first_virtual = lambda c, r=r: r == 0 and c == 0  # noqa: E731
-        last_virtual = lambda c, r=r: r == pp - 1 and c == chunks - 1  # noqa: E731
+        def first_virtual(c: int, r: int = r) -> bool:
+            return r == 0 and c == 0
+
+        def last_virtual(c: int, r: int = r) -> bool:
+            return r == pp - 1 and c == chunks - 1
+
         warmup = interleaved_warmup(r, pp, chunks, group)
         all_warmup = warmup >= total
         warmup = min(warmup, total)

@@ -14,7 +14,7 @@ import pytest
 
 from megatron_p2p_model import megatron_waits, reaches
 from perseus.errors import ScheduleError
-from perseus.schedules import Schedule, build_schedule
+from perseus.schedules import Instruction, Schedule, build_schedule
 from perseus.schedules import dependencies
 
 
@@ -95,7 +95,9 @@ def test_the_dag_has_the_waits_the_data_flow_lacks():
     flow = dependencies(dataclasses.replace(schedule, joint_receives=()))
     flow_reaches = reaches([len(order) for order in schedule.stages], flow)
     extra = [(u, v) for u, v in dependencies(schedule) if not flow_reaches(u, v)]
-    inst = lambda n: schedule.stages[n[0]][n[1]]  # noqa: E731
+    def inst(n: tuple[int, int]) -> Instruction:
+        return schedule.stages[n[0]][n[1]]
+
     # (a) a steady forward's consumer waits for the backward paired with that forward
     assert any(inst(u).kind == "backward" and inst(v).kind == "forward" and u[0] + 1 == v[0] for u, v in extra)
     # (b) the first stage waits for activations the last stage sent, beyond the data flow (received early)
@@ -109,7 +111,9 @@ def test_overlapped_p2p_drops_the_waits_of_blocking_pairs():
     blocking = build_schedule("interleaved", 4, 16, 2)
     overlapped = build_schedule("interleaved", 4, 16, 2, overlap_p2p=True)
     assert overlapped.stages == blocking.stages and overlapped != blocking
-    inst = lambda n: overlapped.stages[n[0]][n[1]]  # noqa: E731
+    def inst(n: tuple[int, int]) -> Instruction:
+        return overlapped.stages[n[0]][n[1]]
+
     cross = [(u, v) for u, v in dependencies(overlapped) if u[0] != v[0]]
     assert not any(inst(u).kind == "backward" and inst(v).kind == "forward" for u, v in cross)
     # Every overlapped wait is one the blocking exchanges have too, not the other way round.

@@ -59,9 +59,11 @@ def test_a_second_install_is_rejected_until_the_first_is_removed():
 
 def test_install_needs_a_listener():
     with pytest.raises(PerseusError, match="not an InstructionListener"):
-        install_hooks(object())  # type: ignore[arg-type]
+        install_hooks(object())  # type: ignore[arg-type]  # the wrong type is what this test passes
     with pytest.raises(PerseusError, match="exactly one"):
         install_hooks()
+    with pytest.raises(PerseusError, match="exactly one"):
+        install_hooks(RecordingListener(), listener_for_step=lambda info: RecordingListener())
 
 
 def test_missing_hook_point_names_version_and_what_is_missing(monkeypatch):

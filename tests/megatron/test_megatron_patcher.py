@@ -119,7 +119,8 @@ def _run_main(source: str, argv: list[str], generation: str) -> dict[str, Any]:
             parser = extra_args_provider(parser)
         return parser.parse_args(argv)
 
-    def parse_and_validate_args(extra_args_provider=None, ignore_unknown_args=False, args_defaults={}):  # noqa: B006
+    def parse_and_validate_args(extra_args_provider=None, ignore_unknown_args=False,
+                                args_defaults={}):  # noqa: B006 - Megatron's own signature
         record["args"] = parse(extra_args_provider, args_defaults)
         return record["args"]
 
@@ -408,7 +409,8 @@ def test_plan_reports_every_place(tmp_path):
 def test_with_perseus_args_composes_a_positional_or_keyword_provider():
     seen = []
 
-    def pretrain(a, b, c, d, process_non_loss_data_func=None, extra_args_provider=None, args_defaults={}):  # noqa: B006
+    def pretrain(a, b, c, d, process_non_loss_data_func=None, extra_args_provider=None,
+                 args_defaults={}):  # noqa: B006 - Megatron's own signature
         parser = argparse.ArgumentParser()
         parser = extra_args_provider(parser)
         seen.append(parser.parse_args(["--perseus", "--x", "1"]))

@@ -115,3 +115,19 @@ def test_unreported_forward_outside_a_step_warns_once(caplog):
         tracker.note_unreported_call()
         tracker.note_unreported_call()
     assert sum("get_forward_backward_func" in r.message for r in caplog.records) == 1
+
+
+def test_combined_step_reports_a_forward_a_fused_unit_or_a_backward_and_refuses_a_forward_without_microbatch():
+    recorder = RecordingListener()
+    tracker = _tracker(recorder)
+    first, second = object(), object()
+    with tracker.step(StepInfo("megatron-combined-1f1b", 2)):
+        tracker.combined((0, None), None, lambda: (first, 0))  # forward alone, chunk missing: chunk 0
+        tracker.combined((1, 0), first, lambda: (second, 0))  # forward of 1 with the backward of 0: one unit
+        assert tracker.combined(None, second, lambda: "grad") == "grad"  # backward alone
+        assert tracker.combined(None, None, lambda: "nothing") == "nothing"  # neither part: not reported
+    assert recorder.steps == [[Instruction("forward", 0, 0), Instruction.fused(1, 0, 0, 0),
+                               Instruction("backward", 1, 0)]]
+    with tracker.step(StepInfo("megatron-combined-1f1b", 1)):
+        with pytest.raises(HookStateError, match="without current_microbatch"):
+            tracker.combined((None, 0), None, lambda: None)

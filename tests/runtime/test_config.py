@@ -58,7 +58,7 @@ def test_invalid_values_raise_one_line_config_error(bad, words):
 
 def test_non_mapping_is_rejected():
     with pytest.raises(ConfigError, match="mapping"):
-        PerseusConfig.from_dict(["mode", "run"])  # type: ignore[arg-type]
+        PerseusConfig.from_dict(["mode", "run"])  # type: ignore[arg-type]  # the wrong type is what is tested
 
 
 def test_replace_validates():

@@ -213,7 +213,7 @@ class SimStateFile:
     def close(self) -> None:
         if getattr(self, "_mm", None) is not None:
             self._mm.close()
-            self._mm = None  # type: ignore[assignment]
+            del self._mm  # closed: no mapping, as before one was made (the getattr checks)
             os.close(self._fd)
 
 
