@@ -15,7 +15,7 @@ same step, so phase changes and plan switches happen on all ranks together.
 from __future__ import annotations
 
 import logging
-from time import monotonic, perf_counter
+from time import monotonic
 from typing import Any
 
 from perseus.errors import PerseusError
@@ -28,6 +28,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
+from perseus.runtime.port.gpu_timeline import HostSteps
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe.observer import Observer
@@ -86,8 +87,14 @@ class PerseusRuntime:
         self.timer = self.gpu.instruction_timer()
         switches = SwitchTiming(c.planner_options.switch_latency_s, c.switch_ahead, self.gpu.timed_requests,
                                 self.is_root)
+        # Steps, instructions and clock requests in the GPU's time where it runs behind the host
+        # (port/gpu_timeline.py); host time for the synchronous simulated GPU. Energy: the poller's.
+        self.timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
+                                               len(self.schedule.stages[job.stage]))
+        self.host_steps = HostSteps(self.gpu.energy_source(), monotonic)
         # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
-        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides)
+        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu,
+                                 switches.hides or self.timeline is not None)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
         self.frontier: StagePlan | None = None
         # Which of its points runs, from the targets in force (targeting.py).
@@ -98,7 +105,6 @@ class PerseusRuntime:
         self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}
-        self._step_t0 = self._step_e0 = self._last_end = 0.0
         self._in_step = False
         track(self)
         try:
@@ -131,8 +137,9 @@ class PerseusRuntime:
         if self._follower is not None:
             self._follower.start_step()
         self._in_step = True
-        self._step_e0 = self.gpu.energy_j()
-        self._step_t0 = self._last_end = perf_counter()
+        self.host_steps.step_begin()  # no energy read here: the poller thread's updates (gpu_timeline.py)
+        if self.timeline is not None:
+            self.timeline.step_begin()
 
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
                              backward: FusedBackward = None) -> None:
@@ -144,6 +151,8 @@ class PerseusRuntime:
             freq = self.deployment.begin_instruction(kind, microbatch, chunk, backward)
             if freq is None:
                 self._mismatch()
+        if self.timeline is not None:  # after the clock request: the timer shares its begin event
+            self.timeline.begin((chunk, kind), hot == _HOT_PROFILE)
         elif hot == _HOT_PROFILE:
             self.timer.begin((chunk, kind))
         if trace is not None:
@@ -165,9 +174,12 @@ class PerseusRuntime:
         hot = self._hot
         if hot == _HOT_DEPLOY:
             self.deployment.end_instruction()
-        elif hot == _HOT_PROFILE:
-            self.timer.end()
-        self._last_end = perf_counter()
+        if self.timeline is not None:
+            self.timeline.end(hot == _HOT_PROFILE)
+        else:
+            if hot == _HOT_PROFILE:
+                self.timer.end()
+            self.host_steps.end()
         if trace is not None:
             trace.end(t0, monotonic())
 
@@ -177,15 +189,17 @@ class PerseusRuntime:
         if not self.enabled or self._closed or self._stopped or not self._in_step:
             return
         self._in_step = False
-        t1 = perf_counter()
-        energy = self.gpu.energy_j() - self._step_e0
-        step_time = t1 - self._step_t0
-        span = max(self._last_end - self._step_t0, 1e-9)
+        if self._hot == _HOT_DEPLOY:
+            self.deployment.step_ending()
+        host = self.host_steps.step_end()
+        # GPU time where there is a timeline: the step's end event is waited for (work already queued)
+        numbers = (self.timeline.step_end() if self.timeline is not None else None) or host
+        step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
         phase = self.phases.phase
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
         probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
         record = self.observe.record(self.step, phase, step_time, energy, targeting=self.targeting, loop=self.loop,
-                                     sweep=profiling.sweep if profiling else None)
+                                     sweep=profiling.sweep if profiling else None, numbers=numbers, host_s=host.time_s)
         self.step += 1
         self._check_notices()
         try:
@@ -193,7 +207,8 @@ class PerseusRuntime:
                 if self.step >= self.config.warmup_steps:
                     self._end_warmup()
             elif phase is Phase.PROFILING:
-                if profiling is not None and profiling.step(self.timer.resolve(), step_time, energy):
+                timed = list(numbers.instructions) if numbers.gpu_time else self.timer.resolve()
+                if profiling is not None and profiling.step(timed, step_time, energy):
                     self._finish_profiling()
             elif phase is Phase.PLANNING:
                 self._poll_plan()
@@ -323,9 +338,9 @@ class PerseusRuntime:
             if was_probing:  # back to the plan: its clocks from this step's first instruction
                 self._hot = _HOT_DEPLOY
                 self._follow(self.targeting.point, changed=False)
-            else:
+            else:  # with a GPU timeline the GPU finished the last step: default clocks in effect now
                 self._hot = _HOT_IDLE
-                self.gpu.release()
+                self.gpu.reset() if self.timeline is not None else self.gpu.release()
 
     def _guard(self, decision: GuardDecision | None) -> None:
         """The no-slowdown guard's decision (every rank the same, at the same step): an event; a
