@@ -28,7 +28,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
-from perseus.runtime.port.gpu_timeline import HostSteps
+from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock
 from perseus.runtime.lifecycle import ensure_log_handler, install_exit_hooks, one_line_errors, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe.observer import Observer
@@ -61,7 +61,7 @@ class PerseusRuntime:
         self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
         self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
-        self.enabled = c.enabled
+        self.enabled, self.steps = c.enabled, InertSteps()
         if not self.enabled:
             return
         job.check()
@@ -84,17 +84,15 @@ class PerseusRuntime:
         self.phases = PhaseMachine()
         self.step = 0
         self._stage_instructions = self.schedule.stages[job.stage]
-        self.timer = self.gpu.instruction_timer()
         switches = SwitchTiming(c.planner_options.switch_latency_s, c.switch_ahead, self.gpu.timed_requests,
                                 self.is_root)
         # Steps, instructions and clock requests in the GPU's time where it runs behind the host
         # (port/gpu_timeline.py); host time for the synchronous simulated GPU. Energy: the poller's.
-        self.timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
-                                               len(self.schedule.stages[job.stage]))
-        self.host_steps = HostSteps(self.gpu.energy_source(), monotonic)
+        timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
+                                          len(self.schedule.stages[job.stage]))
+        self.steps = StepClock(timeline, HostSteps(self.gpu.energy_source(), monotonic), self.gpu.instruction_timer())
         # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
-        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu,
-                                 switches.hides or self.timeline is not None)
+        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides or timeline is not None)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
         self.frontier: StagePlan | None = None
         # Which of its points runs, from the targets in force (targeting.py).
@@ -137,9 +135,7 @@ class PerseusRuntime:
         if self._follower is not None:
             self._follower.start_step()
         self._in_step = True
-        self.host_steps.step_begin()  # no energy read here: the poller thread's updates (gpu_timeline.py)
-        if self.timeline is not None:
-            self.timeline.step_begin()
+        self.steps.step_begin()
 
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
                              backward: FusedBackward = None) -> None:
@@ -151,10 +147,7 @@ class PerseusRuntime:
             freq = self.deployment.begin_instruction(kind, microbatch, chunk, backward)
             if freq is None:
                 self._mismatch()
-        if self.timeline is not None:  # after the clock request: the timer shares its begin event
-            self.timeline.begin((chunk, kind), hot == _HOT_PROFILE)
-        elif hot == _HOT_PROFILE:
-            self.timer.begin((chunk, kind))
+        self.steps.begin((chunk, kind), hot == _HOT_PROFILE)  # after the clock request: may share its event
         if trace is not None:
             planned = self._follower.planned() if freq is not None else None  # type: ignore[union-attr]
             trace.begin(kind, microbatch, chunk, planned, t0, monotonic())
@@ -174,12 +167,7 @@ class PerseusRuntime:
         hot = self._hot
         if hot == _HOT_DEPLOY:
             self.deployment.end_instruction()
-        if self.timeline is not None:
-            self.timeline.end(hot == _HOT_PROFILE)
-        else:
-            if hot == _HOT_PROFILE:
-                self.timer.end()
-            self.host_steps.end()
+        self.steps.end(hot == _HOT_PROFILE)
         if trace is not None:
             trace.end(t0, monotonic())
 
@@ -191,15 +179,13 @@ class PerseusRuntime:
         self._in_step = False
         if self._hot == _HOT_DEPLOY:
             self.deployment.step_ending()
-        host = self.host_steps.step_end()
-        # GPU time where there is a timeline: the step's end event is waited for (work already queued)
-        numbers = (self.timeline.step_end() if self.timeline is not None else None) or host
-        step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
         phase = self.phases.phase
+        numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
+        step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
         probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
         record = self.observe.record(self.step, phase, step_time, energy, targeting=self.targeting, loop=self.loop,
-                                     sweep=profiling.sweep if profiling else None, numbers=numbers, host_s=host.time_s)
+                                     sweep=profiling.sweep if profiling else None, numbers=numbers)
         self.step += 1
         self._check_notices()
         try:
@@ -207,8 +193,7 @@ class PerseusRuntime:
                 if self.step >= self.config.warmup_steps:
                     self._end_warmup()
             elif phase is Phase.PROFILING:
-                timed = list(numbers.instructions) if numbers.gpu_time else self.timer.resolve()
-                if profiling is not None and profiling.step(timed, step_time, energy):
+                if profiling is not None and profiling.step(list(numbers.instructions), step_time, energy):
                     self._finish_profiling()
             elif phase is Phase.PLANNING:
                 self._poll_plan()
@@ -265,7 +250,7 @@ class PerseusRuntime:
     def _start_profiling(self) -> None:
         self.supply.start_profiling(instruction_keys(self._stage_instructions))
         self._enter(Phase.PROFILING)
-        self.timer.resolve()
+        self.steps.discard()
         if self.supply.begin_profiling():  # a resumed sweep an earlier run had completed
             self._finish_profiling()
 
@@ -340,7 +325,7 @@ class PerseusRuntime:
                 self._follow(self.targeting.point, changed=False)
             else:  # with a GPU timeline the GPU finished the last step: default clocks in effect now
                 self._hot = _HOT_IDLE
-                self.gpu.reset() if self.timeline is not None else self.gpu.release()
+                self.gpu.reset() if self.gpu.timeline is not None else self.gpu.release()
 
     def _guard(self, decision: GuardDecision | None) -> None:
         """The no-slowdown guard's decision (every rank the same, at the same step): an event; a

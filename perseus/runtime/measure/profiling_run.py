@@ -159,7 +159,10 @@ class ProfilingRun:
         intervals than ``attribution_intervals`` (the counter period as the port's poller measured
         it), up to 3 x ``iters_per_freq``; True when lengthened."""
         sweep = self.sweep
-        period = self._gpu.energy_source().counter_period_s() if self._intervals else None
+        source = self._gpu.energy_source()
+        period = source.counter_period_s() if self._intervals else None
+        if period is not None and period <= 1.5 * source.interval_s:
+            period = None  # it changes at every poll: a fine-grained counter, every window is enough
         window = attribution_window_s(period, self._intervals) if period else 0.0
         spent = self.recorder.window_s()
         short = sweep.iters_target < self._iters_max and spent < window

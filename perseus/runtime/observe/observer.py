@@ -85,8 +85,7 @@ class Observer:
     # ---------------------------------------------------------------- per step (step end only)
 
     def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, targeting: Targeting,
-               loop: ClosedLoop, sweep: ClockSweep | None = None, numbers: StepNumbers | None = None,
-               host_s: float | None = None) -> StepMetrics:
+               loop: ClosedLoop, sweep: ClockSweep | None = None, numbers: StepNumbers | None = None) -> StepMetrics:
         """The step as measured (a deployed plan step with its point's planned time and slowdown, a
         deployed probe step marked ``clocks="default"``; a profiled one with its ``sweep``'s clock):
         kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics file now."""
@@ -99,7 +98,7 @@ class Observer:
                              slowdown=targeting.slowdown if plan_step else 1.0,
                              clocks=loop.clocks if deployed else None,
                              counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j),
-                             **gpu_time_fields(numbers, host_s))
+                             **gpu_time_fields(numbers))
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
@@ -181,11 +180,11 @@ class Observer:
         self.reporter.close()
 
 
-def gpu_time_fields(numbers: StepNumbers | None, host_s: float | None) -> dict[str, float]:
+def gpu_time_fields(numbers: StepNumbers | None) -> dict[str, float]:
     """A step's GPU-time fields of ``StepMetrics``, where the GPU ran it behind the host."""
     if numbers is None or not numbers.gpu_time:
         return {}
     return {"gpu_step_s": numbers.time_s, "instruction_span_s": numbers.span_s,
             "non_instruction_gpu_s": numbers.non_instruction_s,
             "non_instruction_energy_j": numbers.non_instruction_energy_j,
-            **({"host_time_s": host_s} if host_s is not None else {})}
+            **({"host_time_s": numbers.host_s} if numbers.host_s is not None else {})}

@@ -106,6 +106,7 @@ class StepNumbers:
     non_instruction_energy_j: float = 0.0
     instructions: tuple[TimedInstruction, ...] = ()
     gpu_time: bool = False
+    host_s: float | None = None  # the step on the host (begin hook to end hook)
 
     @property
     def span_energy_j(self) -> float:
@@ -260,10 +261,93 @@ class HostSteps:
     def end(self) -> None:
         self._last_end = self._clock()
 
-    def step_end(self, timed: Sequence[TimedInstruction] = ()) -> StepNumbers:
+    def step_end(self) -> StepNumbers:
         t1 = self._clock()
         updates = self._energy.since(self._t0)
         energy = energy_at(updates, t1) - energy_at(updates, self._t0)
         if math.isnan(energy):
             energy = 0.0
-        return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._t0, 1e-9), instructions=tuple(timed))
+        return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._t0, 1e-9))
+
+
+class InstructionTimerLike(Protocol):
+    """The GPU layer's ``InstructionTimer`` (profiling without a GPU timeline)."""
+
+    def begin(self, key: Hashable) -> None: ...
+
+    def end(self) -> None: ...
+
+    def resolve(self) -> list[TimedInstruction]: ...
+
+
+class StepClock:
+    """What the engine's hooks call to time steps: the GPU timeline where there is one, host time
+    (and the simulated GPU's kernel timer while profiling) otherwise; ``step_end`` gives the step's
+    ``StepNumbers`` either way, its instructions timed one by one while ``profiling``."""
+
+    def __init__(self, timeline: GPUTimeline | None, host: HostSteps, timer: InstructionTimerLike) -> None:
+        self.timeline = timeline
+        self.host = host
+        self.timer = timer
+
+    def step_begin(self) -> None:
+        self.host.step_begin()  # no energy read: the poller thread's updates
+        if self.timeline is not None:
+            self.timeline.step_begin()
+
+    def begin(self, key: Hashable, profiling: bool) -> None:
+        if self.timeline is not None:  # after the clock request: the timer shares its begin event
+            self.timeline.begin(key, profiling)
+        elif profiling:
+            self.timer.begin(key)
+
+    def end(self, profiling: bool) -> None:
+        if self.timeline is not None:
+            self.timeline.end(profiling)
+            return
+        if profiling:
+            self.timer.end()
+        self.host.end()
+
+    def step_end(self, profiling: bool) -> StepNumbers:
+        """The step's numbers: the GPU's (waiting for its end event: work already queued, never a
+        device sync) where there is a timeline and the step settled, else the host's."""
+        host = self.host.step_end()
+        numbers = self.timeline.step_end() if self.timeline is not None else None
+        if numbers is not None:
+            return StepNumbers(**{**vars(numbers), "host_s": host.time_s})
+        timed = tuple(self.timer.resolve()) if profiling else ()
+        return StepNumbers(host.time_s, host.energy_j, host.span_s, instructions=timed, host_s=host.time_s)
+
+    def discard(self) -> None:
+        """Forget instructions timed so far (profiling starts)."""
+        self.timer.resolve()
+
+
+class InertSteps(StepClock):
+    """A disabled runtime's: its hooks time nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(None, HostSteps(_NoEnergy(), lambda: 0.0), _NoTimer())
+
+    def begin(self, key: Hashable, profiling: bool) -> None:
+        pass
+
+    def end(self, profiling: bool) -> None:
+        pass
+
+
+class _NoEnergy:
+    def since(self, t_s: float) -> list[CounterUpdate]:
+        return []
+
+
+class _NoTimer:
+    def begin(self, key: Hashable) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def resolve(self) -> list[TimedInstruction]:
+        return []
