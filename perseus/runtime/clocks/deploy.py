@@ -181,7 +181,14 @@ class PlanFollower:
 
     def end_step(self) -> bool:
         """True when the step executed exactly the planned instructions."""
-        if not self.broken and self._pos != len(self._expected):
+        if not self.broken and self._pos == 0 and self._expected:
+            self._break(
+                f"stage {self.stage}: no instruction hook ran in the step (a CUDA graph replaying the whole "
+                "iteration, e.g. megatron-core's cuda_graph_impl=\"full_iteration\", runs no hook): a "
+                "per-instruction plan cannot be followed; capture the iteration without the pipeline schedule "
+                "or run without CUDA graphs"
+            )
+        elif not self.broken and self._pos != len(self._expected):
             self._break(
                 f"stage {self.stage}: the step ended after {self._pos} instructions "
                 f"but the plan has {len(self._expected)}"

@@ -107,6 +107,7 @@ class StepNumbers:
     instructions: tuple[TimedInstruction, ...] = ()
     gpu_time: bool = False
     host_s: float | None = None  # the step on the host (begin hook to end hook)
+    start_s: float = math.nan  # where the GPU began its first instruction (CLOCK_MONOTONIC)
 
     @property
     def span_energy_j(self) -> float:
@@ -238,7 +239,7 @@ class GPUTimeline:
         timed = tuple(i for i in step.instructions if i.key != SPAN)
         timed += tuple(non_instruction_work(step)) if timed else ()
         return StepNumbers(step.gpu_step_s, e1 - e0, step.instruction_span_s, step.non_instruction_gpu_s,
-                           e1 - e_tail, timed, gpu_time=True)
+                           e1 - e_tail, timed, gpu_time=True, start_s=first)
 
     def close(self) -> None:
         with self.lock:
