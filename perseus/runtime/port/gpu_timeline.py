@@ -147,8 +147,8 @@ class GPUTimeline:
 
     def __init__(self, recorder: RecyclingRecorder, timeline: StreamTimeline, energy: EnergySource,
                  send: Callable[[int, float | None], None], *, instructions: int = 0, switch_latency_s: float = 0.0,
-                 timed: bool = False) -> None:
-        self.follower = StreamFollower(FollowMechanism.POLL)
+                 timed: bool = False, mechanism: FollowMechanism = FollowMechanism.POLL) -> None:
+        self.follower = StreamFollower(mechanism)
         self._recorder = _PooledRecorder(recorder)
         self._energy = energy
         self._send = send
