@@ -285,6 +285,15 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
             launch_cpu[0] += time.thread_time() - c
 
         stream.launch = timed_launch  # type: ignore[method-assign]
+        record = stream.record
+
+        def timed_record() -> object:  # the simulator's own event code: a real card's is the charged cost
+            c = time.thread_time()
+            event = record()
+            launch_cpu[0] += time.thread_time() - c
+            return event
+
+        stream.record = timed_record  # type: ignore[method-assign]
         order = list(rt.schedule.stages[0])
         hook_s, n = 0.0, 0
         me = threading.get_ident()
