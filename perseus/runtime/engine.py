@@ -61,7 +61,7 @@ class PerseusRuntime:
         self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
         self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
-        self.enabled, self.steps = c.enabled, InertSteps()
+        self.enabled, self.steps = c.enabled, InertSteps()  # type: bool, StepClock
         if not self.enabled:
             return
         job.check()

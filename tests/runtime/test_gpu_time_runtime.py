@@ -149,6 +149,6 @@ def test_no_energy_read_on_the_training_thread(deployed, tmp_path: Path) -> None
 def test_the_hooks_record_recycled_events(deployed) -> None:
     """A fresh event costs the host 40-60 µs on a real card, a recorded-again one ~5 µs (charged by
     the simulated H200): the deployed hot path records about one recycled event per instruction."""
-    records, steps, clocks, _, stream, later_s = deployed
+    _records, _steps, clocks, _, stream, later_s = deployed
     assert stream.events_created <= 4 * len(clocks)  # a pool of a few steps' events, not one per record
     assert later_s <= 8e-6  # once the pool filled: one recycled event per instruction and a few per step

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
@@ -134,7 +134,7 @@ class SimStream:
         # and a busy test machine is not loaded further.
         self.event_new_s = event_new_s
         self.event_record_s = event_record_s
-        self.event_cost_s: Counter[int] = Counter()
+        self.event_cost_s: defaultdict[int, float] = defaultdict(float)
         self._pool: list[SimEvent] = []
         self.events_created = 0
         self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-stream", daemon=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
@@ -97,8 +98,11 @@ class Observer:
                              target_time_s=point.time_s if point is not None else None,
                              slowdown=targeting.slowdown if plan_step else 1.0,
                              clocks=loop.clocks if deployed else None,
-                             counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j),
-                             **gpu_time_fields(numbers))
+                             counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j))
+        if numbers is not None and numbers.gpu_time:  # the GPU ran it behind the host (port/gpu_timeline.py)
+            record = replace(record, gpu_step_s=numbers.time_s, instruction_span_s=numbers.span_s,
+                             non_instruction_gpu_s=numbers.non_instruction_s,
+                             non_instruction_energy_j=numbers.non_instruction_energy_j, host_time_s=numbers.host_s)
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
@@ -179,12 +183,3 @@ class Observer:
         self.close_sinks()
         self.reporter.close()
 
-
-def gpu_time_fields(numbers: StepNumbers | None) -> dict[str, float]:
-    """A step's GPU-time fields of ``StepMetrics``, where the GPU ran it behind the host."""
-    if numbers is None or not numbers.gpu_time:
-        return {}
-    return {"gpu_step_s": numbers.time_s, "instruction_span_s": numbers.span_s,
-            "non_instruction_gpu_s": numbers.non_instruction_s,
-            "non_instruction_energy_j": numbers.non_instruction_energy_j,
-            **({"host_time_s": numbers.host_s} if numbers.host_s is not None else {})}
