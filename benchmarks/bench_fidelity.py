@@ -1,7 +1,16 @@
 """Fidelity on an asynchronous simulated H200: clocks landing on their instruction, time and
 energy as the GPU spent them, no energy reads on the training thread (issue 33).
 
-One training thread runs 1F1B steps (8 microbatches, forward 10 ms and backward 20 ms of max-clock
+The default (``--json``) drives the real runtime: ``PerseusRuntime`` on a one-stage 1F1B job (8
+microbatches, forward 10 ms and backward 20 ms of max-clock work, a 30 ms non-instruction tail per
+step launched after the last instruction) on the simulated H200 in asynchronous mode, the host up
+to ``--depth`` kernels ahead. Two runs: ``mode: run`` with a given frontier whose plan gives every
+instruction its own clock (clock landing, step time and energy against the GPU's record, the
+hooks' CPU time), and ``mode: profile`` sweeping two clocks (the profile's forward and backward
+energy per instruction against what the simulated GPU spent). ``--layer`` runs the GPU-layer
+version below instead.
+
+``--layer``: one training thread runs 1F1B steps (8 microbatches, forward 10 ms and backward 20 ms of max-clock
 work, a 30 ms optimizer-like tail of non-instruction GPU work per step) onto the simulated H200's
 stream (the host runs up to ``--depth`` kernels ahead and never synchronizes). Each instruction
 has its own planned clock; ``StreamClocks`` hangs the request on the stream, the real clock
@@ -200,13 +209,215 @@ def mechanisms(gpu: SimulatedGPU, n: int = 80) -> dict[str, dict[str, float]]:
     return out
 
 
+# ==================================================================== the real runtime
+
+RT_CLOCKS = (1530, 1410, 1305, 1200)
+
+
+@dataclass
+class RuntimeRun:
+    steps: list  # per step: (record, [kernels], tail kernel)
+    kinds: list[str]
+    clocks: list[int] | None
+    hook_us: float  # the hooks' CPU time per instruction, with the simulated H200's event cost charged
+    event_us: float  # of which event cost
+    main_reads: int
+    max_ahead: int
+    profile: object | None
+    energy_se: dict
+
+
+def _exact_inputs(gpu: SimulatedGPU, job) -> tuple:
+    """A profile (the simulated H200's own times and energies) and a one-point frontier whose plan
+    gives each instruction a random clock: what ``mode: run`` deploys (from the cache, so the plan
+    carries its planned timeline)."""
+    import numpy as np
+
+    from perseus.frontier import Frontier, FrontierPoint
+    from perseus.profile import InstructionProfile, Profile
+    from perseus.schedules.dag import InstructionDAG
+    from perseus.timeline.simulator import simulate_plan
+
+    m = gpu.model
+    entries = {}
+    for kind, work in (("forward", FORWARD_S), ("backward", BACKWARD_S)):
+        times = [gpu.kernel_time_s(work, f) for f in RT_CLOCKS]
+        energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * t for f, t in zip(RT_CLOCKS, times)]
+        entries[(0, 0, kind)] = InstructionProfile(RT_CLOCKS, tuple(times), tuple(energies))
+    profile = Profile(entries, m.p_blocking_w, m.name)
+    sched = job.build_schedule()
+    dag = InstructionDAG.from_schedule(sched)
+    rng = random.Random(7)
+    plan = np.array([rng.choice(RT_CLOCKS) for _ in range(dag.num_nodes)], dtype=np.int64)
+    sim = simulate_plan(dag, profile, plan)
+    frontier = Frontier(sched, m.p_blocking_w, sim.time_s, sim.energy_j, [FrontierPoint(sim.time_s, sim.energy_j, plan)],
+                        gpu_name=m.name)
+    return profile, frontier
+
+
+def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | None = None) -> RuntimeRun:
+    """``steps`` steps of a one-stage 1F1B job through ``PerseusRuntime``'s hooks; ``plan``:
+    (profile, frontier) put in the run's cache first."""
+    from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+
+    job = PipelineJob(num_stages=1, num_microbatches=MICROBATCHES, stage=0)
+    state = d / "sim"
+    SimulatedGPU(0, preset="H200", state_dir=state, reset_state=True, stream_depth=depth).close()
+    cfg = PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(d / "cache"), "warmup_steps": 2,
+                                   "p_blocking_w": 110.0, "log_every_steps": 0,
+                                   "sim_gpu": {"state_dir": str(state), "stream_depth": depth}, **settings})
+    if plan is not None:
+        with PerseusRuntime(job, cfg) as rt:  # opens the cache entry of this job: the plan goes there
+            assert rt.supply.cache is not None
+            rt.supply.cache.save_profile(plan[0])
+            rt.supply.cache.save_frontier(plan[1])
+    launch_cpu = [0.0]
+    out: list = []
+    with PerseusRuntime(job, cfg) as rt:
+        gpu = rt.gpu.sim_device
+        assert gpu is not None and rt.sim_kernels is not None
+        stream = gpu.stream
+        launch = stream.launch
+
+        def timed_launch(work_s: float, **kw: object) -> None:  # the framework's launch: not the hooks' cost
+            c = time.thread_time()
+            launch(work_s, **kw)  # type: ignore[arg-type]
+            launch_cpu[0] += time.thread_time() - c
+
+        stream.launch = timed_launch  # type: ignore[method-assign]
+        record = stream.record
+
+        def timed_record() -> object:  # the simulator's own event code: a real card's is the charged cost
+            c = time.thread_time()
+            event = record()
+            launch_cpu[0] += time.thread_time() - c
+            return event
+
+        stream.record = timed_record  # type: ignore[method-assign]
+        order = list(rt.schedule.stages[0])
+        hook_s, n = 0.0, 0
+        me = threading.get_ident()
+        event_s = 0.0
+        for step in range(steps):
+            if step == steps // 3:  # the event pool has filled: the steady state's cost from here on
+                hook_s, n, event_s = 0.0, 0, -stream.event_cost_s[me]
+            rt.on_step_begin()
+            for inst in order:
+                before = launch_cpu[0]
+                c0 = time.thread_time()
+                rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+                c1 = time.thread_time()
+                rt.sim_kernels.pad(FORWARD_S if inst.kind == "forward" else BACKWARD_S)
+                c2 = time.thread_time()
+                rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+                c3 = time.thread_time()
+                hook_s += (c1 - c0) + (c3 - c2) - (launch_cpu[0] - before)
+                n += 1
+            launch(TAIL_S, activity=TAIL_ACTIVITY, tag="tail")
+            rt.on_step_end()
+        stream.synchronize()
+        kernels = stream.kernels()
+        clocks = rt.stage_clocks()
+        profile = rt.supply.profile if settings.get("mode") == "profile" else None
+        run = rt.supply.profiling
+        energy_se = dict(run.recorder.energy_se) if run is not None else {}
+        main_reads = gpu.energy_reads[me]
+        event_s += stream.event_cost_s[me]
+        records = list(rt.reporter.records)
+        max_ahead = stream.max_ahead
+    step_kernels: list = []
+    current: list = []
+    for k in kernels:
+        if k.tag == "tail":
+            step_kernels.append((current, k))
+            current = []
+        else:
+            current.append(k)
+    out = [(rec, ks, tail) for rec, (ks, tail) in zip(records, step_kernels)]
+    return RuntimeRun(out, [i.kind for i in order], clocks, (hook_s + event_s) / n * 1e6, event_s / n * 1e6, main_reads,
+                      max_ahead, profile, energy_se)
+
+
+def _true_energy(gpu_model, kernels: list, t0: float, t1: float) -> float:
+    busy_j = busy_s = 0.0
+    for k in kernels:
+        s, e = max(k.start_s, t0), min(k.end_s, t1)
+        if e > s:
+            activity = TAIL_ACTIVITY if k.tag == "tail" else 1.0
+            busy_j += gpu_model.busy_power_w(k.run_mhz, activity) * (e - s)
+            busy_s += e - s
+    return busy_j + gpu_model.p_blocking_w * (t1 - t0 - busy_s)
+
+
+def runtime_bench(depth: int, steps: int) -> dict[str, object]:
+    from perseus.gpu.sim.dvfs import get_preset
+    from perseus.runtime import PipelineJob
+
+    model = get_preset("H200")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        probe = SimulatedGPU(1, preset="H200", state_dir=d / "probe", reset_state=True)
+        plan = _exact_inputs(probe, PipelineJob(num_stages=1, num_microbatches=MICROBATCHES, stage=0))
+        probe.close()
+        deployed = runtime_run(d / "run", depth, steps, {"mode": "run"}, plan)
+        profiled = runtime_run(d / "profile", depth, 40, {"mode": "profile", "freq_min_mhz": 1305, "freq_max_mhz": 1530,
+                                                          "freq_step_mhz": 225, "iters_per_freq": 6, "remeasure_max": 0})
+    assert deployed.clocks is not None
+    own = total = 0
+    t_rt = t_true = e_rt = e_true = 0.0
+    all_kernels = [k for _, ks, tail in deployed.steps for k in (*ks, tail)]
+    for rec, ks, tail in deployed.steps:
+        if rec.phase.value != "deployed" or rec.clocks != "plan":  # not the guard's default-clock probes
+            continue
+        own += sum(k.set_mhz == c for k, c in zip(ks, deployed.clocks))
+        total += len(ks)
+        t_rt += rec.time_s
+        t_true += tail.end_s - ks[0].start_s
+        e_rt += rec.energy_j
+        e_true += _true_energy(model, all_kernels, ks[0].start_s, tail.end_s)
+    errors: dict[str, float] = {}
+    ses: dict[str, float] = {}
+    profile = profiled.profile
+    assert profile is not None
+    for kind in ("forward", "backward"):
+        entry = profile.get(0, kind, 0)  # type: ignore[attr-defined]
+        worst = 0.0
+        for f, e in zip(entry.freqs_mhz, entry.energies_j):
+            spent = [model.busy_power_w(k.run_mhz, 1.0) * (k.end_s - k.start_s)
+                     for rec, ks, _ in profiled.steps if rec.phase.value == "profiling"
+                     for k, kk in zip(ks, profiled.kinds) if kk == kind and k.set_mhz == f]
+            if spent:
+                truth = sum(spent) / len(spent)
+                worst = max(worst, abs(e - truth) / truth)
+        errors[f"attr_error_{kind}"] = worst
+        se = [v for (key, _f), v in profiled.energy_se.items() if key[1] == kind]
+        ses[f"attr_stderr_{kind}_j"] = max(se) if se else float("nan")
+    return {
+        "own_clock_share": own / max(total, 1),
+        "step_time_ratio": t_rt / t_true,
+        "energy_step_ratio": e_rt / e_true,
+        **errors,
+        "training_thread_nvml_reads": deployed.main_reads + profiled.main_reads,
+        "training_thread_us_per_instruction": deployed.hook_us,
+        "training_thread_event_us_per_instruction": deployed.event_us,
+        "host_max_ahead_instructions": deployed.max_ahead,
+        "deployed_plan_steps": sum(rec.clocks == "plan" for rec, _, _ in deployed.steps),
+        **ses,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--layer", action="store_true", help="drive the GPU-layer pieces directly, not the runtime")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--depth", type=int, default=6, help="kernels the host may run ahead (>= 4)")
-    ap.add_argument("--mechanisms", action="store_true", help="also time the follower mechanisms")
+    ap.add_argument("--mechanisms", action="store_true", help="also time the follower mechanisms (--layer)")
     args = ap.parse_args()
+    if not args.layer:
+        result = runtime_bench(args.depth, max(args.steps, 8) + 12)
+        print(json.dumps(result) if args.json else "\n".join(f"{k:40s} {v}" for k, v in result.items()))
+        return
     with tempfile.TemporaryDirectory() as d:
         gpu = SimulatedGPU(0, preset="H200", state_dir=d, reset_state=True, stream_depth=args.depth)
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -186,6 +187,20 @@ class GPUStepTimer:
             out.append(timed)
             self._waiting.popleft()
         return out
+
+    def fence(self, timeout_s: float = 5.0) -> list[GPUStep]:
+        """Every step ended so far, waiting until the GPU has passed the last one's end event (and
+        the follower saw its anchor): the host waits for work already queued, never for a device
+        sync; a step still unsettled after ``timeout_s`` (a follower that stopped) stays waiting."""
+        if not self._waiting:
+            return []
+        last = self._waiting[-1]
+        assert last.end is not None
+        last.end.synchronize()
+        deadline = time.monotonic() + timeout_s
+        while any(math.isnan(s.seen_s) for s in self._waiting) and time.monotonic() < deadline:
+            time.sleep(self.follower.poll_s)
+        return self.settled()
 
     def _timed(self, step: _OpenStep) -> GPUStep:
         tl = self.timeline

@@ -20,6 +20,7 @@ intervals and shrink as 1/√(#intervals); see docs/gpu.md for the measured erro
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -127,9 +128,19 @@ class EnergyPoller:
         with self._lock:
             return self._updates[-1] if self._updates else None
 
+    def since(self, t_s: float) -> list[CounterUpdate]:
+        """The updates from the last one at or before ``t_s`` on (a step's window: the copy stays
+        short however long the run)."""
+        with self._lock:
+            updates = self._updates
+            i = bisect.bisect_right(updates, t_s, key=lambda u: u.t_s)
+            return updates[max(0, i - 1):]
+
     def counter_period_s(self) -> float | None:
         """The counter's update period as measured so far (median gap), None before 3 updates."""
-        return counter_period_s(self.updates())
+        with self._lock:
+            recent = self._updates[-64:]
+        return counter_period_s(recent)
 
 
 def counter_period_s(updates: Sequence[CounterUpdate]) -> float | None:

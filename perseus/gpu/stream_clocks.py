@@ -61,12 +61,32 @@ class StreamClocks:
         if prev is None or prev[1] is None:
             self.follower.follow(event, lambda seen: self._request(mhz, None))
             return event
-        ahead = max(0.0, prev[1] - self.switch_latency_s - self.lead_s - self.lead_fraction * prev[1])
+        self._hang(prev, mhz)
+        return event
+
+    def ahead(self, mhz: int) -> None:
+        """The clock of the next instruction, handed now because a host gap comes first (the next
+        step's first instruction, at step end): requested as if it followed the last instruction
+        handed, so it is in effect when that work is done; the next ``instruction`` with this clock
+        sends nothing."""
+        prev, self._prev = self._prev, None
+        if mhz == self._last_mhz:
+            return
+        self._last_mhz = mhz
+        self.requests += 1
+        if prev is None or prev[1] is None:
+            self.follower.follow(self.recorder.record(), lambda seen: self._request(mhz, None))
+            return
+        self._hang(prev, mhz)
+
+    def _hang(self, prev: tuple[BoundaryEvent, float | None], mhz: int) -> None:
+        """The request for ``mhz`` on ``prev`` (an instruction's begin event, its planned time)."""
+        planned = prev[1] or 0.0
+        ahead = max(0.0, planned - self.switch_latency_s - self.lead_s - self.lead_fraction * planned)
         if self.timed:
             self.follower.follow(prev[0], lambda seen: self._request(mhz, seen + ahead))
         else:
             self.follower.follow(prev[0], lambda seen: self._request(mhz, None), after_s=ahead)
-        return event
 
     def boundary(self, mhz: int) -> None:
         """A clock for the GPU's next work that is not a planned instruction (a step's default

@@ -121,6 +121,7 @@ class StreamFollower:
         self.error: BaseException | None = None
         self.log: list[Followed] | None = [] if keep_log else None
         self.followed = 0
+        self.handed = 0  # actions handed so far (training thread); ``followed`` of them ran
         self.cpu_s = 0.0  # the follower thread's CPU time, updated as it runs
         self._thread = threading.Thread(target=self._run, name="perseus-stream-follower", daemon=True)
         self._thread.start()
@@ -128,6 +129,7 @@ class StreamFollower:
     def follow(self, event: BoundaryEvent, action: Callable[[float], None], after_s: float = 0.0) -> None:
         """Run ``action(seen_s)`` when the GPU reaches ``event`` (+ ``after_s`` of GPU time)."""
         self._items.append(_Item(event, action, after_s))
+        self.handed += 1
         if not self._wake.is_set():
             self._wake.set()
 

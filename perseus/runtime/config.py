@@ -138,6 +138,12 @@ class PerseusConfig(BaseModel):
     # Iterations per clock: the first after a clock change is dropped when it is systematically
     # slow, so 3 leaves at least two to know the noise (docs/runtime.md, "Online profiling").
     iters_per_freq: int = Field(default=3, ge=1, description="profiled iterations per clock")
+    # Energy-counter intervals each profiled clock should span (the attributed power's standard
+    # error shrinks as 1/sqrt(intervals)); a clock is measured longer for it, up to 3 x iters_per_freq.
+    attribution_intervals: int = Field(
+        default=30, ge=0,
+        description="energy-counter intervals each profiled clock should span (measured longer for it, up to 3x)",
+    )
     # Two clocks in a row: one clock made noisy by the node must not end the sweep early.
     early_stop_patience: int = Field(
         default=2, ge=0,

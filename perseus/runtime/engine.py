@@ -15,7 +15,7 @@ same step, so phase changes and plan switches happen on all ranks together.
 from __future__ import annotations
 
 import logging
-from time import monotonic, perf_counter
+from time import monotonic
 from typing import Any
 
 from perseus.errors import PerseusError
@@ -28,6 +28,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
+from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock
 from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe.observer import Observer, StepEnd
@@ -50,8 +51,6 @@ _HOT_IDLE, _HOT_PROFILE, _HOT_DEPLOY = 0, 1, 2
 class PerseusRuntime:
     """Implements ``InstructionListener``; see docs/runtime.md for phases, protocol and config."""
 
-    _step_t0 = _first_begin = 0.0  # the step's begin and its first instruction's (also when disabled)
-
     def __init__(self, job: PipelineJob, config: PerseusConfig | None = None, *, process_group: Any = None,
                  gpu: GPUPort | None = None) -> None:
         self.job = job
@@ -61,7 +60,7 @@ class PerseusRuntime:
         self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
         self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
-        self.enabled = c.enabled
+        self.enabled, self.steps = c.enabled, InertSteps()  # type: bool, StepClock
         if not self.enabled:
             return
         job.check()
@@ -81,11 +80,15 @@ class PerseusRuntime:
         self.phases = PhaseMachine()
         self.step = 0
         self._stage_instructions = self.schedule.stages[job.stage]
-        self.timer = self.gpu.instruction_timer()
         switches = SwitchTiming(c.planner_options.switch_latency_s, c.switch_ahead, self.gpu.timed_requests,
                                 self.is_root)
+        # Steps, instructions and clock requests in the GPU's time where it runs behind the host
+        # (port/gpu_timeline.py); host time for the synchronous simulated GPU. Energy: the poller's.
+        timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
+                                          len(self.schedule.stages[job.stage]))
+        self.steps = StepClock(timeline, HostSteps(self.gpu.energy_source(), monotonic), self.gpu.instruction_timer())
         # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
-        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides)
+        self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides or timeline is not None)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
         self.frontier: StagePlan | None = None
         # Which of its points runs, from the targets in force (targeting.py).
@@ -96,7 +99,6 @@ class PerseusRuntime:
         self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}
-        self._step_t0 = self._step_e0 = self._last_end = self._first_begin = 0.0
         self._in_step = False
         track(self)
         try:
@@ -129,8 +131,7 @@ class PerseusRuntime:
         if self._follower is not None:
             self._follower.start_step()
         self._in_step = True
-        self._step_e0 = self.gpu.energy_j()
-        self._step_t0 = self._last_end = self._first_begin = perf_counter()
+        self.steps.step_begin()
 
     def on_instruction_begin(self, kind: InstructionKind, microbatch: int, chunk: int = 0,
                              backward: FusedBackward = None) -> None:
@@ -138,14 +139,11 @@ class PerseusRuntime:
         t0 = monotonic() if trace is not None else 0.0
         hot = self._hot
         freq = None
-        if self._first_begin == self._step_t0:  # the guard judges the instructions' span (ClosedLoop.end_step)
-            self._first_begin = perf_counter()
         if hot == _HOT_DEPLOY:
             freq = self.deployment.begin_instruction(kind, microbatch, chunk, backward)
             if freq is None:
                 self._mismatch()
-        elif hot == _HOT_PROFILE:
-            self.timer.begin((chunk, kind))
+        self.steps.begin((chunk, kind), hot == _HOT_PROFILE)  # after the clock request: may share its event
         if trace is not None:
             planned = self._follower.planned() if freq is not None else None  # type: ignore[union-attr]
             trace.begin(kind, microbatch, chunk, planned, t0, monotonic())
@@ -165,9 +163,7 @@ class PerseusRuntime:
         hot = self._hot
         if hot == _HOT_DEPLOY:
             self.deployment.end_instruction()
-        elif hot == _HOT_PROFILE:
-            self.timer.end()
-        self._last_end = perf_counter()
+        self.steps.end(hot == _HOT_PROFILE)
         if trace is not None:
             trace.end(t0, monotonic())
 
@@ -177,15 +173,15 @@ class PerseusRuntime:
         if not self.enabled or self._closed or self._stopped or not self._in_step:
             return
         self._in_step = False
-        t1 = perf_counter()
-        energy = self.gpu.energy_j() - self._step_e0
-        step_time = t1 - self._step_t0
-        span = max(self._last_end - self._step_t0, 1e-9)
+        if self._hot == _HOT_DEPLOY:
+            self.deployment.step_ending()
         phase = self.phases.phase
+        numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
+        step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
         probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
         record = self.observe.record(self.step, phase, step_time, energy, targeting=self.targeting, loop=self.loop,
-                                     sweep=profiling.sweep if profiling else None)
+                                     sweep=profiling.sweep if profiling else None, numbers=numbers)
         self.step += 1
         self._check_notices()
         try:
@@ -193,15 +189,15 @@ class PerseusRuntime:
                 if self.step >= self.config.warmup_steps:
                     self._end_warmup()
             elif phase is Phase.PROFILING:
-                if profiling is not None and profiling.step(self.timer.resolve(), step_time, energy):
+                if profiling is not None and profiling.step(list(numbers.instructions), step_time, energy):
                     self._finish_profiling()
             elif phase is Phase.PLANNING:
                 self._poll_plan()
             if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
-                self._after_deployed_step(natural_time(span, 1.0 if probe else self.targeting.slowdown), energy)
+                self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
+                                          energy)
                 # every rank that deployed, fallen back or not: a window's decision is a collective
-                decision = self.loop.end_step(self._first_begin, self._last_end, energy, self.targeting,
-                                              self.frontier)  # type: ignore[arg-type]
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)  # type: ignore[arg-type]
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
                     if (problem := self.loop.apply(decision, self.targeting, self.is_root)) is not None:
@@ -255,7 +251,7 @@ class PerseusRuntime:
     def _start_profiling(self) -> None:
         self.supply.start_profiling(instruction_keys(self._stage_instructions))
         self._enter(Phase.PROFILING)
-        self.timer.resolve()
+        self.steps.discard()
         if self.supply.begin_profiling():  # a resumed sweep an earlier run had completed
             self._finish_profiling()
 
@@ -328,8 +324,8 @@ class PerseusRuntime:
             point = self.loop.point_now(self.targeting, self.frontier)  # type: ignore[arg-type]
             self._hot = _HOT_IDLE if point is None else _HOT_DEPLOY
             self._follow(point, changed=False)
-            if point is None:
-                self.gpu.release()
+            if point is None:  # default clocks; with a GPU timeline the GPU finished the last step: now
+                self.gpu.reset() if self.gpu.timeline is not None else self.gpu.release()
 
     def _mismatch(self) -> None:
         """First divergence from the plan: one warning, default clocks from now on."""

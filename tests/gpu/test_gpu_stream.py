@@ -228,3 +228,40 @@ def test_sim_and_nvml_report_their_driver_version(h200: SimulatedGPU, fake_nvml)
         assert gpu.clock_event_reasons() == {ClockEventReason.SW_POWER_CAP}
     finally:
         gpu.close()
+
+
+def test_recycled_events_cost_less_than_new_ones_and_are_charged_to_their_thread(h200: SimulatedGPU) -> None:
+    stream = h200.stream
+    me = threading.get_ident()
+    first = stream.record()
+    first.synchronize()
+    assert stream.event_cost_s[me] == pytest.approx(h200.model.event_new_s)
+    stream.recycle(first)
+    again = stream.record()
+    assert again is first and stream.events_created == 1
+    assert stream.event_cost_s[me] == pytest.approx(h200.model.event_new_s + h200.model.event_record_s)
+    stream.launch(WORK_S)
+    busy = stream.record()
+    assert not busy.query()
+    with pytest.raises(Exception, match="recycled before the GPU reached it"):
+        busy._rearm()  # a pool must only take back events the GPU has passed
+    stream.synchronize()
+
+
+def test_ahead_hangs_the_next_steps_first_clock_on_the_last_instruction(h200: SimulatedGPU) -> None:
+    sent: list[tuple[int, float]] = []
+    follower = StreamFollower(FollowMechanism.POLL)
+    clocks = StreamClocks(h200.stream, follower, lambda mhz, at: sent.append((mhz, time.monotonic())))
+    try:
+        clocks.instruction(1410, h200.kernel_time_s(0.02, 1410))
+        h200.stream.launch(0.02)
+        clocks.ahead(1200)  # host gap: the next step's first clock now
+        clocks.instruction(1200, None)
+        assert clocks.requests == 2  # the next step's first instruction has its clock already: no request
+        h200.stream.synchronize()
+        follower.drain()
+    finally:
+        follower.close()
+    assert [m for m, _ in sent] == [1410, 1200]
+    last = h200.stream.kernels()[-1]
+    assert sent[1][1] < last.end_s  # in effect before the last instruction ended, not after the gap

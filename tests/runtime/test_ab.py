@@ -5,7 +5,8 @@ from statistics import stdev
 
 import pytest
 
-from perseus.runtime.guard.ab import ab_figure, median_ratio, relative_spread, saving_phrase, step_figure, step_line, time_phrase
+from perseus.output.wording import saving_phrase, time_phrase
+from perseus.runtime.guard.ab import ab_figure, median_ratio, relative_spread, step_figure, step_line
 
 
 def test_median_ratio_ignores_outliers_and_its_stderr_matches_the_noise():

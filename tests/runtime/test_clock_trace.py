@@ -44,6 +44,7 @@ def run(tmp_path, steps: int, stop_after: int | None = None, **kw):
     log: list = []
     cfg = PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(tmp_path / "cache"),
                                    "sim_gpu": {"state_dir": str(tmp_path / "sim")}, "warmup_steps": 1,
+                                   "probe_every_steps": 0,  # no default-clock probe steps among the traced ones
                                    "frontier_path": str(tmp_path / "f.json"), **kw})
     with PerseusRuntime(JOB, cfg, gpu=GPUPort(device, LoggingDirectController(device, log))) as rt:
         for step in range(steps):
@@ -131,7 +132,7 @@ def test_with_the_plans_timeline_each_switch_is_asked_for_latency_before_it_land
     log: list = []
     cfg = PerseusConfig.from_dict({"gpu": "sim", "device_index": 0, "cache_dir": str(tmp_path / "cache"),
                                    "sim_gpu": {"state_dir": str(tmp_path / "sim")}, "warmup_steps": 1,
-                                   "trace_clocks": True, "planner_options": {"switch_latency_s": 0.005}})
+                                   "probe_every_steps": 0, "trace_clocks": True, "planner_options": {"switch_latency_s": 0.005}})
     port = GPUPort(device, TimedLoggingController(log))
     cache = RunCache(tmp_path / "cache", cache_key(JOB, schedule, port.name, port.driver_version, cfg))
     cache.save_profile(profile)

@@ -200,7 +200,7 @@ def test_another_pipelines_alarm_moves_this_pipeline_too():
     decision = None
     for step in range(3, 3 + 3 * EVERY):
         loop.begin_step(step)
-        decision = loop.end_step(0.0, 1.0, 2.0, targeting, plan)
+        decision = loop.end_step(1.0, 2.0, targeting, plan)
         if decision is not None:
             break
     assert decision is not None and plane.gathers == 1

@@ -44,6 +44,15 @@ def test_too_few_or_too_many_instructions():
     assert f.next("forward", 3, 0) is None and "no more instructions" in f.problem
 
 
+def test_a_step_without_instruction_hooks_names_cuda_graphs():
+    """A CUDA graph replaying the whole iteration (megatron-core's cuda_graph_impl="full_iteration")
+    runs no hook: the deployed plan falls back with one line saying so."""
+    _, f = follower()
+    f.start_step()
+    assert not f.end_step()
+    assert "no instruction hook ran" in f.problem and "full_iteration" in f.problem
+
+
 def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
     sched, f = follower()
     insts = sched.stages[1]

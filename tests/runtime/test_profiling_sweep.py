@@ -132,8 +132,13 @@ def test_a_partial_profile_of_another_key_is_not_resumed(tmp_path, caplog):
 
 
 class _Poller:
+    interval_s = 0.005
+
     def updates(self):
         return []
+
+    def counter_period_s(self):
+        return None  # no counter period measured: no clock is lengthened for attribution
 
     def stop(self):
         pass
@@ -154,6 +159,9 @@ class _Port:
         self.applied.append("default")
 
     def energy_poller(self, period_s):
+        return _Poller()
+
+    def energy_source(self):
         return _Poller()
 
 
@@ -194,3 +202,33 @@ def test_noise_larger_than_the_effect_is_measured_again_within_a_bound(caplog):
     assert done and run.sweep.remeasured == 2
     assert steps_at[1320] == 3 * 3 and steps_at[1410] == 3, steps_at
     assert caplog.text.count("larger than the clock's effect") == 2
+
+
+class _CountedPort(_Port):
+    """A port whose poller measured a 100 ms counter."""
+
+    def energy_source(self):
+        poller = _Poller()
+        poller.counter_period_s = lambda: 0.1
+        return poller
+
+
+def test_a_clock_is_measured_until_it_spans_enough_counter_intervals():
+    """30 intervals of a 100 ms counter need 3.1 s of steps: 0.5 s steps at 2 iterations per clock
+    are lengthened, by whole rounds and at most to 3 x iters_per_freq."""
+    from perseus.runtime.measure.profiling_run import ProfilingRun
+    from perseus.runtime.plane.collective import Collective
+
+    cfg = PerseusConfig.from_dict({"gpu": "sim", "freq_min_mhz": 1380, "iters_per_freq": 2, "remeasure_max": 0,
+                                   "cache_dir": None})
+    port = _CountedPort()
+    run = ProfilingRun(port, Collective(), cfg, [(0, "forward"), (0, "backward")])
+    run.start(100.0)
+    steps = 0
+    t = 0.0
+    while not run.step(_timed(t, [0.1, 0.1])[0], 0.5, 50.0):
+        steps += 1
+        t += 0.5
+        if run.sweep.visited:
+            break
+    assert run.sweep.visited == [1410] and steps + 1 == 6  # 2, lengthened to 4, then to the bound 6

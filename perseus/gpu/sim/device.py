@@ -198,7 +198,8 @@ class SimulatedGPU(GPUDevice):
         if self._stream is None:
             if not self.asynchronous:
                 raise GPUError(f"simulated GPU {self._index} is synchronous; open it with stream_depth >= 1")
-            self._stream = SimStream(self, self.stream_depth, self._clock)
+            self._stream = SimStream(self, self.stream_depth, self._clock, event_new_s=self.model.event_new_s,
+                                     event_record_s=self.model.event_record_s)
         return self._stream
 
     @property

@@ -49,6 +49,10 @@ class DVFSModel:
     p_blocking_w: float
     energy_read_s: float = 0.0
     power_read_s: float = 0.0
+    # Host cost of recording a stream event: a newly created one / one recycled from a pool (a
+    # real card: torch.cuda.Event creation + record 40-60 µs, a record of an existing event ~5 µs).
+    event_new_s: float = 0.0
+    event_record_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.sm_min_mhz <= self.knee_mhz <= self.sm_max_mhz:
@@ -64,8 +68,9 @@ class DVFSModel:
             raise GPUInvalidArgumentError(f"{self.name}: gamma must be >= 1 and powers >= 0")
         if not 0 < self.power_limit_min_w <= self.tdp_w:
             raise GPUInvalidArgumentError(f"{self.name}: need 0 < power_limit_min <= tdp")
-        if not 0 <= self.energy_read_s < 1 or not 0 <= self.power_read_s < 1:
-            raise GPUInvalidArgumentError(f"{self.name}: read latencies are seconds in [0, 1)")
+        if not all(0 <= x < 1 for x in (self.energy_read_s, self.power_read_s, self.event_new_s,
+                                             self.event_record_s)):
+            raise GPUInvalidArgumentError(f"{self.name}: read latencies and event costs are seconds in [0, 1)")
 
     # -- clocks -----------------------------------------------------------------------------
     def supported_sm_clocks(self) -> list[int]:
@@ -145,6 +150,7 @@ PRESETS: dict[str, DVFSModel] = {
         sm_min_mhz=345, sm_max_mhz=1980, sm_step_mhz=15, memory_clock_mhz=3201,
         tdp_w=700.0, power_limit_min_w=200.0, p_static_w=100.0, p_dyn_max_w=1290.0,
         gamma=3.0, knee_mhz=1365, p_blocking_w=110.0, energy_read_s=0.0024, power_read_s=0.00001,
+        event_new_s=40e-6, event_record_s=5e-6,
     ),
 }
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
@@ -81,6 +81,14 @@ class SimEvent:
             self._gate.acquire()
             self._gate.release()
 
+    def _rearm(self) -> None:
+        """Make a completed event recordable again (a recycled ``torch.cuda.Event``)."""
+        if not self._done:
+            raise GPUError("a stream event was recycled before the GPU reached it")
+        self._gate.acquire()
+        self._done = False
+        self.gpu_time_s = math.nan
+
     def _complete(self, t: float) -> None:
         self.gpu_time_s = t
         self._done = True
@@ -113,7 +121,8 @@ class SimStream:
     """One in-order stream of a ``SimulatedGPU``, run by a device thread of this process."""
 
     def __init__(self, device: StreamDevice, depth: int = DEFAULT_DEPTH,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, event_new_s: float = 0.0,
+                 event_record_s: float = 0.0) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise GPUInvalidArgumentError(f"stream depth is how many kernels may wait (>= 1), got {depth!r}")
         self.device = device
@@ -126,6 +135,15 @@ class SimStream:
         self._error: BaseException | None = None
         self._closed = False
         self.max_ahead = 0  # the most kernels that were ever waiting or running at a launch
+        # The host's cost of an event on a real card (creating one, or recording one taken back with
+        # ``recycle``), charged per recording thread (``threading.get_ident``) instead of spent: a
+        # regression to fresh events on the hot path shows in ``event_cost_s`` deterministically,
+        # and a busy test machine is not loaded further.
+        self.event_new_s = event_new_s
+        self.event_record_s = event_record_s
+        self.event_cost_s: defaultdict[int, float] = defaultdict(float)
+        self._pool: list[SimEvent] = []
+        self.events_created = 0
         self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-stream", daemon=True)
         self._thread.start()
 
@@ -146,8 +164,16 @@ class SimStream:
             self._cv.notify_all()
 
     def record(self) -> SimEvent:
-        """An event at the current end of the stream (a few microseconds; never blocks)."""
-        event = SimEvent()
+        """An event at the current end of the stream (never blocks): a recycled one when the pool
+        has one (``event_record_s`` of host CPU), else a new one (``event_new_s``)."""
+        if self._pool:
+            event = self._pool.pop()
+            event._rearm()
+            self.event_cost_s[threading.get_ident()] += self.event_record_s
+        else:
+            event = SimEvent()
+            self.events_created += 1
+            self.event_cost_s[threading.get_ident()] += self.event_new_s
         event.gpu_time_s = self._clock()  # when recorded: the GPU reaches it no earlier
         with self._cv:
             if not self._queue and self._unfinished == 0:
@@ -155,6 +181,10 @@ class SimStream:
             else:
                 self._queue.append(event)  # the device thread is busy: it finds the event in time
         return event
+
+    def recycle(self, event: SimEvent) -> None:
+        """A completed event nobody reads any more may be recorded again (``record`` takes it)."""
+        self._pool.append(event)
 
     def ahead(self) -> int:
         """Kernels launched and not finished: how far the host runs ahead of the GPU."""

@@ -181,7 +181,14 @@ class PlanFollower:
 
     def end_step(self) -> bool:
         """True when the step executed exactly the planned instructions."""
-        if not self.broken and self._pos != len(self._expected):
+        if not self.broken and self._pos == 0 and self._expected:
+            self._break(
+                f"stage {self.stage}: no instruction hook ran in the step (a CUDA graph replaying the whole "
+                "iteration, e.g. megatron-core's cuda_graph_impl=\"full_iteration\", runs no hook): a "
+                "per-instruction plan cannot be followed; capture the iteration without the pipeline schedule "
+                "or run without CUDA graphs"
+            )
+        elif not self.broken and self._pos != len(self._expected):
             self._break(
                 f"stage {self.stage}: the step ended after {self._pos} instructions "
                 f"but the plan has {len(self._expected)}"
@@ -217,6 +224,9 @@ class Deployment:
         self.check_every = check_every  # deployed steps between job checks (0: none)
         self.follower: PlanFollower | None = None
         self.timed: TimedSwitches | None = None
+        # With a GPU timeline: each instruction's planned GPU time (its request goes out that long,
+        # less the switch latency, after the GPU began the one before), None without a timeline.
+        self.planned_s: list[float] | None = None
         self.window: list[tuple[float, float]] = []
         self.steps = 0
         # An overlapped job check asked at a check and answered at the next: (answer, step asked).
@@ -234,6 +244,13 @@ class Deployment:
         """Follow ``point``'s clocks of this stage from the next instruction on."""
         pairs = plan.stage_plan(point, self.stage)
         self.follower = PlanFollower(pairs, self.stage)
+        if self.gpu.timeline is not None:  # requests follow the stream (gpu_timeline.py), in GPU time
+            self.timed = None
+            timeline = plan.timeline(point)
+            self.planned_s = None if timeline is None else [float(e - b) for b, e in zip(*timeline)]
+            if pairs:  # between steps (the GPU passed the last one's end): the first clock, in effect now
+                self.gpu.apply(pairs[0][1])
+            return
         self.timed = self.switches.for_point(plan, point, [f for _, f in pairs])
         if self.timed is not None and pairs:
             # The new plan's first clock at once (and no request of the old plan still held): the
@@ -250,6 +267,11 @@ class Deployment:
         freq = follower.next(kind, microbatch, chunk, backward)  # type: ignore[union-attr]
         if freq is None:
             return None
+        stream = self.gpu.timeline
+        if stream is not None:  # in effect when the GPU gets there (docs/runtime.md, "GPU time")
+            planned = self.planned_s
+            stream.clock(freq, planned[follower.index] if planned is not None else None)  # type: ignore[union-attr]
+            return freq
         timed = self.timed
         if timed is not None:
             # Switches asked for at planned times (docs/runtime.md, "Clock-switch latency").
@@ -266,6 +288,8 @@ class Deployment:
         instruction's clock now, so the switch latency overlaps the wait for its input instead of
         delaying it (docs/runtime.md, "Clock-switch latency")."""
         timed = self.timed
+        if self.gpu.timeline is not None:
+            return
         if timed is not None:
             index = self.follower.index  # type: ignore[union-attr]
             if timed.watches(index, True):
@@ -275,6 +299,13 @@ class Deployment:
             freq = self.follower.peek()  # type: ignore[union-attr]
             if freq != self.gpu.current_mhz:
                 self.gpu.request(freq)
+
+    def step_ending(self) -> None:
+        """The step's last instruction was handed (before the step's end): with a GPU timeline, the
+        next step's first clock is asked for now, in GPU time, not after the host's gap."""
+        stream, follower = self.gpu.timeline, self.follower
+        if stream is not None and follower is not None and not follower.broken:
+            stream.ahead(follower.peek())
 
     def fall_back(self, problem: str) -> None:
         """Default clocks from now on (without waiting: also from a hook), for ``problem``."""

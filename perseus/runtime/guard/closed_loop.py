@@ -11,8 +11,8 @@ the agreed decision) every rank's verdict row is all-gathered (``Collective.all_
 and every rank computes the same ``JobDecision`` from all of them: a pipeline measurably slower
 than its target moves the job to a faster point, or back to default clocks at the fastest point.
 
-What is judged is ``job_guard.judged_time``: the step's instruction span (the engine passes the
-first instruction's begin and the last one's end), not the whole step call.
+What is judged is the step's instruction span (``StepNumbers.span_s``: on the GPU's clock where
+the GPU runs behind the host, else the host's), not the whole step call.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from perseus.runtime.guard.job_guard import (
     JobDecision,
     RankGuard,
     agree,
-    judged_time,
     target_ratio,
     verdict_row,
 )
@@ -173,12 +172,13 @@ class ClosedLoop:
         (None: default clocks; ``reference_point``)."""
         return self.reference_point(targeting, plan) if self.probing else targeting.point
 
-    def end_step(self, first_begin_s: float, last_end_s: float, energy_j: float, targeting: Targeting,
-                 plan: StagePlan) -> JobDecision | None:
-        """Count the step that ended (judged on its instructions' span, ``judged_time``); at a window's
-        end, the job's decision (a collective on every rank at that step). None at other steps, with
-        probes off and after the job fell back."""
-        judged_s = judged_time(first_begin_s, last_end_s)
+    def end_step(self, span_s: float, energy_j: float, targeting: Targeting, plan: StagePlan) -> JobDecision | None:
+        """Count the step that ended, judged on its instructions' span (``StepNumbers.span_s``: the
+        GPU's first instruction begin to last end where the GPU runs behind the host, the host's
+        otherwise; host work outside instructions is reported, not judged); at a window's end, the
+        job's decision (a collective on every rank at that step). None at other steps, with probes
+        off and after the job fell back."""
+        judged_s = max(span_s, 1e-9)
         role = self.role
         if role.counted:
             (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)

@@ -7,7 +7,7 @@ is not (other nodes, other cooling, another profile); a guard that judges rank 0
 it. The job is as slow as its slowest pipeline, so it moves faster (or falls back) when any
 pipeline's test alarms, by the largest excess the alarming pipelines measured.
 
-What is judged (``judged_time``): the span of the step's instructions, the part of the step the
+What is judged (``StepNumbers.span_s``, given to ``ClosedLoop.end_step``): the span of the step's instructions, the part of the step the
 plan's clocks control. Host work outside the instructions (data loading before the first
 instruction, logging after the last) is reported, not judged.
 
@@ -50,12 +50,6 @@ def target_ratio(target_time_s: float | None, reference_time_s: float) -> float:
     if target_time_s is None:
         return 1.0
     return max(1.0, target_time_s / reference_time_s)
-
-
-def judged_time(first_begin_s: float, last_end_s: float) -> float:
-    """The quantity the guard judges: the step's instruction span (first instruction's begin to the
-    last one's end), in host time until per-step GPU spans exist (issue 33); swapped here alone."""
-    return max(last_end_s - first_begin_s, 1e-9)
 
 
 def verdict_row(dp: int, verdict: WindowVerdict | None) -> list[float]:

@@ -125,6 +125,10 @@ class ClockSweep:
         self.iters_target += iterations
         self.remeasured += 1
 
+    def lengthen(self, iterations: int) -> None:
+        """Measure the current clock for ``iterations`` more (too few energy-counter intervals)."""
+        self.iters_target += iterations
+
     def next_frequency(self, stopped_falling: bool) -> int | None:
         """Move past the current clock; returns the next clock or None when the sweep is over.
 

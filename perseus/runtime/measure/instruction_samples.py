@@ -57,6 +57,8 @@ class SweepRecorder:
         self.first_dropped: list[int] = []  # clocks whose first iteration was dropped as slow
         self._steps: list[tuple[list[TimedInstruction], float, float]] = []  # (timed, step time, step energy)
         self._first_steps: set[int] = set()  # indices in _steps that were first after a clock change
+        # the regression's standard error of each key's energy per instruction, per clock (J)
+        self.energy_se: dict[tuple[Key, int], float] = {}
 
     def add_step(self, timed: list[TimedInstruction], step_time_s: float, step_energy_j: float, p_blocking_w: float,
                  first: bool = False) -> None:
@@ -65,6 +67,10 @@ class SweepRecorder:
         if first:
             self._first_steps.add(len(self._steps))
         self._steps.append((list(timed), step_time_s, step_energy_j))
+
+    def window_s(self) -> float:
+        """Time the current clock's iterations have spanned so far (GPU time where measured so)."""
+        return sum(t for _, t, _ in self._steps)
 
     def _kept_steps(self) -> tuple[list[tuple[list[TimedInstruction], float, float]], bool]:
         """This clock's iterations without a systematically slow first one; True if it was dropped."""
@@ -123,6 +129,8 @@ class SweepRecorder:
             try:
                 fit = attribute_energy(window, timed, idle_power_w=p_blocking_w)
                 result = {k: (v.mean_duration_s, v.energy_j) for k, v in fit.keys.items()}  # type: ignore[misc]
+                self.energy_se.update({(k, freq_mhz): v.energy_stderr_j for k, v in fit.keys.items()  # type: ignore[misc]
+                                       if k in self.measurements})
             except MeasurementError as exc:
                 self.fallback_reasons.append(f"{freq_mhz} MHz: {exc}")
         per_step = {k: (t / n, e / n) for k, (t, e, n) in step_sums.items() if n}

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from perseus.errors import PerseusError
+from perseus.gpu.measurement import attribution_window_s
 from perseus.profile.fit import interpolation_ok, loo_errors
 from perseus.profile.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
 from perseus.runtime.measure.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
@@ -50,6 +51,8 @@ class ProfilingRun:
         self._collective = collective
         self._job = job
         self._poll_s = c.energy_poll_s
+        self._intervals = c.attribution_intervals
+        self._iters_max = 3 * c.iters_per_freq
         self._remeasure_max = c.remeasure_max
         self._keep_partial = bool(c.cache_dir) and job is not None
         self._save_partial = save_partial
@@ -110,6 +113,8 @@ class ProfilingRun:
         recorder.add_step(timed, step_time_s, energy_j, self.p_blocking_w, first=sweep.first_iteration)
         if not sweep.count_iteration():
             return False
+        if self._lengthen():
+            return False
         if sweep.remeasured < self._remeasure_max:
             noisy = self._noisy(freq)
             if not self._collective.all_true(not noisy):
@@ -147,6 +152,23 @@ class ProfilingRun:
                 len(recorder.fallback_reasons), recorder.fallback_reasons[0],
             )
         return True
+
+    def _lengthen(self) -> bool:
+        """Collective: measure this clock longer while its iterations span fewer energy-counter
+        intervals than ``attribution_intervals`` (the counter period as the port's poller measured
+        it), up to 3 x ``iters_per_freq``; True when lengthened."""
+        sweep = self.sweep
+        source = self._gpu.energy_source()
+        period = source.counter_period_s() if self._intervals else None
+        if period is not None and period <= 1.5 * source.interval_s:
+            period = None  # it changes at every poll: a fine-grained counter, every window is enough
+        window = attribution_window_s(period, self._intervals) if period else 0.0
+        spent = self.recorder.window_s()
+        short = sweep.iters_target < self._iters_max and spent < window
+        if not self._collective.all_true(not short):  # every rank the same: one more round each
+            sweep.lengthen(sweep.iters_per_freq)
+            return True
+        return False
 
     def _noisy(self, freq: int) -> str:
         """A key whose time's standard error at ``freq`` exceeds half its change from the clock

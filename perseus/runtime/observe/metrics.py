@@ -31,7 +31,7 @@ PHASE_CODES: tuple[str, ...] = ("warmup", "profiling", "planning", "deployed", "
 SCALARS: dict[str, tuple[str, str]] = {
     "energy_j": ("J", "energy of this rank's GPU over the step"),
     "power_w": ("W", "average power of this rank's GPU over the step (energy_j / time_s)"),
-    "time_s": ("s", "iteration time, step begin to step end"),
+    "time_s": ("s", "iteration time: the GPU's (gpu_step_s) where it runs behind the host, else step begin to step end"),
     "phase": ("code", "runtime phase the step ran in: " + ", ".join(f"{i} {p}" for i, p in enumerate(PHASE_CODES))),
     "clock_mhz": ("MHz", "SM clock requested for this GPU at the end of the step"),
     "energy_j_total": ("J", "energy of this rank's GPU summed over all steps so far"),
@@ -46,11 +46,19 @@ SCALARS: dict[str, tuple[str, str]] = {
     "carbon_g_total": ("g", "carbon_g summed over the steps with an intensity so far"),
     "job_power_w": ("W", "planned average power of all the job's GPUs at the point run (grid target set)"),
     "power_cap_w": ("W", "job-wide power cap in force"),
+    "gpu_step_s": ("s", "the step as the GPU ran it: first instruction begin to the step's end event"),
+    "instruction_span_s": ("s", "the GPU span of the step's instructions (first begin to last end)"),
+    "non_instruction_gpu_s": ("s", "the step's GPU work after its last instruction (optimizer, gradient all-reduce)"),
+    "non_instruction_energy_j": ("J", "energy of that non-instruction work"),
+    "host_time_s": ("s", "the step on the host: step begin hook to step end hook"),
     "instructions_at_<MHz>mhz": ("count", "this step's instructions of this rank run (as planned) at that SM clock"),
 }
 
 
 GRID_FIELDS = ("carbon_intensity", "carbon_g", "carbon_g_total", "job_power_w", "power_cap_w")
+# Where the GPU runs behind the host (a GPU timeline: runtime/port/gpu_timeline.py); None otherwise.
+GPU_TIME_FIELDS = ("gpu_step_s", "instruction_span_s", "non_instruction_gpu_s", "non_instruction_energy_j",
+                   "host_time_s")
 
 
 def instructions_name(mhz: int) -> str:
@@ -92,6 +100,12 @@ class StepMetrics:
     carbon_g_total: float | None = None
     job_power_w: float | None = None
     power_cap_w: float | None = None
+    # GPU time (GPU_TIME_FIELDS): time_s and energy_j are then the GPU step's, host_time_s the hooks'
+    gpu_step_s: float | None = None
+    instruction_span_s: float | None = None
+    non_instruction_gpu_s: float | None = None
+    non_instruction_energy_j: float | None = None
+    host_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
@@ -110,7 +124,7 @@ class StepMetrics:
         if self.clocks is not None:
             row["clocks"] = self.clocks
             row["counted"] = bool(self.counted)
-        for name in GRID_FIELDS:
+        for name in GRID_FIELDS + GPU_TIME_FIELDS:
             if getattr(self, name) is not None:
                 row[name] = getattr(self, name)
         return row
@@ -123,7 +137,8 @@ class StepMetrics:
             "clock_mhz": float(self.clock_mhz), "energy_j_total": self.energy_j_total,
             "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
         }
-        for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j", *GRID_FIELDS):
+        for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j", *GRID_FIELDS,
+                     *GPU_TIME_FIELDS):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from perseus.errors import ConfigError, PerseusError
@@ -27,6 +27,7 @@ from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.observe.report import Reporter, RunFacts, profiling_overhead, summarize
 
 if TYPE_CHECKING:
+    from perseus.runtime.port.gpu_timeline import StepNumbers
     from perseus.runtime.measure.clock_sweep import ClockSweep
     from perseus.runtime.guard.closed_loop import ClosedLoop
     from perseus.runtime.plane.collective import Collective
@@ -106,7 +107,7 @@ class Observer:
     # ---------------------------------------------------------------- per step (step end only)
 
     def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, targeting: Targeting,
-               loop: ClosedLoop, sweep: ClockSweep | None = None) -> StepMetrics:
+               loop: ClosedLoop, sweep: ClockSweep | None = None, numbers: StepNumbers | None = None) -> StepMetrics:
         """The step as measured (a deployed plan step with its point's planned time and slowdown, a
         deployed probe step marked ``clocks="default"``; a profiled one with its ``sweep``'s clock):
         kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics file now."""
@@ -119,6 +120,10 @@ class Observer:
                              slowdown=targeting.slowdown if plan_step else 1.0,
                              clocks=loop.clocks if deployed else None,
                              counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j))
+        if numbers is not None and numbers.gpu_time:  # the GPU ran it behind the host (port/gpu_timeline.py)
+            record = replace(record, gpu_step_s=numbers.time_s, instruction_span_s=numbers.span_s,
+                             non_instruction_gpu_s=numbers.non_instruction_s,
+                             non_instruction_energy_j=numbers.non_instruction_energy_j, host_time_s=numbers.host_s)
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
@@ -195,3 +200,4 @@ class Observer:
     def close(self) -> None:
         self.close_sinks()
         self.reporter.close()
+

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ from perseus.gpu.errors import SIM_FIX, GPUError
 
 if TYPE_CHECKING:
     from perseus.runtime.port.clock_trace import ClockTrace
+    from perseus.runtime.port.gpu_timeline import GPUTimeline
     from perseus.gpu.controller import ClockController
     from perseus.gpu.device import GPUDevice
     from perseus.gpu.measurement import EnergyPoller
@@ -55,6 +58,10 @@ class GPUPort:
         self.energy_error: str | None = None  # set once reading the energy counter failed
         self.clock_failure: str | None = None  # set by the first ``failed`` notice: default clocks for good
         self.trace: ClockTrace | None = None  # the per-instruction clock trace, which notes each request
+        # With a GPU timeline (``open_timeline``) requests follow the stream, and the host's own
+        # clock changes drop the requests still on their way.
+        self.timeline: GPUTimeline | None = None
+        self._poller: EnergyPoller | None = None
 
     # ---------------------------------------------------------------- opening
 
@@ -121,6 +128,33 @@ class GPUPort:
         self.current_mhz = mhz
         self.controller.set_frequency(mhz)
 
+    @contextmanager
+    def _host_change(self) -> Iterator[None]:
+        """Around a clock change the host makes itself: stream requests still on their way are
+        dropped first (they belong to work the GPU has finished or that runs at this clock now)."""
+        timeline = self.timeline
+        if timeline is None:
+            yield
+            return
+        with timeline.lock:
+            timeline.invalidate()
+            yield
+
+    def stream_request(self, mhz: int, at: float | None) -> None:
+        """A request the GPU timeline's follower makes when the GPU reaches its boundary (its
+        thread): ``RESET_MHZ`` is default clocks."""
+        if mhz <= 0:
+            self.current_mhz = self.default_mhz
+            self.controller.reset()
+            return
+        self.current_mhz = mhz
+        if at is None:
+            self.controller.set_frequency(mhz)
+        else:
+            self.controller.set_frequency(mhz, at)
+        if self.trace is not None:
+            self.trace.requested(mhz, monotonic() if at is None else at)
+
     def apply(self, mhz: int, settle_timeout_s: float = 0.25) -> None:
         """Set a clock and wait until it is in effect (step boundaries only).
 
@@ -129,8 +163,9 @@ class GPUPort:
         instructions at the previous clock (seen in clock traces at 20 ms). So wait, at most
         ``settle_timeout_s``, until the device reports the clock (NVML reports the current SM clock,
         which a throttled GPU may never reach: hence the bound)."""
-        self.current_mhz = mhz
-        self.controller.set_frequency(mhz)
+        with self._host_change():
+            self.current_mhz = mhz
+            self.controller.set_frequency(mhz)
         self.controller.flush()
         if not self.controller.enabled:
             return
@@ -141,14 +176,21 @@ class GPUPort:
             time.sleep(0.0005)
 
     def release(self) -> None:
-        """Ask for default clocks without waiting (fallback from an instruction hook)."""
+        """Ask for default clocks without waiting (fallback from an instruction hook, a probe
+        step); with a GPU timeline, for the work launched from here on."""
+        if self.timeline is not None:
+            from perseus.runtime.port.gpu_timeline import RESET_MHZ
+
+            self.timeline.boundary(RESET_MHZ)
+            return
         self.current_mhz = self.default_mhz
         self.controller.reset()
 
     def reset(self) -> None:
         """Back to default clocks (unlocked), waiting until done; safe to call repeatedly."""
-        self.current_mhz = self.default_mhz
-        self.controller.reset()
+        with self._host_change():
+            self.current_mhz = self.default_mhz
+            self.controller.reset()
         self.controller.flush()
 
     # ---------------------------------------------------------------- energy
@@ -206,6 +248,40 @@ class GPUPort:
             return SimulatedKernelTimer(self.sim_device)
         return make_instruction_timer(prefer_cuda=True)
 
+    def energy_source(self) -> EnergyPoller:
+        """The port's own energy poller, started on first use: every energy read is on its thread
+        (a real read costs 2.4 ms on an H200), polling 20 times per counter period."""
+        if self._poller is None:
+            from perseus.gpu.measurement import EnergyPoller, poll_interval_s
+
+            period = float(getattr(self.device, "energy_update_period_s", 0.1) or 0.1)
+            self._poller = EnergyPoller(self.device, max(poll_interval_s(period), 0.002), clock=monotonic).start()
+        return self._poller
+
+    def open_timeline(self, switch_latency_s: float, instructions: int) -> GPUTimeline | None:
+        """The GPU timeline (``gpu_timeline.py``) where the GPU runs behind the host: a simulated GPU
+        in asynchronous mode, a real GPU with CUDA; None where host time is GPU time."""
+        from perseus.gpu.gpu_time import CudaTimeline, SimTimeline
+        from perseus.gpu.timing import cuda_timing_available
+        from perseus.runtime.port.gpu_timeline import GPUTimeline
+
+        sim = self.sim_device
+        if sim is not None:
+            if not sim.asynchronous:
+                return None
+            recorder: Any = sim.stream
+            timeline: Any = SimTimeline()
+        elif os.environ.get("PERSEUS_GPU_TIMELINE", "1") != "0" and cuda_timing_available():
+            from perseus.gpu.stream_follow import CudaEventRecorder
+
+            recorder, timeline = CudaEventRecorder(enable_timing=True), CudaTimeline()
+        else:
+            return None
+        self.timeline = GPUTimeline(recorder, timeline, self.energy_source(), self.stream_request,
+                                    instructions=instructions, switch_latency_s=switch_latency_s,
+                                    timed=self.timed_requests)
+        return self.timeline
+
     def energy_poller(self, interval_s: float) -> EnergyPoller:
         """Background thread recording when the coarse energy counter advances."""
         from perseus.gpu.measurement import EnergyPoller
@@ -233,8 +309,12 @@ class GPUPort:
             return
         self._closed = True
         try:
+            if self.timeline is not None:
+                self.timeline.close()
             self.reset()
         finally:
+            if self._poller is not None:
+                self._poller.stop()
             self.controller.close()
             self.device.close()
 

@@ -12,10 +12,16 @@ A client that knows its instructions' max-clock time better than the CPU does (a
 nominal kernel time, so CPU noise on a shared machine does not drown the clock's effect) calls
 ``pad(t_max_s)`` before the instruction ends: its max-clock time is then at least that. On a
 real GPU the runtime has no ``SimulatedKernels`` at all (``PerseusRuntime.sim_kernels`` is None).
+
+In the simulated GPU's asynchronous mode (``stream_depth`` ≥ 1) an instruction's kernel is
+launched onto its stream at ``end`` instead, with that same max-clock work, and the hook returns
+at once: the host runs ahead of the GPU as it does on a real one, and the clock the kernel runs
+at is the one in force when the stream's device thread reaches it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,13 +41,19 @@ class SimulatedKernels:
         self.compute_fraction = compute_fraction
         self._open = False
         self._min_s = 0.0
+        self._t0 = 0.0
+        self.launched = 0  # kernels launched onto the stream (asynchronous mode)
+        self._stream = device.stream if device.asynchronous else None
 
     def begin(self) -> None:
         """An instruction starts: its kernel starts (one left open by an instruction that never
         ended, e.g. an exception in the framework, is closed first at no simulated cost)."""
         if self._open:
             self.close()
-        self.device.begin_busy(self.activity, self.compute_fraction)
+        if self._stream is not None:
+            self._t0 = time.perf_counter()
+        else:
+            self.device.begin_busy(self.activity, self.compute_fraction)
         self._open, self._min_s = True, 0.0
 
     def pad(self, t_max_s: float) -> None:
@@ -52,10 +64,17 @@ class SimulatedKernels:
         """The instruction ends: wait until its kernel, stretched by the clock, has finished."""
         if self._open:
             self._open = False
-            self.device.end_busy(min_s=self._min_s)
+            stream = self._stream
+            if stream is not None:  # asynchronous: onto the stream, the host goes on
+                work = max(time.perf_counter() - self._t0, self._min_s)
+                stream.launch(work, activity=self.activity, compute_fraction=self.compute_fraction)
+                self.launched += 1
+            else:
+                self.device.end_busy(min_s=self._min_s)
 
     def close(self) -> None:
         """End an open kernel at once (no waiting); for shutdown and abandoned instructions."""
         if self._open:
             self._open = False
-            self.device.end_busy(0.0)
+            if self._stream is None:
+                self.device.end_busy(0.0)

@@ -136,7 +136,9 @@ def _root_sources(
                 f"{c.frontier_path}: frontier is for {frontier.schedule.describe()}, but this job runs "
                 f"{schedule.describe()}; plan for this job"
             )
-        return {"origin": f"frontier {c.frontier_path}"}, frontier, None
+        # with a profile given too, the plan carries its planned timeline (GPU-time requests)
+        profile = load_profile(c.profile_path, c.p_blocking_w) if c.profile_path else None
+        return {"origin": f"frontier {c.frontier_path}"}, frontier, profile
     if c.profile_path:
         profile = load_profile(c.profile_path, c.p_blocking_w)
         profile.check_matches(schedule)

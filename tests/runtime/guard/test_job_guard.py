@@ -8,7 +8,6 @@ from perseus.runtime.guard.job_guard import (
     Action,
     RankGuard,
     agree,
-    judged_time,
     target_ratio,
     verdict_of,
     verdict_row,
@@ -51,11 +50,6 @@ def test_within_everywhere_keeps_and_the_least_confident_sets_the_length():
     assert d.action is Action.KEEP and d.next_length == 64
     d = agree([row(0, Confidence.CONFIDENT), row(1, Confidence.SUSPECT, 4.0)], 32, s, at_fastest=False)
     assert d.action is Action.KEEP and d.next_length == s.backoff.first
-
-
-def test_the_judged_time_is_the_instruction_span():
-    # step began at 0.0, data loading until 0.3, instructions 0.3 .. 1.0, logging until 1.2
-    assert judged_time(0.3, 1.0) == pytest.approx(0.7)
 
 
 def run_job(slowdowns: dict[int, float], steps: int, *, period: int = 4, seed: int = 0) -> list[tuple[int, object]]:

@@ -1,0 +1,376 @@
+"""``GPUTimeline``: the runtime's steps, instructions and clock requests in the GPU's own time.
+
+Why: a GPU runs its work after the host launched it (the measured H200: 5 instructions behind in a
+1F1B step with no host sync). Whatever the hooks do at once (a clock request, a timestamp, an
+energy read) happens instructions before the GPU gets there. With a GPU timeline (a real GPU
+with CUDA, the simulated GPU's asynchronous mode) the hooks only record events on the stream:
+
+- clock requests follow the stream (``StreamClocks``): the request for instruction i hangs on
+  instruction i−1's begin event and goes out ``planned(i−1) − switch latency − lead`` of GPU time
+  after the GPU reached it, so instruction i starts at its own clock;
+- the step timer (``GPUStepTimer``) shares those begin events: a step's time is the GPU span of
+  its instructions, its non-instruction work (optimizer, gradient all-reduce) a bucket of its own;
+- energy is the poller thread's counter updates interpolated at the step's GPU times: no
+  energy read on the training thread.
+
+Events are recycled: a fresh one costs the host 40–60 µs on a real card, a recorded-again one
+~5 µs. The events of a step go back to the pool once its step settled and the follower passed
+everything handed up to the end of the following step (a clock request of the next step's first
+instruction hangs on this step's last begin event).
+
+At step end the engine waits for that step's end event (``GPUStepTimer.fence``): work already
+queued, no device sync; so a step's numbers are known at its own end, every rank at the same step,
+and a clock set at a step boundary lands exactly between two steps.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from perseus.gpu.gpu_time import GPUStep, GPUStepTimer, StreamTimeline, non_instruction_work
+from perseus.gpu.measurement import CounterUpdate
+from perseus.gpu.stream_clocks import StreamClocks
+from perseus.gpu.stream_follow import BoundaryEvent, FollowMechanism, StreamFollower
+from perseus.gpu.timing import TimedInstruction
+
+RESET_MHZ = 0  # a stream request for default clocks (the controller's reset), not a locked clock
+SPAN = "__instructions__"  # the one mark of a step whose instructions are not timed one by one
+
+
+class RecyclingRecorder(Protocol):
+    """``SimStream`` and ``CudaEventRecorder``: record an event, take a finished one back."""
+
+    def record(self) -> Any: ...
+
+    def recycle(self, event: Any) -> None: ...
+
+
+class _PooledRecorder:
+    """Records through ``base`` and gives a step's events back once nobody reads them."""
+
+    def __init__(self, base: RecyclingRecorder) -> None:
+        self._base = base
+        self._issued: list[BoundaryEvent] = []
+        self._generations: deque[tuple[list[BoundaryEvent], int]] = deque()
+
+    def record(self) -> BoundaryEvent:
+        event: BoundaryEvent = self._base.record()
+        self._issued.append(event)
+        return event
+
+    def close_generation(self, handed: int) -> None:
+        """The events recorded since the last call are a step's; ``handed``: the follower's count
+        of actions handed so far."""
+        self._generations.append((self._issued, handed))
+        self._issued = []
+
+    def recycle(self, followed: int) -> None:
+        gens = self._generations
+        while len(gens) >= 2 and followed >= gens[1][1]:
+            for event in gens.popleft()[0]:
+                self._base.recycle(event)
+
+
+class _Requests:
+    """One epoch's clock requests: dropped once a host-side clock change made them stale (checked
+    under the lock the host's change takes, so none slips out after it)."""
+
+    __slots__ = ("live", "_send", "_lock")
+
+    def __init__(self, send: Callable[[int, float | None], None], lock: threading.Lock) -> None:
+        self.live = True
+        self._send = send
+        self._lock = lock
+
+    def __call__(self, mhz: int, at: float | None) -> None:
+        with self._lock:
+            if self.live:
+                self._send(mhz, at)
+
+
+@dataclass(frozen=True)
+class StepNumbers:
+    """One step as the runtime reports it (seconds, joules). ``time_s``: the GPU's step (first
+    instruction begin to the step's end event) where there is a GPU timeline, host time otherwise;
+    ``span_s``: its instructions' span; ``instructions``: what profiling attributes energy to."""
+
+    time_s: float
+    energy_j: float
+    span_s: float
+    # The step's begin to its last instruction's end: the straggler check's natural time, where a
+    # pipeline slowed before its first instruction (its data) counts. Without a timeline the host's;
+    # NaN: the span (on the GPU's clock the step begins at its first instruction).
+    until_last_end_s: float = math.nan
+    non_instruction_s: float = 0.0
+    non_instruction_energy_j: float = 0.0
+    instructions: tuple[TimedInstruction, ...] = ()
+    gpu_time: bool = False
+    host_s: float | None = None  # the step on the host (begin hook to end hook)
+    start_s: float = math.nan  # where the GPU began its first instruction (CLOCK_MONOTONIC)
+
+    @property
+    def straggler_s(self) -> float:
+        """The time the straggler check compares across pipelines (``until_last_end_s``)."""
+        return self.span_s if math.isnan(self.until_last_end_s) else self.until_last_end_s
+
+    @property
+    def span_energy_j(self) -> float:
+        """Energy of the instructions' span (the step's less its non-instruction tail)."""
+        return self.energy_j - self.non_instruction_energy_j
+
+
+def energy_at(updates: Sequence[CounterUpdate], t: float) -> float:
+    """The energy counter at ``t``: linear between the updates around it; past the last update, at
+    the last interval's power (a step's end is read before the counter's next update)."""
+    if not updates:
+        return math.nan
+    if t <= updates[0].t_s or len(updates) == 1:
+        return updates[0].energy_j if t <= updates[0].t_s else updates[-1].energy_j
+    lo, hi = 0, len(updates) - 1
+    if t >= updates[hi].t_s:
+        a, b = updates[hi - 1], updates[hi]
+    else:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if updates[mid].t_s <= t:
+                lo = mid
+            else:
+                hi = mid
+        a, b = updates[lo], updates[hi]
+    return a.energy_j + (b.energy_j - a.energy_j) * (t - a.t_s) / (b.t_s - a.t_s)
+
+
+class EnergySource(Protocol):
+    """The poller thread's counter updates (``EnergyPoller.since``)."""
+
+    def since(self, t_s: float) -> list[CounterUpdate]: ...
+
+
+class GPUTimeline:
+    """The hooks' events, the stream-ordered clock requests and the GPU step timer of one GPU."""
+
+    def __init__(self, recorder: RecyclingRecorder, timeline: StreamTimeline, energy: EnergySource,
+                 send: Callable[[int, float | None], None], *, instructions: int = 0, switch_latency_s: float = 0.0,
+                 timed: bool = False, mechanism: FollowMechanism = FollowMechanism.POLL) -> None:
+        self.follower = StreamFollower(mechanism)
+        self._recorder = _PooledRecorder(recorder)
+        self._energy = energy
+        self._send = send
+        self._latency = switch_latency_s
+        self._timed = timed
+        self.timer = GPUStepTimer(self._recorder, self.follower, timeline)
+        self.lock = threading.Lock()  # the port holds it around its own clock changes
+        self._requests = _Requests(send, self.lock)
+        self.clocks = self._new_clocks()
+        self._event: BoundaryEvent | None = None  # the begin event the clock request just recorded
+        self._instructions = instructions  # a step's (the stage's) instruction count
+        self._count = 0  # instructions begun in this step
+        self._open = False
+        self._read_end: tuple[float, float] | None = None  # (the last step's end, the counter value read there)
+
+    def _new_clocks(self) -> StreamClocks:
+        return StreamClocks(self._recorder, self.follower, self._requests, switch_latency_s=self._latency,
+                            timed=self._timed)
+
+    # ---------------------------------------------------------------- training thread (hot path)
+    def step_begin(self) -> None:
+        self.timer.step_begin()
+        self._count = 0
+
+    def clock(self, mhz: int, planned_s: float | None) -> None:
+        """The next instruction's planned clock, in effect when the GPU reaches it."""
+        self._event = self.clocks.instruction(mhz, planned_s)
+
+    def begin(self, key: Hashable, each: bool) -> None:
+        """An instruction begins. ``each``: timed one by one (profiling); otherwise only the step's
+        span is (its first begin, its last end): one event per instruction at most, the clock
+        request's, shared."""
+        event, self._event = self._event, None
+        first = self._count == 0
+        self._count += 1
+        if each or first:
+            self.timer.begin(key if each else SPAN, event)
+            self._open = True
+
+    def end(self, each: bool) -> None:
+        if self._open and (each or self._count >= self._instructions):
+            self.timer.end()
+            self._open = False
+
+    def ahead(self, mhz: int) -> None:
+        """The next step's first clock, at step end: in effect when the GPU finishes this step's
+        last instruction (``StreamClocks.ahead``)."""
+        self.clocks.ahead(mhz)
+
+    def boundary(self, mhz: int) -> None:
+        """A clock (``RESET_MHZ``: default clocks) for the GPU's work from here on: a probe
+        step's default clocks, a fallback from a hook."""
+        self.clocks.boundary(mhz)
+
+    # ---------------------------------------------------------------- step boundaries
+    def invalidate(self) -> None:
+        """Requests handed and not yet made are dropped: the host changes the clock itself now
+        (after the step fence, so the GPU has nothing of the old plan left to run). The caller
+        holds ``lock``."""
+        self._requests.live = False
+        self._requests = _Requests(self._send, self.lock)
+        self.clocks = self._new_clocks()
+
+    def step_end(self) -> StepNumbers | None:
+        """The step's numbers, once the GPU passed its end (``GPUStepTimer.fence``); None when
+        it did not settle (a follower that stopped)."""
+        if self._open:  # fewer instructions than the stage has: the span ends here
+            self.timer.end()
+            self._open = False
+        self.timer.step_end()
+        steps = self.timer.fence()
+        self._recorder.close_generation(self.follower.handed)
+        self._recorder.recycle(self.follower.followed)
+        return self._numbers(steps[-1]) if steps else None
+
+    def _numbers(self, step: GPUStep) -> StepNumbers:
+        """The step's time and energy; its end is read before the counter's next update (at the last
+        interval's power), so the previous step's end, read again now, corrects this step by the
+        difference: the steps' energies add up to the counter's."""
+        first = step.instructions[0].start_s if step.instructions else step.begin_s
+        tail = step.instructions[-1].end_s if step.instructions else step.begin_s
+        last = self._read_end
+        updates = self._energy.since(min(first, last[0]) if last is not None else first)
+        e0, e_tail, e1 = (energy_at(updates, t) for t in (first, tail, step.end_s))
+        if last is not None and not math.isnan(e0):
+            e0 -= energy_at(updates, last[0]) - last[1]
+        self._read_end = (step.end_s, e1)
+        timed = tuple(i for i in step.instructions if i.key != SPAN)
+        timed += tuple(non_instruction_work(step)) if timed else ()
+        return StepNumbers(step.gpu_step_s, e1 - e0, step.instruction_span_s,
+                           non_instruction_s=step.non_instruction_gpu_s, non_instruction_energy_j=e1 - e_tail,
+                           instructions=timed, gpu_time=True, start_s=first)
+
+    def close(self) -> None:
+        with self.lock:
+            self._requests.live = False
+        self.follower.close()
+
+
+class HostSteps:
+    """Host timestamps for a GPU without a timeline (the synchronous simulated GPU: its kernels
+    run inside the hooks, so host time is GPU time); energy from the poller's updates too."""
+
+    def __init__(self, energy: EnergySource, clock: Callable[[], float]) -> None:
+        self._energy = energy
+        self._clock = clock
+        self._t0 = self._first_begin = self._last_end = 0.0
+        self._begun = False
+
+    def step_begin(self) -> None:
+        self._t0 = self._first_begin = self._last_end = self._clock()
+        self._begun = False
+
+    def begin(self) -> None:
+        """An instruction begins: the first one starts the span (host work before it is not the plan's)."""
+        if not self._begun:
+            self._first_begin = self._clock()
+            self._begun = True
+
+    def end(self) -> None:
+        self._last_end = self._clock()
+
+    def step_end(self) -> StepNumbers:
+        t1 = self._clock()
+        updates = self._energy.since(self._t0)
+        energy = energy_at(updates, t1) - energy_at(updates, self._t0)
+        if math.isnan(energy):
+            energy = 0.0
+        return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._first_begin, 1e-9),
+                           until_last_end_s=max(self._last_end - self._t0, 1e-9))
+
+
+class InstructionTimerLike(Protocol):
+    """The GPU layer's ``InstructionTimer`` (profiling without a GPU timeline)."""
+
+    def begin(self, key: Hashable) -> None: ...
+
+    def end(self) -> None: ...
+
+    def resolve(self) -> list[TimedInstruction]: ...
+
+
+class StepClock:
+    """What the engine's hooks call to time steps: the GPU timeline where there is one, host time
+    (and the simulated GPU's kernel timer while profiling) otherwise; ``step_end`` gives the step's
+    ``StepNumbers`` either way, its instructions timed one by one while ``profiling``."""
+
+    def __init__(self, timeline: GPUTimeline | None, host: HostSteps, timer: InstructionTimerLike) -> None:
+        self.timeline = timeline
+        self.host = host
+        self.timer = timer
+
+    def step_begin(self) -> None:
+        self.host.step_begin()  # no energy read: the poller thread's updates
+        if self.timeline is not None:
+            self.timeline.step_begin()
+
+    def begin(self, key: Hashable, profiling: bool) -> None:
+        if self.timeline is not None:  # after the clock request: the timer shares its begin event
+            self.timeline.begin(key, profiling)
+            return
+        self.host.begin()
+        if profiling:
+            self.timer.begin(key)
+
+    def end(self, profiling: bool) -> None:
+        if self.timeline is not None:
+            self.timeline.end(profiling)
+            return
+        if profiling:
+            self.timer.end()
+        self.host.end()
+
+    def step_end(self, profiling: bool) -> StepNumbers:
+        """The step's numbers: the GPU's (waiting for its end event: work already queued, never a
+        device sync) where there is a timeline and the step settled, else the host's."""
+        host = self.host.step_end()
+        numbers = self.timeline.step_end() if self.timeline is not None else None
+        if numbers is not None:
+            return StepNumbers(**{**vars(numbers), "host_s": host.time_s})
+        timed = tuple(self.timer.resolve()) if profiling else ()
+        return StepNumbers(host.time_s, host.energy_j, host.span_s, until_last_end_s=host.until_last_end_s,
+                           instructions=timed, host_s=host.time_s)
+
+    def discard(self) -> None:
+        """Forget instructions timed so far (profiling starts)."""
+        self.timer.resolve()
+
+
+class InertSteps(StepClock):
+    """A disabled runtime's: its hooks time nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(None, HostSteps(_NoEnergy(), lambda: 0.0), _NoTimer())
+
+    def begin(self, key: Hashable, profiling: bool) -> None:
+        pass
+
+    def end(self, profiling: bool) -> None:
+        pass
+
+
+class _NoEnergy:
+    def since(self, t_s: float) -> list[CounterUpdate]:
+        return []
+
+
+class _NoTimer:
+    def begin(self, key: Hashable) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def resolve(self) -> list[TimedInstruction]:
+        return []

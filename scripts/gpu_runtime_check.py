@@ -1,0 +1,254 @@
+"""Read-only, measure-only check of the runtime's GPU-time machinery on a real GPU (issue 33).
+
+    python scripts/gpu_runtime_check.py [--index 0] [--steps 16]
+
+Prints one JSON object with the keys of ``benchmarks/bench_fidelity.py --json`` that a real card
+can measure, for a GPT-like pipeline stage (``gpu_check_cuda.Stage``) run in 1F1B order, the host
+never synchronizing inside a step:
+
+- ``step_time_ratio``: the runtime's step time (its ``StepNumbers.time_s``: first instruction
+  begin to the step's end event) over the same span timed by CUDA events of this script;
+- ``energy_step_ratio``: the runtime's per-step energy (the poller's counter updates, read as the
+  step ends: the last interval's power past the last update, corrected at the next step) summed
+  over the steps, over the NVML counter interpolated offline over the same GPU windows;
+- ``training_thread_nvml_reads``: energy-counter reads made on the training thread (0);
+- ``training_thread_us_per_instruction``: the training thread's CPU time in the runtime's
+  instruction hooks as a deployed plan runs them (a clock request hung on the stream, one
+  recycled event per instruction);
+- ``own_clock_share``: the share of instructions whose planned clock was the last one the runtime
+  *would* have sent before the GPU began them (requests go to a recording sink; no clock changes),
+  judged by CUDA events mapped to the host clock through an anchor recorded after a device sync.
+
+Nothing here changes a clock, a power limit, persistence or compute mode: NVML is opened through
+``perseus.gpu.nvml_readonly.ReadOnlyNVML``, which refuses every set/reset call. The runtime's
+``perseus.runtime`` package needs pydantic; this script loads only the runtime module that holds
+the GPU timeline (``perseus/runtime/port/gpu_timeline.py``, which imports the GPU layer only) and
+wires it as ``GPUPort.open_timeline`` does: ``CudaEventRecorder(enable_timing=True)``,
+``CudaTimeline``, the port's ``EnergyPoller`` (20 polls per counter period) and a request sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+for _p in (str(SCRIPTS.parent), str(SCRIPTS)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402
+
+PLANNED_CLOCKS = (1980, 1755, 1530, 1305)  # labels only: nothing is ever set
+
+
+def load_gpu_timeline() -> Any:
+    """``perseus/runtime/port/gpu_timeline.py`` as a module of its own (``perseus.runtime``'s
+    package needs pydantic, which the device may not have)."""
+    path = SCRIPTS.parent / "perseus" / "runtime" / "port" / "gpu_timeline.py"
+    spec = importlib.util.spec_from_file_location("perseus_gpu_timeline_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def runtime_importable() -> str:
+    try:
+        import perseus.runtime  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return f"no ({type(exc).__name__}: {exc})"
+    return "yes"
+
+
+class ReadOnlyEnergy:
+    """The energy counter through read-only NVML, counting reads per thread."""
+
+    def __init__(self, nv: ReadOnlyNVML, handle: Any) -> None:
+        self._nv, self._handle = nv, handle
+        self.reads: Counter[int] = Counter()
+        self.name = "nvml"
+
+    def total_energy_j(self) -> float:
+        self.reads[threading.get_ident()] += 1
+        return float(self._nv.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1e3
+
+
+class SyncAnchoredTimeline:
+    """CUDA events on the host clock through one anchor event recorded right after a device sync
+    (the truth for judging; the runtime's ``CudaTimeline`` anchors on the follower's sighting)."""
+
+    def __init__(self, torch: Any) -> None:
+        torch.cuda.synchronize()
+        self.anchor = torch.cuda.Event(enable_timing=True)
+        self.anchor.record()
+        self.anchor.synchronize()
+        self.t0 = time.monotonic()
+
+    def host(self, event: Any) -> float:
+        return self.t0 + float(self.anchor.elapsed_time(event)) / 1e3
+
+    def anchor_time(self, anchor: Any, seen_s: float) -> float:
+        return self.host(anchor)
+
+    def seconds_between(self, earlier: Any, later: Any) -> float:
+        return float(earlier.elapsed_time(later)) / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--index", type=int, default=0, help="CUDA device index")
+    ap.add_argument("--steps", type=int, default=16, help="steps per part (two parts)")
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args()
+    out: dict[str, Any] = {"runtime_importable": runtime_importable()}
+    try:
+        import torch
+    except ImportError as exc:
+        print(json.dumps({**out, "error": f"torch is needed ({exc})"}))
+        return 2
+    if not torch.cuda.is_available():
+        print(json.dumps({**out, "error": "no CUDA device visible to torch"}))
+        return 2
+    import pynvml
+
+    import gpu_check_nvml as nvml_parts
+    from gpu_check_cuda import Stage, StageConfig
+
+    from perseus.gpu.gpu_time import CudaTimeline, SimTimeline  # noqa: F401 - the runtime's timelines
+    from perseus.gpu.measurement import EnergyPoller, counter_period_s, poll_interval_s
+    from perseus.gpu.stream_follow import CudaEventRecorder
+
+    gt = load_gpu_timeline()
+    nv = ReadOnlyNVML(pynvml)
+    nv.nvmlInit()
+    try:
+        handle, nvml_index = nvml_parts.open_handle(nv, args.index)
+        out["device"] = nvml_parts.identity(nv, handle, nvml_index)
+        torch.cuda.set_device(args.index)
+        dev = torch.device("cuda", args.index)
+        stage = Stage(StageConfig(layers=args.layers), dev, torch.bfloat16)
+        order = stage.order
+        energy = ReadOnlyEnergy(nv, handle)
+        poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]
+        sent: list[tuple[float, int]] = []
+
+        def sink(mhz: int, at: float | None) -> None:  # the controller the runtime would have: records only
+            sent.append((time.monotonic(), mhz))
+
+        def step(timeline: Any, plan: list[int] | None, planned_s: list[float] | None, each: bool,
+                 hook_cpu: list[float], begins: list[float] | None = None) -> Any:
+            timeline.step_begin()
+            for i, inst in enumerate(order):
+                if begins is not None:
+                    begins.append(time.monotonic())
+                c0 = time.thread_time()
+                if plan is not None:
+                    timeline.clock(plan[i], planned_s[i] if planned_s is not None else None)
+                timeline.begin(inst.kind.value, each)
+                c1 = time.thread_time()
+                stage.run(inst)
+                c2 = time.thread_time()
+                timeline.end(each)
+                hook_cpu.append((c1 - c0) + (time.thread_time() - c2))
+            if plan is not None:
+                timeline.ahead(plan[0])
+            stage.tail()
+            numbers = timeline.step_end()
+            stage.zero_grad()
+            return numbers
+
+        # warm-up: planned durations per kind, as a profile would give them
+        warm = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), CudaTimeline(), poller, sink,
+                              instructions=len(order))
+        durations: dict[str, list[float]] = {}
+        for _ in range(3):
+            n = step(warm, None, None, True, [])
+            for t in n.instructions if n is not None else ():
+                if t.key in ("forward", "backward"):
+                    durations.setdefault(t.key, []).append(t.duration_s)
+        warm.close()
+        typical = {k: statistics.median(v) for k, v in durations.items()}
+        rng = random.Random(0)
+        plan = [rng.choice(PLANNED_CLOCKS) for _ in order]
+        planned_s = [typical[inst.kind.value] for inst in order]
+
+        # part 1: a deployed plan's hot path as the runtime runs it; step time and energy
+        timeline = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), CudaTimeline(), poller, sink,
+                                  instructions=len(order))
+        hook_cpu: list[float] = []
+        truth: list[tuple[Any, Any]] = []
+        steps: list[Any] = []
+        for s in range(args.steps):
+            t0 = torch.cuda.Event(enable_timing=True)
+            t1 = torch.cuda.Event(enable_timing=True)
+            t0.record()
+            if s == args.steps // 4:
+                hook_cpu.clear()  # the event pool has filled
+            n = step(timeline, plan, planned_s, False, hook_cpu)
+            # t1 after the step: its end event is the runtime's; this one follows it at once
+            t1.record()
+            truth.append((t0, t1))
+            steps.append(n)
+        torch.cuda.synchronize()
+        time.sleep(0.25)  # the counter's next updates, for the offline reading
+        updates = poller.updates()
+        ratios, rt_e, nvml_e = [], 0.0, 0.0
+        for (t0, t1), n in list(zip(truth, steps))[2:]:
+            if n is None:
+                continue
+            ratios.append(n.time_s / (t0.elapsed_time(t1) / 1e3))
+            rt_e += n.energy_j
+            nvml_e += gt.energy_at(updates, n.start_s + n.time_s) - gt.energy_at(updates, n.start_s)
+        timeline.close()
+        out["step_time_ratio"] = statistics.median(ratios) if ratios else None
+        out["counter_period_s"] = counter_period_s(updates)
+
+        # part 2: where the requests the runtime would send land, judged by sync-anchored events
+        anchored = SyncAnchoredTimeline(torch)
+        judged = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), anchored, poller, sink,
+                                instructions=len(order))
+        sent.clear()
+        own = total = 0
+        ahead: list[int] = []
+        for _ in range(args.steps):
+            begins: list[float] = []
+            n = step(judged, plan, planned_s, True, [], begins)
+            if n is None:
+                continue
+            gpu_begins = [t.start_s for t in n.instructions if t.key in ("forward", "backward")]
+            times = [t for t, _ in sent]
+            for i, (b, mhz) in enumerate(zip(gpu_begins, plan)):
+                k = max((j for j, t in enumerate(times) if t <= b), default=None)
+                own += k is not None and sent[k][1] == mhz
+                total += 1
+                ahead.append(sum(1 for g in gpu_begins[:i] if g > begins[i]))
+        judged.close()
+        poller.stop()
+        out.update({
+            "own_clock_share": own / total if total else None,
+            "energy_step_ratio": rt_e / nvml_e if nvml_e > 0 else None,
+            "training_thread_nvml_reads": energy.reads[threading.get_ident()],
+            "training_thread_us_per_instruction": statistics.mean(hook_cpu) * 1e6 if hook_cpu else None,
+            "host_ahead_instructions_median": statistics.median(ahead) if ahead else None,
+            "steps": args.steps,
+            "planned_instruction_ms": {k: v * 1e3 for k, v in typical.items()},
+        })
+    finally:
+        nv.nvmlShutdown()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
