@@ -83,6 +83,10 @@ class ReadOnlyEnergy:
         self.reads[threading.get_ident()] += 1
         return float(self._nv.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1e3
 
+    def energy_counter_reading(self) -> tuple[float, float | None]:
+        """What the poller reads (``GPUDevice.energy_counter_reading``): a real counter has no stamp."""
+        return self.total_energy_j(), None
+
 
 class SyncAnchoredTimeline:
     """CUDA events on the host clock through one anchor event recorded right after a device sync
@@ -142,6 +146,7 @@ def main() -> int:
         energy = ReadOnlyEnergy(nv, handle)
         poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]
         sent: list[tuple[float, int]] = []
+        split: dict[str, list[float]] = {"clock": [], "begin": [], "end": []}
 
         def sink(mhz: int, at: float | None) -> None:  # the controller the runtime would have: records only
             sent.append((time.monotonic(), mhz))
@@ -155,12 +160,17 @@ def main() -> int:
                 c0 = time.thread_time()
                 if plan is not None:
                     timeline.clock(plan[i], planned_s[i] if planned_s is not None else None)
+                cc = time.thread_time()
                 timeline.begin(inst.kind.value, each)
                 c1 = time.thread_time()
                 stage.run(inst)
                 c2 = time.thread_time()
                 timeline.end(each)
-                hook_cpu.append((c1 - c0) + (time.thread_time() - c2))
+                c3 = time.thread_time()
+                hook_cpu.append((c1 - c0) + (c3 - c2))
+                split["clock"].append(cc - c0)
+                split["begin"].append(c1 - cc)
+                split["end"].append(c3 - c2)
             if plan is not None:
                 timeline.ahead(plan[0])
             stage.tail()
@@ -195,6 +205,8 @@ def main() -> int:
             t0.record()
             if s == args.steps // 4:
                 hook_cpu.clear()  # the event pool has filled
+                for v in split.values():
+                    v.clear()
             n = step(timeline, plan, planned_s, False, hook_cpu)
             # t1 after the step: its end event is the runtime's; this one follows it at once
             t1.record()
@@ -212,6 +224,7 @@ def main() -> int:
             nvml_e += gt.energy_at(updates, n.start_s + n.time_s) - gt.energy_at(updates, n.start_s)
         timeline.close()
         out["step_time_ratio"] = statistics.median(ratios) if ratios else None
+        out["hook_split_us"] = {k: statistics.mean(v) * 1e6 for k, v in split.items() if v}
         out["counter_period_s"] = counter_period_s(updates)
 
         # part 2: where the requests the runtime would send land, judged by sync-anchored events
@@ -244,10 +257,63 @@ def main() -> int:
             "steps": args.steps,
             "planned_instruction_ms": {k: v * 1e3 for k, v in typical.items()},
         })
+        out["hot_path_breakdown_us"] = hot_path_breakdown(torch)
     finally:
         nv.nvmlShutdown()
     print(json.dumps(out))
     return 0
+
+
+def hot_path_breakdown(torch: Any, n: int = 2000) -> dict[str, float]:
+    """Host CPU time (µs) of the calls the hot path makes, each alone, on an idle stream and with a
+    thread polling ``event.query()`` every 50 µs beside it (the follower): what the per-instruction
+    cost is made of, and whether the follower's polling (the GIL) inflates it."""
+    from perseus.gpu.stream_follow import CudaEventRecorder, FollowMechanism, StreamFollower
+
+    def cpu_us(fn: Any) -> float:
+        c = time.thread_time()
+        for _ in range(n):
+            fn()
+        return (time.thread_time() - c) / n * 1e6
+
+    def wall_us(fn: Any) -> float:
+        c = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - c) / n * 1e6
+
+    reused = torch.cuda.Event(enable_timing=True)
+    plain = torch.cuda.Event()
+    pool = CudaEventRecorder(enable_timing=True)
+    cases = {
+        "new timing event + record": lambda: torch.cuda.Event(enable_timing=True).record(),
+        "reused timing event record": reused.record,
+        "reused plain event record": plain.record,
+        "event query": reused.query,
+        "pooled record + recycle": lambda: pool.recycle(pool.record()),
+        "perf_counter": time.perf_counter,
+    }
+    out: dict[str, float] = {}
+    torch.cuda.synchronize()
+    for name, fn in cases.items():
+        out[f"{name} (cpu)"] = cpu_us(fn)
+        out[f"{name} (wall)"] = wall_us(fn)
+    follower = StreamFollower(FollowMechanism.POLL)
+    busy = torch.cuda.Event()
+    try:
+        x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        for _ in range(200):  # keep the stream busy so the follower polls a pending event
+            x = x @ x
+            x = x / x.norm()
+        busy.record()
+        follower.follow(busy, lambda s: None)
+        for name in ("reused timing event record", "perf_counter"):
+            out[f"{name} beside a polling follower (cpu)"] = cpu_us(cases[name])
+            out[f"{name} beside a polling follower (wall)"] = wall_us(cases[name])
+    finally:
+        torch.cuda.synchronize()
+        follower.close()
+    return out
 
 
 if __name__ == "__main__":
