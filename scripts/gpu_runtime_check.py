@@ -114,6 +114,9 @@ def main() -> int:
     ap.add_argument("--index", type=int, default=0, help="CUDA device index")
     ap.add_argument("--steps", type=int, default=16, help="steps per part (two parts)")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=4096, help="a small stage (e.g. 256) is host-bound: the launch "
+                    "queue never fills, so the hooks' cost is theirs alone, not the wait for queue space")
+    ap.add_argument("--seq", type=int, default=2048)
     args = ap.parse_args()
     out: dict[str, Any] = {"runtime_importable": runtime_importable()}
     try:
@@ -141,7 +144,8 @@ def main() -> int:
         out["device"] = nvml_parts.identity(nv, handle, nvml_index)
         torch.cuda.set_device(args.index)
         dev = torch.device("cuda", args.index)
-        stage = Stage(StageConfig(layers=args.layers), dev, torch.bfloat16)
+        stage = Stage(StageConfig(layers=args.layers, hidden=args.hidden, heads=max(1, args.hidden // 128), seq=args.seq),
+                      dev, torch.bfloat16)
         order = stage.order
         energy = ReadOnlyEnergy(nv, handle)
         poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]
@@ -257,6 +261,29 @@ def main() -> int:
             "steps": args.steps,
             "planned_instruction_ms": {k: v * 1e3 for k, v in typical.items()},
         })
+        try:  # part 3 must not lose parts 1 and 2
+            # part 3: the step's host time with the deployed hot path against none (host-bound: the cost)
+            bare: list[float] = []
+            hooked: list[float] = []
+            cost_tl = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), CudaTimeline(), poller, sink,
+                                     instructions=len(order))
+            for s in range(2 * args.steps):
+                torch.cuda.synchronize()
+                w0 = time.perf_counter()
+                if s % 2:
+                    step(cost_tl, plan, planned_s, False, [])
+                else:
+                    for inst in order:
+                        stage.run(inst)
+                    stage.tail()
+                    stage.zero_grad()
+                torch.cuda.synchronize()
+                (hooked if s % 2 else bare).append(time.perf_counter() - w0)
+            cost_tl.close()
+            out["step_wall_with_hooks_vs_without"] = statistics.median(hooked) / statistics.median(bare)
+            out["step_wall_ms_without_hooks"] = statistics.median(bare) * 1e3
+        except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the rest still runs
+            out["step_wall_error"] = f"{type(exc).__name__}: {exc}"
         out["hot_path_breakdown_us"] = hot_path_breakdown(torch)
     finally:
         nv.nvmlShutdown()
