@@ -86,7 +86,7 @@ class PerseusRuntime:
         # (port/gpu_timeline.py); host time for the synchronous simulated GPU. Energy: the poller's.
         timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
                                           len(self.schedule.stages[job.stage]))
-        self.steps = StepClock(timeline, HostSteps(self.gpu.energy_source(), monotonic), self.gpu.instruction_timer())
+        self.steps = StepClock(timeline, HostSteps(self.gpu.energy_source(), monotonic, self.gpu.direct_energy_reader()), self.gpu.instruction_timer())
         # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
         self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides or timeline is not None)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from time import monotonic
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.errors import SIM_FIX, GPUError
@@ -247,6 +247,16 @@ class GPUPort:
         if self.is_simulated:
             return SimulatedKernelTimer(self.sim_device)
         return make_instruction_timer(prefer_cuda=True)
+
+    def direct_energy_reader(self) -> Callable[[], float] | None:
+        """The synchronous simulated GPU's counter, read at step boundaries on the training thread:
+        a shared-memory read, not NVML, and its kernels run inside the hooks, so host time is its
+        time (steps shorter than the poller's period would read no energy from the poller). None
+        for every other device: their energy comes from the poller thread only."""
+        sim = self.sim_device if self.is_simulated else None
+        if sim is None or sim.asynchronous:
+            return None
+        return sim.total_energy_j
 
     def energy_source(self) -> EnergyPoller:
         """The port's own energy poller, started on first use: every energy read is on its thread

@@ -261,14 +261,18 @@ class HostSteps:
     """Host timestamps for a GPU without a timeline (the synchronous simulated GPU: its kernels
     run inside the hooks, so host time is GPU time); energy from the poller's updates too."""
 
-    def __init__(self, energy: EnergySource, clock: Callable[[], float]) -> None:
+    def __init__(self, energy: EnergySource, clock: Callable[[], float],
+                 read_now: Callable[[], float] | None = None) -> None:
         self._energy = energy
         self._clock = clock
-        self._t0 = self._first_begin = self._last_end = 0.0
+        self._read_now = read_now  # the synchronous simulator's counter (GPUPort.direct_energy_reader)
+        self._t0 = self._first_begin = self._last_end = self._e0 = 0.0
         self._begun = False
 
     def step_begin(self) -> None:
         self._t0 = self._first_begin = self._last_end = self._clock()
+        if self._read_now is not None:
+            self._e0 = self._read_now()
         self._begun = False
 
     def begin(self) -> None:
@@ -282,10 +286,13 @@ class HostSteps:
 
     def step_end(self) -> StepNumbers:
         t1 = self._clock()
-        updates = self._energy.since(self._t0)
-        energy = energy_at(updates, t1) - energy_at(updates, self._t0)
-        if math.isnan(energy):
-            energy = 0.0
+        if self._read_now is not None:
+            energy = self._read_now() - self._e0
+        else:
+            updates = self._energy.since(self._t0)
+            energy = energy_at(updates, t1) - energy_at(updates, self._t0)
+            if math.isnan(energy):
+                energy = 0.0
         return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._first_begin, 1e-9),
                            until_last_end_s=max(self._last_end - self._t0, 1e-9))
 
