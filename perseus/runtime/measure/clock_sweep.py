@@ -27,7 +27,7 @@ leaves it with the measurements and the next run resumes (docs/runtime.md).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence, TypeVar
 
 from perseus.errors import ConfigError
 
@@ -200,14 +200,17 @@ class ClockSweep:
         self.iters_done, self.iters_target = 0, self.iters_per_freq
 
 
-def energy_rose(previous: Mapping[object, float] | None, current: Mapping[object, float]) -> bool:
+K = TypeVar("K", bound=Hashable)
+
+
+def energy_rose(previous: Mapping[K, float] | None, current: Mapping[K, float]) -> bool:
     """True when every key's energy is higher now than at the previous clock."""
     if not previous or not current:
         return False
     return all(key in previous and current[key] > previous[key] for key in current)
 
 
-def energy_stopped_falling(lowest: Mapping[object, float] | None, current: Mapping[object, float]) -> bool:
+def energy_stopped_falling(lowest: Mapping[K, float] | None, current: Mapping[K, float]) -> bool:
     """True when no key's energy is below its lowest at the clocks before (no new minimum)."""
     if not lowest or not current:
         return False

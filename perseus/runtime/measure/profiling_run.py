@@ -60,9 +60,9 @@ class ProfilingRun:
         under load from warm-up, ``clocks`` where the reasons seen at each clock come from."""
         c = config
         freqs = select_frequencies(gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
-        self.start = agree_start(collective, sustained, freqs)
+        self.sweep_start = agree_start(collective, sustained, freqs)
         self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience, c.coarse_step_mhz, c.refine_max_clocks,
-                                start_mhz=self.start.start_mhz, anchors=self.start.anchors)
+                                start_mhz=self.sweep_start.start_mhz, anchors=self.sweep_start.anchors)
         self.sustained = sustained
         self.reasons: dict[int, tuple[str, ...]] = {}  # clock -> reason names seen while measured there
         self._clocks = clocks
@@ -219,7 +219,7 @@ class ProfilingRun:
         if len(sweep.refined) >= sweep.refine_max:
             return
         failing: set[int] = set()
-        own = self.start.own_mhz
+        own = self.sweep_start.own_mhz
         for measured in self.recorder.measurements.values():
             # above this rank's sustained clock the card ran at that one: nothing to interpolate there
             per_freq = {f: p for f, p in measured.items() if own is None or f <= own}
@@ -259,7 +259,7 @@ class ProfilingRun:
     def measurements(self, job: PipelineJob, gpu_name: str) -> RankMeasurements:
         """This rank's share of the profile, for the gather to rank 0: the clocks above its
         sustained one equal to it, with the reasons warm-up saw (the unlocked card under load)."""
-        own, grid = self.start.own_mhz, self.sweep.frequencies
+        own, grid = self.sweep_start.own_mhz, self.sweep.frequencies
         reasons = dict(self.reasons)
         if own is not None:
             reasons.update({f: tuple(reason_names(self.sustained.reasons)) for f in grid if f > own})
