@@ -489,6 +489,6 @@ class FrequencyController:
             os.kill(os.getpid(), signum)
 
 
-def make_controller(spec: GPUSpec, *, enabled: bool = True, **kwargs: Any) -> ClockController:
+def make_controller(spec: GPUSpec, *, enabled: bool = True, **kwargs: Any) -> FrequencyController | NullController:
     """``enabled=False`` → measure-only ``NullController`` (no process, no privileges)."""
     return FrequencyController(spec, **kwargs) if enabled else NullController()

@@ -24,12 +24,14 @@ import bisect
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from perseus.gpu.clock_samples import ClockSample
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError
 from perseus.gpu.timing import TimedInstruction
@@ -54,10 +56,15 @@ class EnergyPoller:
 
     Run it as a background thread (``start``/``stop``, or ``with``) or call ``poll_once`` yourself
     (virtual-time tests). Polling costs one counter read per ``interval_s``.
+
+    With ``clocks``, each poll also samples the SM clock and clock-event reasons, at most every
+    ``clock_every_s`` (``clock_samples.py``): this thread is the only one that reads the device
+    after start-up, so the training thread never pays for it. The newest ``clock_keep`` are kept.
     """
 
     def __init__(self, device: GPUDevice, interval_s: float = 0.002,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, *, clocks: bool = False,
+                 clock_every_s: float = 0.01, clock_keep: int = 4096) -> None:
         self.device = device
         self.interval_s = interval_s
         self._clock = clock
@@ -69,6 +76,10 @@ class EnergyPoller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.polls = 0
+        self._clocks = clocks
+        self._clock_every_s = clock_every_s
+        self._next_clock_t = -math.inf
+        self._clock_samples: deque[ClockSample] = deque(maxlen=clock_keep)
 
     def poll_once(self) -> CounterUpdate | None:
         e, stamp = self.device.energy_counter_reading()  # a stamp: the device knows when it advanced (the simulator)
@@ -89,7 +100,28 @@ class EnergyPoller:
             with self._lock:
                 self._updates.append(update)
         self._last_t, self._last_e = t, e
+        if self._clocks and t >= self._next_clock_t:
+            self._next_clock_t = t + self._clock_every_s
+            self._sample_clock(t)
         return update
+
+    def _sample_clock(self, t: float) -> None:
+        try:
+            mhz = self.device.current_sm_clock_mhz()
+            reasons = self.device.clock_event_reasons() if mhz is not None else frozenset()
+        except GPUError:
+            mhz = None
+        if mhz is None:  # the backend cannot tell (or failed): no samples, the sustained clock stays unknown
+            self._clocks = False
+            return
+        sample = ClockSample(t, int(mhz), reasons)
+        with self._lock:
+            self._clock_samples.append(sample)
+
+    def clock_samples(self, since_s: float = -math.inf) -> list[ClockSample]:
+        """The clock samples taken at or after ``since_s`` (the poller's clock)."""
+        with self._lock:
+            return [s for s in self._clock_samples if s.t_s >= since_s]
 
     def _run(self) -> None:
         # The first (baseline) read happens here too: every read is on this thread, none on the

@@ -9,6 +9,7 @@ from perseus.profile.model import (
     PROFILE_VERSION,
     PROFILE_VERSIONS,
     QUALITY_FIELDS,
+    ClockNote,
     InstructionProfile,
     Profile,
     fuse_forward_backward,
@@ -22,6 +23,6 @@ from perseus.profile.model import (
     uniform_profile,
 )
 
-__all__ = ["CSV_COLUMNS", "PROFILE_FORMAT", "PROFILE_VERSION", "PROFILE_VERSIONS", "QUALITY_FIELDS", "InstructionProfile",
+__all__ = ["CSV_COLUMNS", "PROFILE_FORMAT", "PROFILE_VERSION", "PROFILE_VERSIONS", "QUALITY_FIELDS", "ClockNote", "InstructionProfile",
            "Profile", "fuse_forward_backward", "load_csv", "load_json", "load_profile", "profile_from_json_dict", "required_kinds",
            "split_backward", "split_into_chunks", "uniform_profile"]

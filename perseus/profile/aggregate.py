@@ -16,6 +16,13 @@ non-increasing in clock, the planner gets the pessimistic fitted time (fit + ``n
 standard errors below the max clock), and the clocks of ``grid`` between measured ones are
 interpolated where the model predicted the measured neighbours within their noise. Raw times,
 samples, spread, fit residuals and which clocks were interpolated are kept in ``Profile.quality``.
+
+Clocks above a stage's sustained clock (the clock its unlocked GPUs ran at under this load, the
+highest of its GPUs') were not profiled: each rank sends them as copies of its sustained clock's
+point, and here they are left out of the fit and set equal to the sustained clock's final entry
+(``Profile.clock_notes`` flags them), so the all-max point is the unlocked card under this load.
+The clock-event reasons each rank saw at each clock are kept per (stage, clock), the union over
+the stage's GPUs.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from statistics import fmean
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from perseus.errors import ProfileError
-from perseus.profile import InstructionProfile, Profile
+from perseus.profile import ClockNote, InstructionProfile, Profile
 from perseus.profile.fit import (fit_weights, interpolation_ok, isotonic_times, loo_errors, model_between,
                                  pessimistic_times)
 
@@ -68,6 +75,21 @@ class RankMeasurements:
     p_blocking_w: float | None = None
     gpu_name: str = "unknown"
     extra: dict[str, Any] = field(default_factory=dict)
+    # The clock this GPU sustained under the load (None: unknown, measured from the top), and the
+    # clock-event reason names seen at each clock (those above the sustained one: warm-up's).
+    sustained_mhz: int | None = None
+    reasons: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+
+def combine_clocks(members: Sequence[RankMeasurements]) -> tuple[int | None, dict[int, tuple[str, ...]]]:
+    """GPUs of one stage: the highest sustained clock (unknown if any GPU's is), reasons united."""
+    known = [m.sustained_mhz for m in members]
+    sustained = None if not known or any(f is None for f in known) else max(f for f in known if f is not None)
+    reasons: dict[int, set[str]] = {}
+    for m in members:
+        for f, names in m.reasons.items():
+            reasons.setdefault(int(f), set()).update(names)
+    return sustained, {f: tuple(sorted(names)) for f, names in reasons.items()}
 
 
 def _combine(parts: list[Measurements], time_rule: str, energy_rule: str) -> Measurements:
@@ -96,10 +118,15 @@ def _combine(parts: list[Measurements], time_rule: str, energy_rule: str) -> Mea
     return out
 
 
-def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k: float = 2.0
-                  ) -> tuple[InstructionProfile, dict[str, list[Any]]]:
+def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k: float = 2.0,
+                  equal_above: int | None = None) -> tuple[InstructionProfile, dict[str, list[Any]]]:
     """One key's measured clocks → its planning entry (pessimistic fitted times, interpolated
-    grid clocks where validated) and its quality lists, fastest clock first."""
+    grid clocks where validated) and its quality lists, fastest clock first. Clocks above
+    ``equal_above`` (the sustained clock, when measured) are not fitted: each gets its entry."""
+    copies: list[int] = []
+    if equal_above is not None and equal_above in per_freq:
+        copies = sorted((f for f in per_freq if f > equal_above), reverse=True)
+        per_freq = {f: p for f, p in per_freq.items() if f <= equal_above}
     freqs = sorted(per_freq, reverse=True)
     pts = [as_point(per_freq[f]) for f in freqs]
     raw = [p.time_s for p in pts]
@@ -125,6 +152,9 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
                            "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True}
     order = sorted(rows, reverse=True)
     times = pessimistic_times([rows[f]["time"] for f in order], [rows[f]["se_s"] for f in order], noise_k)
+    # the copies above the sustained clock: its row and final time, exactly
+    order, times = copies + order, [times[0]] * len(copies) + times
+    rows.update({f: rows[freqs[0]] for f in copies})
     quality = {name: [rows[f][name] for f in order]
                for name in ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated")}
     entry = InstructionProfile(tuple(order), tuple(times), tuple(rows[f]["energy_j"] for f in order))
@@ -146,27 +176,41 @@ def aggregate_profile(
     for r in ranks:
         by_replica.setdefault((r.stage, r.dp_rank), []).append(r)
     per_stage: dict[int, list[Measurements]] = {}
+    stage_ranks: dict[int, list[RankMeasurements]] = {}
     for (stage, _), members in sorted(by_replica.items()):
         members.sort(key=lambda r: r.tp_rank)
         per_stage.setdefault(stage, []).append(_combine([m.measurements for m in members], "max", "sum"))
+        stage_ranks.setdefault(stage, []).extend(members)
     missing = [s for s in range(num_stages) if s not in per_stage]
     if missing:
         raise ProfileError(f"online profile: no measurements from stage(s) {missing}; did every rank profile?")
     entries: dict[tuple[int, int, str], InstructionProfile] = {}
     quality: dict[tuple[int, int, str], dict[str, list[Any]]] = {}
+    notes: dict[tuple[int, int], ClockNote] = {}
+    sustained_mhz: dict[int, int] = {}
     for stage, replicas in per_stage.items():
         combined = _combine(replicas, "mean", "mean")
+        sustained, reasons = combine_clocks(stage_ranks[stage])
         for (chunk, kind), per_freq in combined.items():
             if not per_freq:
                 raise ProfileError(f"online profile: stage {stage} {kind} chunk {chunk} has no clock measured on every rank")
-            entries[(stage, chunk, kind)], quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k)
+            entries[(stage, chunk, kind)], quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k,
+                                                                                         sustained)
+        clocks = {f for (s, _, _), e in entries.items() if s == stage for f in e.freqs_mhz}
+        if sustained is not None and sustained in clocks:
+            sustained_mhz[stage] = sustained
+        for f in sorted(clocks):
+            equal = sustained if stage in sustained_mhz and sustained is not None and f > sustained else None
+            if f in reasons or equal is not None:
+                notes[(stage, f)] = ClockNote(frozenset(reasons.get(f, ())), equal)
     if p_blocking_override_w is not None:
         p_blocking: float | None = p_blocking_override_w * tp_size
     else:
         measured = [r.p_blocking_w for r in ranks if r.p_blocking_w is not None]
         p_blocking = fmean(measured) * tp_size if measured else None
     gpu_names = sorted({r.gpu_name for r in ranks})
-    return Profile(entries, p_blocking, " / ".join(gpu_names), dict(config or {}), "online profile", quality)
+    return Profile(entries, p_blocking, " / ".join(gpu_names), dict(config or {}), "online profile", quality,
+                   notes, sustained_mhz)
 
 
 def noisy_points(profile: Profile) -> list[str]:
@@ -201,8 +245,10 @@ def combine_tensor_parallel(members: Sequence[RankMeasurements]) -> RankMeasurem
     first = members[0]
     measured = [m.p_blocking_w for m in members if m.p_blocking_w is not None]
     names = sorted({m.gpu_name for m in members})
+    sustained, reasons = combine_clocks(members)
     return RankMeasurements(first.stage, 0, first.dp_rank, _combine([m.measurements for m in members], "max", "sum"),
-                            fmean(measured) if measured else None, " / ".join(names))
+                            fmean(measured) if measured else None, " / ".join(names), sustained_mhz=sustained,
+                            reasons=reasons)
 
 
 def replica_vector(measurements: Measurements, keys: Sequence[tuple[int, str]], grid: Sequence[int]) -> list[float]:

@@ -12,6 +12,15 @@ error, the isotonic fit and each point's disagreement with it, and whether the c
 interpolated rather than measured. Its times are the pessimistic fitted times the planner
 should use (``perseus.profile.fit``). JSON version 2 carries it; version 1 files (no quality)
 still load, and a profile without quality is still written as version 1.
+
+An online profile also keeps, per (stage, clock), what the card reported there
+(``Profile.clock_notes``, a ``ClockNote``): the clock-event reasons seen while it ran (NVML's
+names, e.g. ``sw_power_cap``), and for clocks above the stage's sustained clock (the clock the
+unlocked card ran at under this load: locking higher changes nothing) that the point was not
+profiled but recorded equal to the sustained clock's measurement (``equal_to_mhz``), plus each
+stage's sustained clock (``Profile.sustained_mhz``). Both are optional: JSON's top-level
+``clock_notes`` and ``sustained_mhz``, CSV's ``reasons`` (``;``-separated) and ``equal_to_mhz``
+columns; files without them load as before.
 """
 
 from __future__ import annotations
@@ -32,8 +41,25 @@ PROFILE_VERSION = 2
 PROFILE_VERSIONS = (1, 2)  # readable; 2 adds "quality" per measurement
 QUALITY_FIELDS = ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated")
 CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+CSV_NOTE_COLUMNS = ("reasons", "equal_to_mhz")  # optional
 
 ProfileKey = tuple[int, int, str]  # (stage, chunk, kind)
+StageClock = tuple[int, int]  # (stage, freq_mhz)
+
+
+@dataclass(frozen=True)
+class ClockNote:
+    """What the card reported at one (stage, clock) point. ``reasons``: the clock-event reasons
+    seen while it ran there (``perseus.gpu.device.ClockEventReason`` values; strings here, as this
+    layer sits below the GPU layer). ``equal_to_mhz``: the point was not profiled, it is recorded
+    equal to the measurement at this clock (the stage's sustained clock); None when measured."""
+
+    reasons: frozenset[str] = frozenset()
+    equal_to_mhz: int | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.equal_to_mhz is None
 
 
 @dataclass(frozen=True)
@@ -70,6 +96,9 @@ class Profile:
     source: str = "<memory>"
     # (stage, chunk, kind) -> QUALITY_FIELDS name -> list aligned with that entry's freqs_mhz
     quality: Mapping[ProfileKey, Mapping[str, list[Any]]] = field(default_factory=dict)
+    # (stage, clock) -> what the card reported there; stage -> the clock it sustained under load
+    clock_notes: Mapping[StageClock, ClockNote] = field(default_factory=dict)
+    sustained_mhz: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def num_stages(self) -> int:
@@ -129,7 +158,7 @@ class Profile:
             if key in self.quality:
                 item["quality"] = {name: list(values) for name, values in self.quality[key].items()}
             measurements.append(item)
-        return {
+        out: dict[str, Any] = {
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION if self.quality else 1,
             "gpu_name": self.gpu_name,
@@ -137,17 +166,42 @@ class Profile:
             "config": dict(self.config),
             "measurements": measurements,
         }
+        if self.clock_notes:
+            out["clock_notes"] = [{"stage": stage, "freq_mhz": f, "reasons": sorted(note.reasons),
+                                   "equal_to_mhz": note.equal_to_mhz}
+                                  for (stage, f), note in sorted(self.clock_notes.items())]
+        if self.sustained_mhz:
+            out["sustained_mhz"] = {str(stage): f for stage, f in sorted(self.sustained_mhz.items())}
+        return out
 
     def save_json(self, path: str | Path) -> None:
         """Write atomically, so an interrupted save never leaves a truncated profile."""
         write_atomic(path, json.dumps(self.to_json_dict(), indent=1))
 
     def to_csv_rows(self) -> list[dict[str, Any]]:
+        """One row per (stage, chunk, kind, clock); with clock notes, their two optional columns."""
         rows = []
         for (stage, chunk, kind), p in sorted(self.entries.items()):
             for f, t, e in zip(p.freqs_mhz, p.times_s, p.energies_j):
-                rows.append(dict(stage=stage, chunk=chunk, instruction=kind, frequency=f, time=t, energy=e))
+                row: dict[str, Any] = dict(stage=stage, chunk=chunk, instruction=kind, frequency=f, time=t, energy=e)
+                if self.clock_notes:
+                    note = self.clock_notes.get((stage, f), ClockNote())
+                    row["reasons"] = ";".join(sorted(note.reasons))
+                    row["equal_to_mhz"] = "" if note.equal_to_mhz is None else note.equal_to_mhz
+                rows.append(row)
         return rows
+
+    def save_csv(self, path: str | Path) -> None:
+        """The Zeus-format CSV (plus ``chunk`` and, with clock notes, ``reasons``/``equal_to_mhz``)."""
+        import io
+
+        rows = self.to_csv_rows()
+        columns = [*CSV_COLUMNS, "chunk", *(CSV_NOTE_COLUMNS if self.clock_notes else ())]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(path, buffer.getvalue())
 
 
 def _check_positive(value: float, what: str, where: str) -> float:
@@ -231,11 +285,15 @@ def load_csv(path: str | Path, p_blocking_w: float | None = None, gpu_name: str 
             f"{path}: CSV header lacks column(s) {', '.join(missing)}; expected {','.join(CSV_COLUMNS)}"
         )
     has_chunk = "chunk" in header
+    has_notes = any(c in header for c in CSV_NOTE_COLUMNS)
+    notes: dict[StageClock, ClockNote] = {}
 
     def rows() -> Iterable[tuple[int, int, str, int, float, float, str]]:
         for line, raw in enumerate(reader, start=2):
             row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
             where = f"{path}:{line}"
+            if has_notes:
+                _note_from_csv(row, where, notes)
             yield (
                 int(_parse_number(row["stage"], "stage", where, integer=True)),
                 int(_parse_number(row["chunk"], "chunk", where, integer=True)) if has_chunk else 0,
@@ -247,8 +305,33 @@ def load_csv(path: str | Path, p_blocking_w: float | None = None, gpu_name: str 
             )
 
     entries = _assemble(rows(), str(path))
-    profile = Profile(entries, None, gpu_name, {}, str(path))
+    profile = Profile(entries, None, gpu_name, {}, str(path), clock_notes=notes, sustained_mhz=_sustained_of(notes))
     return profile.with_p_blocking(p_blocking_w)
+
+
+def _note_from_csv(row: Mapping[str, str], where: str, notes: dict[StageClock, ClockNote]) -> None:
+    """A row's optional clock-note columns into ``notes`` (rows of one (stage, clock) must agree)."""
+    stage = int(_parse_number(row["stage"], "stage", where, integer=True))
+    freq = int(_parse_number(row["frequency"], "frequency", where, integer=True))
+    reasons = frozenset(r for r in (row.get("reasons") or "").split(";") if r)
+    equal = row.get("equal_to_mhz") or ""
+    note = ClockNote(_check_reasons(reasons, where),
+                     int(_parse_number(equal, "equal_to_mhz", where, integer=True)) if equal else None)
+    if notes.setdefault((stage, freq), note) != note:
+        raise ProfileError(f"{where}: reasons/equal_to_mhz differ from another row of stage {stage} at {freq} MHz")
+
+
+def _check_reasons(reasons: Iterable[Any], where: str) -> frozenset[str]:
+    out = frozenset(reasons)
+    bad = [r for r in out if not (isinstance(r, str) and r and r.replace("_", "").isalnum())]
+    if bad:
+        raise ProfileError(f"{where}: clock-event reasons must be NVML reason names like 'sw_power_cap', got {bad[0]!r}")
+    return out
+
+
+def _sustained_of(notes: Mapping[StageClock, ClockNote]) -> dict[int, int]:
+    """Each stage's sustained clock where its notes show one (a point recorded equal to it)."""
+    return {stage: note.equal_to_mhz for (stage, _), note in sorted(notes.items()) if note.equal_to_mhz is not None}
 
 
 def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
@@ -288,7 +371,32 @@ def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
     config = data.get("config") or {}
     if not isinstance(config, dict):
         raise ProfileError(f"{source}: \"config\" must be an object")
-    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source, quality)
+    notes, sustained = _clock_notes(data, source)
+    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source, quality, notes, sustained)
+
+
+def _clock_notes(data: Mapping[str, Any], source: str) -> tuple[dict[StageClock, ClockNote], dict[int, int]]:
+    """The optional ``clock_notes`` list and ``sustained_mhz`` map (absent in older profiles)."""
+    notes: dict[StageClock, ClockNote] = {}
+    for n, item in enumerate(data.get("clock_notes") or []):
+        where = f"{source}: clock_notes[{n}]"
+        try:
+            stage, freq = int(item["stage"]), int(item["freq_mhz"])
+            equal = item.get("equal_to_mhz")
+            reasons = item.get("reasons") or []
+            if not isinstance(reasons, list):
+                raise ProfileError(f"{where}: reasons must be a list of NVML reason names")
+            notes[(stage, freq)] = ClockNote(_check_reasons(reasons, where), None if equal is None else int(equal))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{where}: missing or invalid field ({exc})") from None
+    raw = data.get("sustained_mhz") or {}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{source}: \"sustained_mhz\" must map stages to clocks")
+    try:
+        sustained = {int(stage): int(f) for stage, f in raw.items()}
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"{source}: sustained_mhz: invalid stage or clock ({exc})") from None
+    return notes, sustained
 
 
 def _quality(measurements: list[Any], source: str) -> dict[ProfileKey, dict[str, list[Any]]]:

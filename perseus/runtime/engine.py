@@ -215,6 +215,7 @@ class PerseusRuntime:
 
     def _end_warmup(self) -> None:
         self.reporter.set_baseline([r for r in self.reporter.records if r.phase is Phase.WARMUP])
+        self._event("sustained_clock", self.gpu.end_warmup_clocks().as_dict())  # the sweep starts there
         phase, why = after_warmup(self.frontier is not None, self.supply.have_profile, self.config.mode)
         {Phase.DEPLOYED: self._deploy, Phase.PLANNING: self._start_planning,
          Phase.PROFILING: self._start_profiling}.get(phase, lambda: self._steady(why or ""))()

@@ -1,7 +1,12 @@
 """The profiling clock sweep: which SM clocks the online profiler visits, in what order, and when
 it stops. ("Sweep" in Perseus means this and only this; the planner searches deadlines.)
 
-Coarse to fine, from the highest clock downward, ``iters_per_freq`` training iterations per clock:
+Coarse to fine, from the sustained clock downward, ``iters_per_freq`` training iterations per clock.
+The sweep starts at ``start_mhz``: the highest clock any stage's unlocked GPU sustained under its
+load in warm-up (``sustained.py``; the top candidate where a rank could not tell). Clocks above
+it are not profiled: locking them changes nothing, the card throttles back (``skipped``; the
+profile records them equal to the sustained clock's point). Each stage's own sustained clock is
+an ``anchor``: measured even where the coarse pass would skip it, and kept by an early stop.
 
 1. **Coarse**: the candidate clocks (``select_frequencies``) thinned to ``coarse_step_mhz`` apart.
    Below some clock running slower only costs energy (static power dominates): once every
@@ -22,7 +27,7 @@ leaves it with the measurements and the next run resumes (docs/runtime.md).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence, TypeVar
 
 from perseus.errors import ConfigError
 
@@ -82,11 +87,17 @@ class ClockSweep:
     """Walks the clocks; ``done`` once the coarse pass stopped and no refinement is pending."""
 
     def __init__(self, frequencies_mhz: Sequence[int], iters_per_freq: int, patience: int = 2,
-                 coarse_step_mhz: int | None = None, refine_max: int = 0) -> None:
+                 coarse_step_mhz: int | None = None, refine_max: int = 0, start_mhz: int | None = None,
+                 anchors: Sequence[int] = ()) -> None:
         if not frequencies_mhz:
             raise ConfigError("frequency sweep needs at least one clock")
-        self.frequencies = list(frequencies_mhz)  # the candidates; the profile's grid
-        self.coarse = thin(self.frequencies, coarse_step_mhz)
+        # the candidates and anchors, highest first: the profile's grid
+        self.frequencies = sorted({int(f) for f in frequencies_mhz} | {int(f) for f in anchors}, reverse=True)
+        self.start_mhz = self.frequencies[0] if start_mhz is None else int(start_mhz)
+        self.anchors = sorted({int(f) for f in anchors if f <= self.start_mhz}, reverse=True)
+        self.skipped = [f for f in self.frequencies if f > self.start_mhz]  # not profiled: equal to the sustained clock
+        below = [f for f in self.frequencies if f <= self.start_mhz]
+        self.coarse = sorted(set(thin(below, coarse_step_mhz)) | set(self.anchors), reverse=True)
         self.iters_per_freq = iters_per_freq
         self.patience = patience
         self.refine_max = refine_max
@@ -141,7 +152,7 @@ class ClockSweep:
             self.rising_streak = self.rising_streak + 1 if stopped_falling else 0
             if self.patience and self.rising_streak >= self.patience and self.queue:
                 self.stopped_early = True
-                self.queue = []
+                self.queue = [f for f in self.queue if f in self.anchors]  # a stage's sustained clock stays
             if not self.queue:
                 self.refining = True
         return None if self.done else self.current_mhz
@@ -189,14 +200,17 @@ class ClockSweep:
         self.iters_done, self.iters_target = 0, self.iters_per_freq
 
 
-def energy_rose(previous: Mapping[object, float] | None, current: Mapping[object, float]) -> bool:
+K = TypeVar("K", bound=Hashable)
+
+
+def energy_rose(previous: Mapping[K, float] | None, current: Mapping[K, float]) -> bool:
     """True when every key's energy is higher now than at the previous clock."""
     if not previous or not current:
         return False
     return all(key in previous and current[key] > previous[key] for key in current)
 
 
-def energy_stopped_falling(lowest: Mapping[object, float] | None, current: Mapping[object, float]) -> bool:
+def energy_stopped_falling(lowest: Mapping[K, float] | None, current: Mapping[K, float]) -> bool:
     """True when no key's energy is below its lowest at the clocks before (no new minimum)."""
     if not lowest or not current:
         return False

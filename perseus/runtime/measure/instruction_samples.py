@@ -32,7 +32,7 @@ not separable): per-step attribution from step-boundary counter readings,
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, cast
 
 from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
 from perseus.gpu.timing import TimedInstruction
@@ -41,6 +41,12 @@ from perseus.profile.aggregate import ClockPoint, Measurements
 from perseus.schedules import Instruction
 
 Key = tuple[int, str]  # (chunk, kind)
+
+
+def _key(t: TimedInstruction) -> Key:
+    """The key the runtime times its instructions under (``StepClock``): (chunk, kind); the GPU
+    layer's timer keeps any hashable."""
+    return cast(Key, t.key)
 
 
 def instruction_keys(instructions: Sequence[Instruction]) -> list[Key]:
@@ -96,7 +102,7 @@ class SweepRecorder:
         by_key: dict[Key, list[float]] = {}
         for timed, _, _ in steps:
             for t in timed:
-                by_key.setdefault(t.key, []).append(t.duration_s)
+                by_key.setdefault(_key(t), []).append(t.duration_s)
         return {k: robust_stats(v) for k, v in by_key.items() if v}
 
     def finish_frequency(
@@ -117,7 +123,7 @@ class SweepRecorder:
                 continue
             busy_energy = max(step_energy_j - p_blocking_w * max(step_time_s - busy, 0.0), 0.0)
             for t in step_timed:
-                acc = step_sums.setdefault(t.key, [0.0, 0.0, 0])
+                acc = step_sums.setdefault(_key(t), [0.0, 0.0, 0])
                 acc[0] += t.duration_s
                 acc[1] += busy_energy * t.duration_s / busy
                 acc[2] += 1
@@ -128,8 +134,9 @@ class SweepRecorder:
             window = [u for u in updates if lo <= u.t_s <= hi]
             try:
                 fit = attribute_energy(window, timed, idle_power_w=p_blocking_w)
-                result = {k: (v.mean_duration_s, v.energy_j) for k, v in fit.keys.items()}  # type: ignore[misc]
-                self.energy_se.update({(k, freq_mhz): v.energy_stderr_j for k, v in fit.keys.items()  # type: ignore[misc]
+                fitted = {cast(Key, k): v for k, v in fit.keys.items()}  # keys of the timed instructions: ``_key``
+                result = {k: (v.mean_duration_s, v.energy_j) for k, v in fitted.items()}
+                self.energy_se.update({(k, freq_mhz): v.energy_stderr_j for k, v in fitted.items()
                                        if k in self.measurements})
             except MeasurementError as exc:
                 self.fallback_reasons.append(f"{freq_mhz} MHz: {exc}")

@@ -10,14 +10,20 @@ the effect being measured (then it is measured ``iters_per_freq`` more iteration
 and, once refining, which clocks the interpolation model could not predict
 (``ClockSweep.add_refinements``). With a cache, every finished clock is gathered to rank 0 and
 written to ``partial_profile.json``, so a run that ends while profiling is resumed (``resume``).
+
+The sweep starts at the clock the ranks' unlocked GPUs sustained in warm-up (``sustained.py``);
+each rank records the clocks above its own sustained clock as equal to it, with warm-up's
+clock-event reasons, and the reasons its poller saw at each clock it measured (``ClockWatch``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from time import monotonic
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from perseus.errors import PerseusError
+from perseus.gpu.clock_samples import UNKNOWN, SustainedClock, reason_names
 from perseus.gpu.measurement import attribution_window_s
 from perseus.profile.fit import interpolation_ok, loo_errors
 from perseus.profile.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
@@ -27,9 +33,17 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort
 from perseus.runtime.measure.instruction_samples import Key, SweepRecorder
+from perseus.runtime.measure.sustained import agree_start, equal_above
 
 if TYPE_CHECKING:
+    from perseus.gpu.device import ClockEventReason
     from perseus.gpu.measurement import EnergyPoller
+
+
+class ClockWatch(Protocol):
+    """Where the reasons a GPU reported come from (``GPUPort``: its poller's busy samples)."""
+
+    def clock_reasons_since(self, t_s: float) -> frozenset[ClockEventReason]: ...
 
 log = logging.getLogger("perseus.runtime")
 
@@ -40,10 +54,19 @@ class ProfilingRun:
     """The clocks to profile (chosen when built: a bad range fails before anything is measured)."""
 
     def __init__(self, gpu: GPUPort, collective: Collective, config: PerseusConfig, keys: list[Key],
-                 job: PipelineJob | None = None, save_partial: Callable[[dict[str, Any] | None], Any] | None = None) -> None:
+                 job: PipelineJob | None = None, save_partial: Callable[[dict[str, Any] | None], Any] | None = None,
+                 sustained: SustainedClock = UNKNOWN, clocks: ClockWatch | None = None) -> None:
+        """Collective (the ranks agree where the sweep starts): ``sustained`` is this rank's clock
+        under load from warm-up, ``clocks`` where the reasons seen at each clock come from."""
         c = config
         freqs = select_frequencies(gpu.supported_mhz, c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k)
-        self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience, c.coarse_step_mhz, c.refine_max_clocks)
+        self.sweep_start = agree_start(collective, sustained, freqs)
+        self.sweep = ClockSweep(freqs, c.iters_per_freq, c.early_stop_patience, c.coarse_step_mhz, c.refine_max_clocks,
+                                start_mhz=self.sweep_start.start_mhz, anchors=self.sweep_start.anchors)
+        self.sustained = sustained
+        self.reasons: dict[int, tuple[str, ...]] = {}  # clock -> reason names seen while measured there
+        self._clocks = clocks
+        self._clock_since = monotonic()
         self.recorder = SweepRecorder(keys)
         self.p_blocking_w = 0.0
         self.resumed_clocks: list[int] = []
@@ -80,6 +103,7 @@ class ProfilingRun:
         for key, per_freq in self.recorder.measurements.items():
             if per_freq:
                 self._lowest[key] = min(as_point(p).decision_energy_j for p in per_freq.values())
+        self.reasons.update({int(f): tuple(names) for f, names in (mine.get("reasons") or {}).items()})
         self.sweep.restore(partial["sweep"])
         self.resumed_clocks = list(self.sweep.visited)
         self.p_blocking_w = float(mine["p_blocking_w"])
@@ -90,7 +114,7 @@ class ProfilingRun:
         job = self._job
         assert job is not None
         return {"stage": job.stage, "tp_rank": job.tp_rank, "dp_rank": job.dp_rank, "p_blocking_w": self.p_blocking_w,
-                "trusted": self.trusted,
+                "trusted": self.trusted, "reasons": {str(f): list(names) for f, names in self.reasons.items()},
                 "measurements": [{"chunk": chunk, "kind": kind,
                                   "points": {str(f): list(as_point(p)) for f, p in per_freq.items()}}
                                  for (chunk, kind), per_freq in sorted(self.recorder.measurements.items())]}
@@ -104,6 +128,7 @@ class ProfilingRun:
             return
         self._poller = self._gpu.energy_poller(self._poll_s)
         self._gpu.apply(self.sweep.current_mhz)
+        self._clock_since = monotonic()
 
     def step(self, timed: list[Any], step_time_s: float, energy_j: float) -> bool:
         """One profiled iteration (collectives at the end of each clock); True once the sweep is
@@ -126,6 +151,8 @@ class ProfilingRun:
                 return False
         updates = self._poller.updates() if self._poller is not None else None
         energies = recorder.finish_frequency(freq, updates, self.p_blocking_w)
+        if self._clocks is not None:
+            self.reasons[freq] = tuple(reason_names(self._clocks.clock_reasons_since(self._clock_since)))
         stopped = self._collective.all_true(energy_stopped_falling(self._lowest, energies))
         for key, e in energies.items():
             self._lowest[key] = min(e, self._lowest.get(key, e))
@@ -142,6 +169,7 @@ class ProfilingRun:
                      if sweep.stopped_early and not was_refining else "")
         if nxt is not None:
             self._gpu.apply(nxt)
+            self._clock_since = monotonic()
             return False
         self._gpu.reset()
         self.stop()
@@ -191,14 +219,17 @@ class ProfilingRun:
         if len(sweep.refined) >= sweep.refine_max:
             return
         failing: set[int] = set()
-        for per_freq in self.recorder.measurements.values():
+        own = self.sweep_start.own_mhz
+        for measured in self.recorder.measurements.values():
+            # above this rank's sustained clock the card ran at that one: nothing to interpolate there
+            per_freq = {f: p for f, p in measured.items() if own is None or f <= own}
             freqs = sorted(per_freq, reverse=True)
             pts = [as_point(per_freq[f]) for f in freqs]
             for f, te, ee in loo_errors(freqs, [p.time_s for p in pts], [p.decision_energy_j for p in pts]):
                 p = as_point(per_freq[f])
                 if not interpolation_ok(te, ee, p.se_s / max(p.time_s, 1e-30)):
                     failing.add(f)
-        wanted = set(sweep.refinement_candidates(sorted(failing)))
+        wanted = {f for f in sweep.refinement_candidates(sorted(failing)) if own is None or f < own}
         votes = self._collective.vote_any([1.0 if f in wanted else 0.0 for f in sweep.frequencies])
         agreed = [f for f, wanted_somewhere in zip(sweep.frequencies, votes) if wanted_somewhere]
         added = sweep.add_refinements(agreed)
@@ -226,8 +257,14 @@ class ProfilingRun:
             self._poller = None
 
     def measurements(self, job: PipelineJob, gpu_name: str) -> RankMeasurements:
-        """This rank's share of the profile, for the gather to rank 0."""
-        return RankMeasurements(job.stage, job.tp_rank, job.dp_rank, self.recorder.measurements, self.p_blocking_w, gpu_name)
+        """This rank's share of the profile, for the gather to rank 0: the clocks above its
+        sustained one equal to it, with the reasons warm-up saw (the unlocked card under load)."""
+        own, grid = self.sweep_start.own_mhz, self.sweep.frequencies
+        reasons = dict(self.reasons)
+        if own is not None:
+            reasons.update({f: tuple(reason_names(self.sustained.reasons)) for f in grid if f > own})
+        return RankMeasurements(job.stage, job.tp_rank, job.dp_rank, equal_above(self.recorder.measurements, own, grid),
+                                self.p_blocking_w, gpu_name, sustained_mhz=own, reasons=reasons)
 
     def iterations(self) -> int:
         """Iterations this run spent profiling (a resumed run does not count the earlier one's)."""

@@ -234,7 +234,8 @@ class HierarchicalCollective(Collective):
                 return None
             values = total.tolist()
             replica = RankMeasurements(me.stage, 0, 0, replicas_mean(values[:-2], dp.size, keys, grid),
-                                       values[-2] / values[-1] if values[-1] else None, replica.gpu_name)
+                                       values[-2] / values[-1] if values[-1] else None, replica.gpu_name,
+                                       sustained_mhz=replica.sustained_mhz, reasons=replica.reasons)  # replica 0's
         pipeline = self._axes.get("pp")
         stages = pipeline.gather_objects(replica) if pipeline is not None else [replica]
         return stages if self.is_root else None

@@ -15,17 +15,19 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 from perseus.errors import ConfigError, PerseusError
+from perseus.gpu.clock_samples import UNKNOWN, SustainedClock
 from perseus.gpu.errors import SIM_FIX, GPUError
 
 if TYPE_CHECKING:
     from perseus.runtime.port.clock_trace import ClockTrace
     from perseus.runtime.port.gpu_timeline import GPUTimeline
     from perseus.gpu.controller import ClockController
-    from perseus.gpu.device import GPUDevice
+    from perseus.gpu.device import ClockEventReason, GPUDevice
     from perseus.gpu.measurement import EnergyPoller
     from perseus.gpu.notice import ClockNotice
     from perseus.gpu.sim.device import SimulatedGPU
@@ -62,6 +64,9 @@ class GPUPort:
         # clock changes drop the requests still on their way.
         self.timeline: GPUTimeline | None = None
         self._poller: EnergyPoller | None = None
+        # The clock this card sustains under the job's load, from warm-up (``end_warmup_clocks``).
+        self.sustained: SustainedClock = UNKNOWN
+        self._poller_started_s = 0.0
 
     # ---------------------------------------------------------------- opening
 
@@ -265,8 +270,31 @@ class GPUPort:
             from perseus.gpu.measurement import EnergyPoller, poll_interval_s
 
             period = float(getattr(self.device, "energy_update_period_s", 0.1) or 0.1)
-            self._poller = EnergyPoller(self.device, max(poll_interval_s(period), 0.002), clock=monotonic).start()
+            self._poller_started_s = monotonic()
+            self._poller = EnergyPoller(self.device, max(poll_interval_s(period), 0.002), clock=monotonic,
+                                        clocks=True).start()
         return self._poller
+
+    # ---------------------------------------------------------------- the clock under load
+
+    def end_warmup_clocks(self) -> SustainedClock:
+        """The clock the unlocked card sustained in the later half of warm-up (the poller's busy
+        samples, snapped to a supported clock) and the reasons it reported; kept as ``sustained``."""
+        from perseus.gpu.clock_samples import nearest_clock, sustained_clock
+
+        now = monotonic()
+        since = self._poller_started_s + 0.5 * (now - self._poller_started_s)
+        found = sustained_clock(self.energy_source().clock_samples(since))
+        if found.mhz is not None and self.supported_mhz:
+            found = replace(found, mhz=nearest_clock(found.mhz, self.supported_mhz))
+        self.sustained = found
+        return found
+
+    def clock_reasons_since(self, t_s: float) -> frozenset[ClockEventReason]:
+        """The reasons busy clock samples reported since CLOCK_MONOTONIC ``t_s``."""
+        from perseus.gpu.clock_samples import busy_reasons
+
+        return busy_reasons(self.energy_source().clock_samples(t_s))
 
     def open_timeline(self, switch_latency_s: float, instructions: int) -> GPUTimeline | None:
         """The GPU timeline (``gpu_timeline.py``) where the GPU runs behind the host: a simulated GPU

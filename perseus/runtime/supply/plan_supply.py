@@ -71,7 +71,8 @@ class PlanSupply:
         """The sweep's clocks and P_blocking (configured, else measured: collective); the caller
         enters the phase, then ``begin_profiling``."""
         c, root = self.config, self.collective.is_root
-        run = self.profiling = ProfilingRun(self.gpu, self.collective, c, keys, self.job, partial_saver(self.cache))
+        run = self.profiling = ProfilingRun(self.gpu, self.collective, c, keys, self.job, partial_saver(self.cache),
+                                            sustained=self.gpu.sustained, clocks=self.gpu)
         resumed = False
         if c.cache_dir:  # a run that ended while profiling left its clocks: resume the sweep (collective)
             resumed = run.resume(self.collective.broadcast_object(self.cache.load_partial() if self.cache else None))
@@ -84,10 +85,13 @@ class PlanSupply:
             log.info("perseus: resuming the profiling sweep: %d clock(s) kept from an earlier run (%s MHz)",
                      len(run.resumed_clocks), ", ".join(map(str, run.resumed_clocks)))
         if root:
-            freqs = run.sweep.frequencies
+            freqs, sweep = run.sweep.frequencies, run.sweep
+            above = (f"; the {len(sweep.skipped)} clock(s) above are recorded equal to each stage's sustained clock "
+                     f"(the unlocked card under this load: {', '.join(map(str, sweep.anchors))} MHz)"
+                     if sweep.skipped else "")
             log.info("perseus: profiling up to %d clocks %d..%d MHz (coarse pass %s MHz apart, stops where energy "
-                     "stops falling), %d iterations each; P_blocking %.1f W", len(run.sweep.coarse), freqs[0],
-                     freqs[-1], c.coarse_step_mhz or "any", c.iters_per_freq, self.p_blocking_w)
+                     "stops falling), %d iterations each; P_blocking %.1f W%s", len(sweep.coarse), sweep.start_mhz,
+                     freqs[-1], c.coarse_step_mhz or "any", c.iters_per_freq, self.p_blocking_w, above)
         return run
 
     def begin_profiling(self) -> bool:
