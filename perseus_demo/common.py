@@ -115,8 +115,9 @@ class SimulatedCompute:
         for inst, kernel in zip(self._instructions, kernels):
             inst[3] = kernel.set_mhz
         self._times = [[k.start_s, k.end_s] for k in kernels]
-        self.iterations.append({**self._iteration(end.gpu_time_s - self._begin_event.gpu_time_s, energy, gpu_step_s),
-                                "host_time_s": host_s})
+        begin_s = self._begin_event.gpu_time_s
+        self.iterations.append({**self._iteration(end.gpu_time_s - begin_s, energy, gpu_step_s),
+                                "gpu_begin_s": begin_s, "host_time_s": host_s})
 
     def _iteration(self, time_s: float, energy_j: float, gpu_step_s: float | None) -> dict[str, Any]:
         return {"phase": self._phase, "time_s": time_s, "energy_j": energy_j, "gpu_step_s": gpu_step_s,

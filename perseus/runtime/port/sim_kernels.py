@@ -24,6 +24,11 @@ producing kernel on the stream, so the receiver cannot start before the kernel e
 kernel's output is the host's tensor, ready before the kernel ran, and the framework sends it from
 the host at once; so ``end`` waits for such an instruction's kernel (the stream's event), and
 the pipeline's dependencies stay real. Only stage-local instructions let the host run ahead.
+
+Known gap: the kernel is launched at ``end``, after the instruction's CPU work, and that work
+also counts in its max-clock time; where the GPU waits for the host (a stage that waited for its
+input) the CPU time is spent twice in GPU time. A real GPU starts the first kernels while the
+host still launches the rest: the fix is a kernel opened at ``begin`` and closed at ``end``.
 """
 
 from __future__ import annotations
