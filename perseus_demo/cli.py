@@ -128,8 +128,9 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
     started = time.perf_counter()
     results = module.launch(cfg, out_dir)
     name = f"{framework} ({schedule})" if schedule else f"{framework} (MoE, EP {MOE['expert_parallel']})" if moe else framework
-    gpus = (f"asynchronous simulated {cfg.sim_gpu['preset']} GPUs (host up to {stream_depth} kernels ahead; "
-            "times in GPU time)" if stream_depth else f"simulated {cfg.sim_gpu['preset']} GPUs")
+    preset = cfg.sim_gpu["preset"]
+    gpus = (f"asynchronous simulated {preset} GPUs (host up to {stream_depth} kernels ahead; "
+            "times in GPU time)" if stream_depth else f"simulated {preset} GPUs")
     lines = [
         f"{name} pipeline on CPU: {stages} stages x {microbatches} microbatches, {gpus} "
         f"({time.perf_counter() - started:.0f} s)",

@@ -136,7 +136,8 @@ class SimulatedCompute:
         self.kernels.pad(self.nominal_s.get(kind, 0.0) * self.slow_factor)
         self.listener.on_instruction_end(kind, microbatch, chunk, backward)
         # asynchronous: the kernel's clock and times are filled in at step end, once it has run
-        self._instructions.append([kind, microbatch, chunk, self.gpu.last_busy_clock_mhz() if self.stream is None else 0])
+        clock = self.gpu.last_busy_clock_mhz() if self.stream is None else 0
+        self._instructions.append([kind, microbatch, chunk, clock])
         if self.stream is None:
             self._times.append([self._begin, time.monotonic()])
 

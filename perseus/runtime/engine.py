@@ -72,7 +72,8 @@ class PerseusRuntime:
             ensure_log_handler()
         self.gpu = open_port(c, self.collective, job.rank, gpu)
         if self.gpu.is_simulated:
-            self.sim_kernels = SimulatedKernels(self.gpu.sim_device, sends=sending_instructions(self.schedule, job.stage))
+            sends = sending_instructions(self.schedule, job.stage)  # waited for before a send (asynchronous)
+            self.sim_kernels = SimulatedKernels(self.gpu.sim_device, sends=sends)
         if c.trace_clocks:
             self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device, self.gpu.controller.pid)
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary

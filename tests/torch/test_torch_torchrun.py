@@ -81,7 +81,8 @@ def run_launch(tmp_path: Path, stages: int) -> Launch:
     for case in [*(c for c in DEMOS if c[1] == stages), *async_demo]:
         folder = tmp_path / case_id(*case)
         folder.mkdir()
-        cfg = demo_config(*case[:4], cache_dir=folder / "cache", stream_depth=case[4] if len(case) > 4 else 0)
+        depth = case[4] if len(case) > 4 else 0
+        cfg = demo_config(*case[:4], cache_dir=folder / "cache", stream_depth=depth)
         (folder / "config.json").write_text(json.dumps(asdict(cfg)))
         demos[case_id(*case)] = (folder, cfg)
     env = dict(os.environ, OMP_NUM_THREADS="1", PERSEUS_GPU="sim", PERSEUS_SIM_GPU_DIR=str(tmp_path / "sim-gpus"),
