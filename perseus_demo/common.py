@@ -16,11 +16,14 @@ import time
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.errors import PerseusError
 from perseus.runtime.guard.closed_loop import ClosedLoop
 from perseus_demo.job_metrics import write_job_metrics
+
+if TYPE_CHECKING:
+    from perseus.gpu.sim.stream import SimEvent, SimStream
 
 DEFAULT_SIM_GPU = {"preset": "A100-SXM", "energy_update_period_s": 0.005}
 # planner_nice 0: CPU training is CPU-bound itself, so a niced planner would be starved on a busy machine.
@@ -50,6 +53,14 @@ class SimulatedCompute:
     ``instruction_times``, ``[begin, end]`` on the machine-wide monotonic clock (begin before the
     runtime sees it, end after its kernel's wait), so tests can check that an instruction started
     only after every instruction the planner's DAG says it waits for had ended, across ranks.
+
+    On an asynchronous simulated GPU (``sim_gpu["stream_depth"]`` ≥ 1: the host runs ahead of the
+    GPU, whose kernels run on a stream) everything is in the GPU's time instead: an iteration lasts
+    from an event recorded at step begin to one recorded at step end and waited for (the runtime
+    waits for its step's end anyway, so the default-clock steps after ``stop`` run alike), its energy
+    is the counter between the two, each instruction's clock is the one set when its kernel
+    started and its times are the kernel's. ``gpu_step_s`` is the runtime's own step time
+    (``StepMetrics.gpu_step_s``) where the runtime timed the step, else None.
     """
 
     def __init__(self, runtime: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
@@ -58,6 +69,10 @@ class SimulatedCompute:
             raise PerseusError("SimulatedCompute needs Perseus enabled on a simulated GPU (gpu: 'sim')")
         self.listener, self.kernels, self.gpu = runtime, kernels, gpu
         self.nominal_s = nominal_s or {}
+        # the runtime's stream onto the simulated GPU; None when the GPU is synchronous
+        self.stream: SimStream | None = kernels.device.stream if kernels.device.asynchronous else None
+        self._begin_event: SimEvent | None = None
+        self._first_kernel = 0
         self.iterations: list[dict[str, Any]] = []
         self.phase_override: str | None = None
         self.phase_suffix = ""
@@ -77,15 +92,37 @@ class SimulatedCompute:
         self._phase = phase + self.phase_suffix
         self._instructions = []
         self._times = []
+        if self.stream is not None:
+            self._begin_event, self._first_kernel = self.stream.record(), self.kernels.launched
         self._step_e0, self._step_t0 = self.gpu.total_energy_j(), time.perf_counter()
 
     def on_step_end(self) -> None:
-        self.iterations.append({"phase": self._phase, "time_s": time.perf_counter() - self._step_t0,
-                                "energy_j": self.gpu.total_energy_j() - self._step_e0,
-                                "begin_s": self._step_t0, "begin_energy_j": self._step_e0,
-                                "slow_factor": self.slow_factor, "instructions": self._instructions,
-                                "instruction_times": self._times})
+        if self.stream is None:
+            self.iterations.append(self._iteration(time.perf_counter() - self._step_t0,
+                                                   self.gpu.total_energy_j() - self._step_e0, None))
+            self.listener.on_step_end()
+            return
+        records = self.listener.reporter.records
+        timed = len(records)
         self.listener.on_step_end()
+        end = self.stream.record()
+        end.synchronize()
+        host_s = time.perf_counter() - self._step_t0
+        energy = self.gpu.total_energy_j() - self._step_e0
+        assert self._begin_event is not None
+        gpu_step_s = records[-1].gpu_step_s if len(records) > timed else None
+        kernels = self.stream.kernels()[self._first_kernel:self.kernels.launched]
+        for inst, kernel in zip(self._instructions, kernels):
+            inst[3] = kernel.set_mhz
+        self._times = [[k.start_s, k.end_s] for k in kernels]
+        begin_s = self._begin_event.gpu_time_s
+        self.iterations.append({**self._iteration(end.gpu_time_s - begin_s, energy, gpu_step_s),
+                                "gpu_begin_s": begin_s, "host_time_s": host_s})
+
+    def _iteration(self, time_s: float, energy_j: float, gpu_step_s: float | None) -> dict[str, Any]:
+        return {"phase": self._phase, "time_s": time_s, "energy_j": energy_j, "gpu_step_s": gpu_step_s,
+                "begin_s": self._step_t0, "begin_energy_j": self._step_e0, "slow_factor": self.slow_factor,
+                "instructions": self._instructions, "instruction_times": self._times}
 
     def on_instruction_begin(self, kind: Any, microbatch: int, chunk: int = 0,
                              backward: tuple[int, int] | None = None) -> None:
@@ -98,8 +135,11 @@ class SimulatedCompute:
         # runtime's kernel then waits out the stretched duration in one sleep.
         self.kernels.pad(self.nominal_s.get(kind, 0.0) * self.slow_factor)
         self.listener.on_instruction_end(kind, microbatch, chunk, backward)
-        self._instructions.append([kind, microbatch, chunk, self.gpu.last_busy_clock_mhz()])
-        self._times.append([self._begin, time.monotonic()])
+        # asynchronous: the kernel's clock and times are filled in at step end, once it has run
+        clock = self.gpu.last_busy_clock_mhz() if self.stream is None else 0
+        self._instructions.append([kind, microbatch, chunk, clock])
+        if self.stream is None:
+            self._times.append([self._begin, time.monotonic()])
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from perseus.runtime.observe.observer import Observer, StepEnd
 from perseus.runtime.phases import Phase, PhaseMachine, after_warmup
 from perseus.runtime.measure.instruction_samples import instruction_keys
 from perseus.runtime.observe.report import summary_line
-from perseus.runtime.port.sim_kernels import SimulatedKernels
+from perseus.runtime.port.sim_kernels import SimulatedKernels, sending_instructions
 from perseus.planner.stage_plan import StagePlan, StagePoint
 from perseus.runtime.clocks.straggler import StragglerPolicy, natural_time
 from perseus.runtime.supply.plan_supply import PlanSupply, ready_line
@@ -72,7 +72,8 @@ class PerseusRuntime:
             ensure_log_handler()
         self.gpu = open_port(c, self.collective, job.rank, gpu)
         if self.gpu.is_simulated:
-            self.sim_kernels = SimulatedKernels(self.gpu.sim_device)
+            sends = sending_instructions(self.schedule, job.stage)  # waited for before a send (asynchronous)
+            self.sim_kernels = SimulatedKernels(self.gpu.sim_device, sends=sends)
         if c.trace_clocks:
             self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device, self.gpu.controller.pid)
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
@@ -157,7 +158,7 @@ class PerseusRuntime:
         t0 = monotonic() if trace is not None else 0.0
         kernels = self.sim_kernels
         if kernels is not None:  # the kernel ends (stretched by the clock) before it is timed
-            kernels.end()
+            kernels.end(kind, chunk)
         if trace is not None:
             trace.kernel_ended(monotonic())
         hot = self._hot

@@ -15,6 +15,7 @@ class _Kernels:
 
     def __init__(self, log: list[str]):
         self.log, self.padded = log, []
+        self.device = SimpleNamespace(asynchronous=False)  # a synchronous simulated GPU
 
     def pad(self, t_max_s: float) -> None:
         self.log.append("pad")

@@ -19,6 +19,7 @@ from perseus.gpu.sim.device import SimulatedGPU
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import InstructionProfile, Profile
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+from perseus.runtime.phases import Phase
 from perseus.schedules.dag import InstructionDAG
 from perseus.timeline.simulator import simulate_plan
 
@@ -152,3 +153,19 @@ def test_the_hooks_record_recycled_events(deployed) -> None:
     _records, _steps, clocks, _, stream, later_s = deployed
     assert stream.events_created <= 4 * len(clocks)  # a pool of a few steps' events, not one per record
     assert later_s <= 8e-6  # once the pool filled: one recycled event per instruction and a few per step
+
+
+def test_profiling_on_the_gpu_timeline_checks_noise_on_instructions_only(tmp_path: Path) -> None:
+    """A profiled step's non-instruction work (the tail) is timed beside its instructions; the
+    sweep's noise check compares instructions only, so the sweep gets past its second clock (it
+    raised a TypeError comparing the tail's key with the instructions' there)."""
+    cfg = config(tmp_path, depth=6, mode="profile", freq_min_mhz=1200, freq_max_mhz=1530, freq_step_mhz=165,
+                 iters_per_freq=2)
+    with PerseusRuntime(JOB, cfg) as rt:
+        for _ in range(60):  # warm-up, 3 clocks of 2 steps and the re-measurements noise asks for
+            train(rt, 1)
+            if rt.step > 2 and rt.phase is not Phase.PROFILING:
+                break
+        profiling = rt.supply.profiling
+        assert profiling is not None and len(profiling.sweep.visited) >= 3, profiling.sweep.visited
+        assert rt.phase is not Phase.PROFILING

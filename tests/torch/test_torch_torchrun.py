@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demo_checks import check_deployed_demo
 
 from perseus.schedules import build_schedule
+from perseus.schedules.dependencies import dependencies
 from perseus_demo.common import format_report, phase_table
 from perseus_demo.torch_demo import DemoConfig
 
@@ -46,19 +47,24 @@ CASES = [
 
 
 DEMOS = [("torch-interleaved", 2, 2, 4), ("zb-interleaved", 2, 2, 4), ("zbv", 4, 2, 8), ("dualpipev", 2, 2, 6)]
+# The demo on the asynchronous simulated GPU (the host runs ahead of each GPU's stream), same launch.
+ASYNC_DEMO = ("1f1b", 2, 1, 4)
+ASYNC_DEPTH = 8
 
 
-def case_id(schedule: str, stages: int, chunks: int, microbatches: int) -> str:
-    return f"{schedule}-{stages}-{chunks}-{microbatches}"
+def case_id(schedule: str, stages: int, chunks: int, microbatches: int, stream_depth: int = 0) -> str:
+    return f"{schedule}-{stages}-{chunks}-{microbatches}" + (f"-async{stream_depth}" if stream_depth else "")
 
 
-def demo_config(schedule: str, stages: int, chunks: int, microbatches: int, cache_dir: Path) -> DemoConfig:
+def demo_config(schedule: str, stages: int, chunks: int, microbatches: int, cache_dir: Path,
+                stream_depth: int = 0) -> DemoConfig:
     # max_steps only bounds a run that never deploys: planning runs in the background while training
     # goes on, so on a busy machine (or beside another pytest-xdist worker) it takes more iterations
     # (ZBV 2x2 took 141 of 150 beside one). The launch's timeout is the hang guard.
     cfg = DemoConfig(stages=stages, chunks=chunks, microbatches=microbatches, schedule=schedule, max_steps=1000,
                      deployed_steps=4, startup_steps=1, rebaseline_steps=2)
     cfg.perseus.update(warmup_steps=3, freq_step_mhz=250, cache_dir=str(cache_dir))
+    cfg.sim_gpu = {**cfg.sim_gpu, "stream_depth": stream_depth}
     return cfg
 
 
@@ -71,10 +77,12 @@ def run_launch(tmp_path: Path, stages: int) -> Launch:
                               "hidden_size": 8, "micro_batch_size": 2}
              for case in CASES if case[1] == stages}
     demos = {}
-    for case in (c for c in DEMOS if c[1] == stages):
+    async_demo = [(*ASYNC_DEMO, ASYNC_DEPTH)] if ASYNC_DEMO[1] == stages else []
+    for case in [*(c for c in DEMOS if c[1] == stages), *async_demo]:
         folder = tmp_path / case_id(*case)
         folder.mkdir()
-        cfg = demo_config(*case, cache_dir=folder / "cache")
+        depth = case[4] if len(case) > 4 else 0
+        cfg = demo_config(*case[:4], cache_dir=folder / "cache", stream_depth=depth)
         (folder / "config.json").write_text(json.dumps(asdict(cfg)))
         demos[case_id(*case)] = (folder, cfg)
     env = dict(os.environ, OMP_NUM_THREADS="1", PERSEUS_GPU="sim", PERSEUS_SIM_GPU_DIR=str(tmp_path / "sim-gpus"),
@@ -133,3 +141,36 @@ def test_torch_demo_profiles_plans_and_deploys_a_plan_that_saves_energy(launches
     assert {"warmup", "profiling", "deployed", "baseline again"} <= set(table), table
     accounting = check_deployed_demo(results, cfg, folder / "cache")
     print(f"\n{schedule}, {stages} ranks:\n{format_report(table)}\n{accounting}")
+
+
+def test_torch_demo_on_the_asynchronous_gpu_deploys_and_times_steps_in_gpu_time(launches):
+    """The host runs ahead of each simulated GPU's stream: the plan still deploys, each iteration
+    is the GPU's time (events on the stream), the runtime timed its steps in GPU time, and no
+    kernel started before a kernel of another stage it depends on had ended: a sending
+    instruction's kernel is waited for before the framework's send (without that wait a stage's
+    kernel started while the one producing its input still ran)."""
+    schedule_name, stages, chunks, microbatches = ASYNC_DEMO
+    folder, cfg, results = launches(stages)["demos"][case_id(*ASYNC_DEMO, ASYNC_DEPTH)]
+    table = phase_table(results)
+    assert {"warmup", "profiling", "deployed", "baseline again"} <= set(table), table
+    check_deployed_demo(results, cfg, folder / "cache")
+    for result in results:
+        for rec in result["steps"]:
+            kernels = rec["instruction_times"]
+            assert len(kernels) == len(rec["instructions"]) == 2 * microbatches
+            # the iteration spans its kernels in GPU time: from the step-begin event to the step-end one
+            assert rec["gpu_begin_s"] <= kernels[0][0] and kernels[-1][1] <= rec["gpu_begin_s"] + rec["time_s"] + 1e-9
+            if rec["phase"] == "baseline again":  # the runtime stopped: only the demo times it
+                assert rec["gpu_step_s"] is None
+            elif rec["phase"] != "startup":  # StepMetrics.gpu_step_s: first instruction begin to the step's end
+                assert 0 < rec["gpu_step_s"] <= rec["time_s"] + 1e-3, rec
+                assert rec["gpu_step_s"] >= kernels[-1][1] - kernels[0][0] - 1e-3, rec
+    schedule = build_schedule(schedule_name, stages, microbatches, chunks)
+    by_stage = {r["stage"]: {rec["step"]: rec["instruction_times"] for rec in r["steps"]} for r in results}
+    late = []
+    for (us, ui), (vs, vi) in dependencies(schedule):
+        if us != vs:
+            for step, times in by_stage[vs].items():
+                if times[vi][0] < by_stage[us][step][ui][1] - 1e-6:
+                    late.append(f"step {step}: stage {vs} #{vi} began before stage {us} #{ui} ended")
+    assert late == []

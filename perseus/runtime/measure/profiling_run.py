@@ -204,8 +204,9 @@ class ProfilingRun:
         previous = self.sweep.visited[-1] if self.sweep.visited else None
         if previous is None:
             return ""
-        for key, st in sorted(self.recorder.time_stats().items()):
-            before = self.recorder.measurements.get(key, {}).get(previous)
+        stats, measured = self.recorder.time_stats(), self.recorder.measurements
+        for key in sorted(k for k in stats if k in measured):  # instructions, not the non-instruction bucket
+            st, before = stats[key], measured[key].get(previous)
             if before is None or st.se <= 0:
                 continue
             effect = abs(st.median - as_point(before).time_s)

@@ -17,15 +17,42 @@ In the simulated GPU's asynchronous mode (``stream_depth`` ≥ 1) an instruction
 launched onto its stream at ``end`` instead, with that same max-clock work, and the hook returns
 at once: the host runs ahead of the GPU as it does on a real one, and the clock the kernel runs
 at is the one in force when the stream's device thread reaches it.
+
+An instruction whose output another stage waits for (a forward's activation, a backward's input
+gradient: ``sends``) is different. On a real GPU the framework's send is ordered after the
+producing kernel on the stream, so the receiver cannot start before the kernel ended. A simulated
+kernel's output is the host's tensor, ready before the kernel ran, and the framework sends it from
+the host at once; so ``end`` waits for such an instruction's kernel (the stream's event), and
+the pipeline's dependencies stay real. Only stage-local instructions let the host run ahead.
+
+Known gap: the kernel is launched at ``end``, after the instruction's CPU work, and that work
+also counts in its max-clock time; where the GPU waits for the host (a stage that waited for its
+input) the CPU time is spent twice in GPU time. A real GPU starts the first kernels while the
+host still launches the rest: the fix is a kernel opened at ``begin`` and closed at ``end``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING
+
+from perseus.schedules.dag import InstructionDAG
 
 if TYPE_CHECKING:
     from perseus.gpu.sim.device import SimulatedGPU
+    from perseus.schedules import InstructionKind, Schedule
+
+SendKey = tuple[str, int]  # (instruction kind, chunk) as the hooks report it
+
+
+def sending_instructions(schedule: Schedule, stage: int) -> frozenset[SendKey]:
+    """``(kind, chunk)`` of ``stage``'s instructions another stage waits for (the DAG's cross-stage edges)."""
+    dag = InstructionDAG.from_schedule(schedule)
+    stages = dag.node_stage.tolist()
+    return frozenset((dag.instructions[u].kind, dag.instructions[u].chunk)
+                     for u, v in zip(dag.edge_src.tolist(), dag.edge_dst.tolist())
+                     if stages[u] == stage and stages[v] != stage)
 
 
 class SimulatedKernels:
@@ -33,10 +60,15 @@ class SimulatedKernels:
 
     ``activity`` and ``compute_fraction`` (SM activity and compute-bound share α, see
     ``SimulatedGPU.begin_busy``) apply to every kernel; a client may set them before training.
+    ``sends``: ``(kind, chunk)`` of the instructions whose kernel ``end`` waits for on the stream
+    (``sending_instructions``); nothing waits on a synchronous GPU, whose kernel ends in ``end``.
     """
 
-    def __init__(self, device: SimulatedGPU, activity: float = 1.0, compute_fraction: float = 0.8) -> None:
+    def __init__(self, device: SimulatedGPU, activity: float = 1.0, compute_fraction: float = 0.8, *,
+                 sends: Collection[SendKey] = ()) -> None:
         self.device = device
+        self.sends = frozenset(sends)
+        self.waits = 0  # kernels the host waited for before a send (asynchronous mode)
         self.activity = activity
         self.compute_fraction = compute_fraction
         self._open = False
@@ -60,8 +92,9 @@ class SimulatedKernels:
         """The open instruction takes at least ``t_max_s`` at the max clock (a nominal kernel time)."""
         self._min_s = t_max_s
 
-    def end(self) -> None:
-        """The instruction ends: wait until its kernel, stretched by the clock, has finished."""
+    def end(self, kind: InstructionKind | None = None, chunk: int = 0) -> None:
+        """The instruction ends: wait until its kernel, stretched by the clock, has finished
+        (asynchronous: launch it, and wait for it only if another stage needs its output)."""
         if self._open:
             self._open = False
             stream = self._stream
@@ -69,6 +102,9 @@ class SimulatedKernels:
                 work = max(time.perf_counter() - self._t0, self._min_s)
                 stream.launch(work, activity=self.activity, compute_fraction=self.compute_fraction)
                 self.launched += 1
+                if (kind, chunk) in self.sends:  # the framework sends the output next: as if after the kernel
+                    stream.synchronize()
+                    self.waits += 1
             else:
                 self.device.end_busy(min_s=self._min_s)
 
