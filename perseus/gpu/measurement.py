@@ -80,6 +80,7 @@ class EnergyPoller:
         self._clock_every_s = clock_every_s
         self._next_clock_t = -math.inf
         self._clock_samples: deque[ClockSample] = deque(maxlen=clock_keep)
+        self.error: str | None = None  # why the thread stopped reading (a device error), once it did
 
     def poll_once(self) -> CounterUpdate | None:
         e, stamp = self.device.energy_counter_reading()  # a stamp: the device knows when it advanced (the simulator)
@@ -127,7 +128,11 @@ class EnergyPoller:
         # The first (baseline) read happens here too: every read is on this thread, none on the
         # caller's (a training thread must not pay 2.4 ms per read).
         while not self._stop.is_set():
-            self.poll_once()
+            try:
+                self.poll_once()
+            except GPUError as exc:  # a lost GPU: no more updates; the owner reports it once (``error``)
+                self.error = str(exc)
+                return
             self._stop.wait(self.interval_s)
 
     def start(self) -> EnergyPoller:

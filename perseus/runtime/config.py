@@ -140,8 +140,9 @@ class PerseusConfig(BaseModel):
     iters_per_freq: int = Field(default=3, ge=1, description="profiled iterations per clock")
     # Energy-counter intervals each profiled clock should span (the attributed power's standard
     # error shrinks as 1/sqrt(intervals)); a clock is measured longer for it, up to 3 x iters_per_freq.
+    # 10 intervals (1 s at a 100 ms counter) leave steps of 0.35 s and longer at iters_per_freq.
     attribution_intervals: int = Field(
-        default=30, ge=0,
+        default=10, ge=0,
         description="energy-counter intervals each profiled clock should span (measured longer for it, up to 3x)",
     )
     # Two clocks in a row: one clock made noisy by the node must not end the sweep early.

@@ -148,6 +148,7 @@ def test_nvml_refuses_clocks_mid_run_training_continues_at_default(tmp_path, mon
     save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
                    "gpu": "nvml", "straggler_period_steps": 2, "metrics_file": str(tmp_path / "m.jsonl"),
+                   "probe_every_steps": 0,  # the plan's clocks every deployed step: a refusal lands where it is tested
                    **({"device_index": 0} if via == "controller" else {})}  # clockd: GPU = rank
     with clock_source(via, tmp_path, monkeypatch, "--gpu", "nvml") as daemon_log:
         results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
@@ -394,7 +395,7 @@ def test_controller_killed_while_a_plan_holds_a_clock(tmp_path):
     cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=10, target_slowdown=1.2, kill_controller_at_step=5)
     save_frontier(stage_uniform_frontier(cfg, FREQS), tmp_path / "frontier.json")
     cfg.perseus = {"frontier_path": str(tmp_path / "frontier.json"), "warmup_steps": 2, "cache_dir": None,
-                   "straggler_period_steps": 2}
+                   "straggler_period_steps": 2, "probe_every_steps": 0}  # no default-clock probe at the kill
     results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
     assert any(r["controller_killed"]["was_locked"] for r in results)
     recover = []

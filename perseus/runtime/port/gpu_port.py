@@ -209,6 +209,12 @@ class GPUPort:
         ``override`` as ``clock_override``; the first ``failed`` as ``clock_failed``, which sets
         ``clock_failure`` (later ones add nothing)."""
         events: list[tuple[str, Any]] = []
+        poller = self._poller
+        if poller is not None and poller.error is not None and self.energy_error is None:
+            self.energy_error = poller.error
+            log.warning("perseus: reading the GPU's energy failed (%s); energy is reported as unchanged "
+                        "from now on", poller.error)
+            events.append(("energy_failed", poller.error))
         for notice in self.notices():
             if notice.kind == "override":
                 log.warning("perseus: rank %d: %s", rank, notice.describe())
