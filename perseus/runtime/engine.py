@@ -71,9 +71,9 @@ class PerseusRuntime:
         if self.is_root:
             ensure_log_handler()
         self.gpu = open_port(c, self.collective, job.rank, gpu)
-        if self.gpu.is_simulated:
+        if (sim := self.gpu.sim_device) is not None:
             sends = sending_instructions(self.schedule, job.stage)  # waited for before a send (asynchronous)
-            self.sim_kernels = SimulatedKernels(self.gpu.sim_device, sends=sends)
+            self.sim_kernels = SimulatedKernels(sim, sends=sends)
         if c.trace_clocks:
             self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device, self.gpu.controller.pid)
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
@@ -146,7 +146,8 @@ class PerseusRuntime:
                 self._mismatch()
         self.steps.begin((chunk, kind), hot == _HOT_PROFILE)  # after the clock request: may share its event
         if trace is not None:
-            planned = self._follower.planned() if freq is not None else None  # type: ignore[union-attr]
+            follower = self._follower  # set whenever a clock was requested (freq)
+            planned = follower.planned() if freq is not None and follower is not None else None
             trace.begin(kind, microbatch, chunk, planned, t0, monotonic())
         kernels = self.sim_kernels
         if kernels is not None:  # after the clock request and the timer: the kernel runs inside both
@@ -195,10 +196,11 @@ class PerseusRuntime:
             elif phase is Phase.PLANNING:
                 self._poll_plan()
             if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
+                assert self.frontier is not None  # deployed (or fallen back from it): a plan was taken
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
                                           energy)
                 # every rank that deployed, fallen back or not: a window's decision is a collective
-                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)  # type: ignore[arg-type]
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
                     if (problem := self.loop.apply(decision, self.targeting, self.is_root)) is not None:
@@ -318,12 +320,13 @@ class PerseusRuntime:
 
     def _begin_deployed_step(self) -> None:
         """A new point when the targets changed (targeting.py); this step's clocks: the plan's or a probe's."""
+        assert self.frontier is not None  # deployed (or fallen back from it): a plan was taken
         if self.targeting.due and self.phases.phase is Phase.DEPLOYED:
-            self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
+            self._follow(self.targeting.retarget(self.frontier))
             self.loop.retarget()
         was_probing = self.loop.probing
         if self.loop.begin_step(self.step).default_clocks != was_probing and self.deployment.problem is None:
-            point = self.loop.point_now(self.targeting, self.frontier)  # type: ignore[arg-type]
+            point = self.loop.point_now(self.targeting, self.frontier)
             self._hot = _HOT_IDLE if point is None else _HOT_DEPLOY
             self._follow(point, changed=False)
             if point is None:  # default clocks; with a GPU timeline the GPU finished the last step: now

@@ -143,7 +143,7 @@ def test_no_energy_read_on_the_training_thread(deployed, tmp_path: Path) -> None
     assert deployed[3] == 0  # with the GPU timeline
     with PerseusRuntime(JOB, config(tmp_path, depth=0, mode="measure-only")) as rt:  # and host-timed
         train(rt, 4)
-        assert rt.gpu.sim_device.energy_reads[threading.get_ident()] == 0  # type: ignore[union-attr]
+        assert rt.gpu.sim_device.energy_reads[threading.get_ident()] == 0  # type: ignore[union-attr]  # a simulated GPU here
         assert rt.reporter.records[-1].energy_j > 0
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.runtime.observe.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
@@ -60,6 +60,16 @@ class StepEnd:
     straggler_ratio: float
     job_energy_j: float | None
     stage_instructions: int
+
+
+class GridFields(NamedTuple):
+    """A step's fields of ``StepMetrics`` from the grid's target (None: no target, or no intensity)."""
+
+    carbon_intensity: float | None = None
+    carbon_g: float | None = None
+    carbon_g_total: float | None = None
+    job_power_w: float | None = None
+    power_cap_w: float | None = None
 
 
 class Observer:
@@ -114,32 +124,36 @@ class Observer:
         deployed = phase is Phase.DEPLOYED
         plan_step = deployed and not loop.probing and targeting.point is not None
         point = targeting.point if plan_step else None
+        grid = self._grid_fields(targeting, energy_j)
+        gpu = numbers if numbers is not None and numbers.gpu_time else None  # the GPU ran it behind the host
         record = StepMetrics(step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
                              freq_mhz=sweep.current_mhz if sweep is not None else None,
                              target_time_s=point.time_s if point is not None else None,
                              slowdown=targeting.slowdown if plan_step else 1.0,
                              clocks=loop.clocks if deployed else None,
-                             counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j))
-        if numbers is not None and numbers.gpu_time:  # the GPU ran it behind the host (port/gpu_timeline.py)
-            record = replace(record, gpu_step_s=numbers.time_s, instruction_span_s=numbers.span_s,
-                             non_instruction_gpu_s=numbers.non_instruction_s,
-                             non_instruction_energy_j=numbers.non_instruction_energy_j, host_time_s=numbers.host_s)
+                             counted=loop.role.counted if deployed else None,
+                             carbon_intensity=grid.carbon_intensity, carbon_g=grid.carbon_g,
+                             carbon_g_total=grid.carbon_g_total, job_power_w=grid.job_power_w,
+                             power_cap_w=grid.power_cap_w,
+                             gpu_step_s=gpu.time_s if gpu else None, instruction_span_s=gpu.span_s if gpu else None,
+                             non_instruction_gpu_s=gpu.non_instruction_s if gpu else None,
+                             non_instruction_energy_j=gpu.non_instruction_energy_j if gpu else None,
+                             host_time_s=gpu.host_s if gpu else None)
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
 
-    def _grid_fields(self, targeting: Targeting, energy_j: float) -> dict[str, float | None]:
+    def _grid_fields(self, targeting: Targeting, energy_j: float) -> GridFields:
         """The step's carbon (this GPU's energy at the intensity in force) and the job's planned
         power against the cap, while a grid target is set (``grid.py``)."""
         grid = targeting.grid
         if grid is None:
-            return {}
-        out: dict[str, float | None] = {"job_power_w": grid.job_power_w, "power_cap_w": grid.power_cap_w}
-        if grid.intensity is not None:
-            carbon = energy_j * grid.intensity / J_PER_KWH
-            self.carbon_g_total += carbon
-            out.update(carbon_intensity=grid.intensity, carbon_g=carbon, carbon_g_total=self.carbon_g_total)
-        return out
+            return GridFields()
+        if grid.intensity is None:
+            return GridFields(job_power_w=grid.job_power_w, power_cap_w=grid.power_cap_w)
+        carbon = energy_j * grid.intensity / J_PER_KWH
+        self.carbon_g_total += carbon
+        return GridFields(grid.intensity, carbon, self.carbon_g_total, grid.job_power_w, grid.power_cap_w)
 
     def publish(self, record: StepMetrics, end: StepEnd) -> StepMetrics:
         """``record`` completed with what holds at step ``end``, kept in place of it and given to
