@@ -28,7 +28,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
-from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock
+from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock, StepNumbers
 from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe.observer import Observer, StepEnd
@@ -88,6 +88,7 @@ class PerseusRuntime:
         timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
                                           len(self.schedule.stages[job.stage]))
         self.steps = StepClock(timeline, HostSteps(self.gpu.energy_source(), monotonic, self.gpu.direct_energy_reader()), self.gpu.instruction_timer())
+        self.measured = StepNumbers(0.0, 0.0, 0.0)  # the step that just ended: what the observer records
         # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
         self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides or timeline is not None)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
@@ -178,12 +179,11 @@ class PerseusRuntime:
         if self._hot == _HOT_DEPLOY:
             self.deployment.step_ending()
         phase = self.phases.phase
-        numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
+        self.measured = numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
         step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
         probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
-        record = self.observe.record(self.step, phase, step_time, energy, targeting=self.targeting, loop=self.loop,
-                                     sweep=profiling.sweep if profiling else None, numbers=numbers)
+        record = self.observe.record(self)
         self.step += 1
         self._check_notices()
         try:
@@ -409,10 +409,7 @@ class PerseusRuntime:
         """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
         if not self.enabled:
             return {"enabled": False}
-        return self.observe.summary(self.observe.facts(
-            job=self.job, phases=self.phases, steps=self.step, supply=self.supply, deployment=self.deployment,
-            targeting=self.targeting, frontier=self.frontier, clock_mhz=self.gpu.current_mhz,
-            job_numbers=self.job_numbers, loop=self.loop, grid=self.grid.summary()))
+        return self.observe.summary(self.observe.facts(self))
 
     def close(self, *, plan_wait_s: float | None = None) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths.

@@ -5,13 +5,17 @@ sinks per framework) without touching the hot path or the phase changes. ``Obser
 ``Reporter`` (log line, JSONL metrics file, the records), the sinks (``metrics.py``) and the
 Prometheus exporter; the engine hands it values at step end and gets ``StepMetrics`` back.
 
+The observer reads the engine's rooms through one declared view, ``RunView`` (``PerseusRuntime``
+satisfies it): ``record`` and ``facts`` take it, not a keyword per collaborator.
+
 A step's record is made in two parts, both at step end: ``record`` right after the step is
 measured (its log and file lines precede the phase change it may cause, as they always did), and
 ``publish`` once the step's phase logic ran, with one ``StepEnd`` value (the clock requested now,
 the straggler ratio and job check of this step; the observer adds the running totals): that form
 replaces the first in ``Reporter.records`` and goes to every sink. The first part cannot wait for
-the second: warm-up's end reads the step's record as a baseline, and the step's file line precedes
-the phase-change events it causes.
+the second: warm-up's end reads the step's record as a baseline, profiling's end reads it for the
+profiling overhead, and the step's file line precedes the phase-change events it causes
+(docs/runtime.md, "A step's record").
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.runtime.observe.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
@@ -27,8 +31,9 @@ from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.observe.report import Reporter, RunFacts, profiling_overhead, summarize
 
 if TYPE_CHECKING:
+    from perseus.runtime.clocks.grid import GridControl
+    from perseus.runtime.port.gpu_port import GPUPort
     from perseus.runtime.port.gpu_timeline import StepNumbers
-    from perseus.runtime.measure.clock_sweep import ClockSweep
     from perseus.runtime.guard.closed_loop import ClosedLoop
     from perseus.runtime.plane.collective import Collective
     from perseus.runtime.config import PerseusConfig
@@ -41,6 +46,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("perseus.runtime")
 
 J_PER_KWH = 3.6e6
+
+
+class RunView(Protocol):
+    """What the observer reads of a run (``PerseusRuntime`` is one): its rooms as they stand.
+    ``step``: the step being recorded at ``record`` (not yet counted), the steps run at ``facts``;
+    ``measured``: the numbers of the step that just ended."""
+
+    job: PipelineJob
+    step: int
+    measured: StepNumbers
+    phases: PhaseMachine
+    supply: PlanSupply
+    targeting: Targeting
+    loop: ClosedLoop
+    deployment: Deployment
+    frontier: StagePlan | None
+    gpu: GPUPort
+    grid: GridControl
+    job_numbers: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -116,17 +140,21 @@ class Observer:
 
     # ---------------------------------------------------------------- per step (step end only)
 
-    def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, targeting: Targeting,
-               loop: ClosedLoop, sweep: ClockSweep | None = None, numbers: StepNumbers | None = None) -> StepMetrics:
-        """The step as measured (a deployed plan step with its point's planned time and slowdown, a
-        deployed probe step marked ``clocks="default"``; a profiled one with its ``sweep``'s clock):
-        kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics file now."""
+    def record(self, run: RunView) -> StepMetrics:
+        """The step ``run`` just measured (a deployed plan step with its point's planned time and
+        slowdown, a deployed probe step marked ``clocks="default"``; a profiled one with its sweep's
+        clock): kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics
+        file now, before the step's phase logic."""
+        numbers, phase, targeting, loop = run.measured, run.phases.phase, run.targeting, run.loop
+        time_s, energy_j = numbers.time_s, numbers.energy_j
+        profiling = run.supply.profiling if phase is Phase.PROFILING else None
+        sweep = profiling.sweep if profiling is not None else None
         deployed = phase is Phase.DEPLOYED
         plan_step = deployed and not loop.probing and targeting.point is not None
         point = targeting.point if plan_step else None
         grid = self._grid_fields(targeting, energy_j)
-        gpu = numbers if numbers is not None and numbers.gpu_time else None  # the GPU ran it behind the host
-        record = StepMetrics(step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
+        gpu = numbers if numbers.gpu_time else None  # the GPU ran it behind the host (port/gpu_timeline.py)
+        record = StepMetrics(step=run.step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
                              freq_mhz=sweep.current_mhz if sweep is not None else None,
                              target_time_s=point.time_s if point is not None else None,
                              slowdown=targeting.slowdown if plan_step else 1.0,
@@ -190,20 +218,17 @@ class Observer:
             out["prometheus"] = {"addr": self.prometheus.addr, "port": self.prometheus.port, "url": self.prometheus.url}
         return out
 
-    def facts(self, *, job: PipelineJob, phases: PhaseMachine, steps: int, supply: PlanSupply, deployment: Deployment,
-              targeting: Targeting, frontier: StagePlan | None, clock_mhz: int,
-              job_numbers: dict[str, Any], loop: ClosedLoop | None = None,
-              grid: dict[str, Any] | None = None) -> RunFacts:
-        """The summary's facts, read off the engine's rooms."""
-        c, run = self.config, supply.profiling
-        sweep = run.sweep if run is not None else None
+    def facts(self, run: RunView) -> RunFacts:
+        """The summary's facts, read off the run's rooms."""
+        c, profiling, loop = self.config, run.supply.profiling, run.loop
         return RunFacts(
-            rank=self.rank, job=job, mode=c.mode.value, phase=phases.phase, steps=steps, phase_history=list(phases.history),
-            p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
-            clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
-            profiling_iterations=c.warmup_steps + run.iterations() if run is not None else None,
-            frontier=frontier, point=targeting.point,
-            closed_loop=loop.summary() if loop is not None and loop.steps else None, grid=grid)
+            rank=self.rank, job=run.job, mode=c.mode.value, phase=run.phases.phase, steps=run.step,
+            phase_history=list(run.phases.history), p_blocking_w=run.supply.p_blocking_w,
+            fallback=run.deployment.problem, slowdown=run.targeting.slowdown, clock_mhz=run.gpu.current_mhz,
+            events=self.events, job_numbers=run.job_numbers, sweep=profiling.sweep if profiling is not None else None,
+            profiling_iterations=c.warmup_steps + profiling.iterations() if profiling is not None else None,
+            frontier=run.frontier, point=run.targeting.point,
+            closed_loop=loop.summary() if loop.steps else None, grid=run.grid.summary())
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""
