@@ -26,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 from statistics import median
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from perseus.runtime.guard.sequential import SequentialSettings
 from perseus.runtime.guard.simulation import (
     HostEvent,
+    Noise,
     lognormal_noise,
     simulate,
     trace_noise,
@@ -46,13 +48,13 @@ def trace_ratios() -> list[float]:
     return [x / median(v) for v in steps for x in v]
 
 
-def noises() -> dict[str, object]:
+def noises() -> dict[str, Callable[[], Noise]]:
     ratios = trace_ratios()
     return {"gpu 1%": lambda: lognormal_noise(0.01), "3%": lambda: lognormal_noise(0.03),
             "cpu trace": lambda: trace_noise(ratios)}
 
 
-def detection(slowdown: float, make_noise, events, runs: int, within: int) -> str:  # type: ignore[no-untyped-def]
+def detection(slowdown: float, make_noise: Callable[[], Noise], events: list[HostEvent], runs: int, within: int) -> str:
     steps = [simulate(2000, slowdown=slowdown, noise=make_noise(), events=events, seed=s).first_alarm
              for s in range(runs)]
     caught = sorted(s for s in steps if s is not None)
@@ -78,7 +80,7 @@ def main() -> None:
     for name, make_noise in noises().items():
         for period in (None, 2, 4, 10, 25, 50, 100):
             events = [HostEvent(period, 0.3)] if period else []
-            honest = [simulate(per_run, slowdown=0.0, noise=make_noise(), events=events, seed=1000 + r,  # type: ignore[operator]
+            honest = [simulate(per_run, slowdown=0.0, noise=make_noise(), events=events, seed=1000 + r,
                                stop_at_alarm=False) for r in range(max(1, args.honest_steps // per_run))]
             steps = sum(r.steps for r in honest)
             alarms = sum(len(r.alarm_steps) for r in honest)

@@ -46,7 +46,7 @@ for _p in (str(SCRIPTS.parent), str(SCRIPTS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402
+from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402 - after the sys.path lines above
 
 PLANNED_CLOCKS = (1980, 1755, 1530, 1305)  # labels only: nothing is ever set
 
@@ -65,7 +65,7 @@ def load_gpu_timeline() -> Any:
 
 def runtime_importable() -> str:
     try:
-        import perseus.runtime  # noqa: F401
+        import perseus.runtime  # noqa: F401 - imported to see whether it can be
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return f"no ({type(exc).__name__}: {exc})"
     return "yes"
@@ -148,7 +148,7 @@ def main() -> int:
                       dev, torch.bfloat16)
         order = stage.order
         energy = ReadOnlyEnergy(nv, handle)
-        poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]
+        poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]  # ReadOnlyEnergy reads the counter as the poller's source does
         sent: list[tuple[float, int]] = []
         split: dict[str, list[float]] = {"clock": [], "begin": [], "end": []}
 

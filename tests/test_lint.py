@@ -13,8 +13,6 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = [p for p in ROOT.iterdir() if p.is_dir() and p.name.startswith("perseus")] + [
     ROOT / "scripts", ROOT / "benchmarks", ROOT / "tests"]
@@ -52,9 +50,6 @@ def test_the_check_tells_explained_from_bare():
     assert [unexplained(line) for line in explained] == [[]] * len(explained)
 
 
-# strict: once the last marker has its reason this xpasses, which fails, and the mark must go
-@pytest.mark.xfail(strict=True, reason="issue 35 item 9 unfinished: 15 markers in perseus/runtime/ still lack "
-                   "a reason")
 def test_every_suppression_names_its_code_and_reason():
     files = sorted(p for d in CHECKED for p in d.rglob("*.py"))
     assert len(files) > 100, "the checked directories were not found"

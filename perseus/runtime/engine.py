@@ -28,7 +28,7 @@ from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort, open_port
-from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock
+from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock, StepNumbers
 from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
 from perseus.runtime.observe.observer import Observer, StepEnd
@@ -71,9 +71,9 @@ class PerseusRuntime:
         if self.is_root:
             ensure_log_handler()
         self.gpu = open_port(c, self.collective, job.rank, gpu)
-        if self.gpu.is_simulated:
+        if (sim := self.gpu.sim_device) is not None:
             sends = sending_instructions(self.schedule, job.stage)  # waited for before a send (asynchronous)
-            self.sim_kernels = SimulatedKernels(self.gpu.sim_device, sends=sends)
+            self.sim_kernels = SimulatedKernels(sim, sends=sends)
         if c.trace_clocks:
             self.clock_trace = self.gpu.trace = ClockTrace(self.gpu.sim_device, self.gpu.controller.pid)
         self.observe = Observer(self.rank, c, self.is_root)  # records, sinks, Prometheus, summary
@@ -88,6 +88,7 @@ class PerseusRuntime:
         timeline = self.gpu.open_timeline(switches.latency_s if switches.switch_ahead else 0.0,
                                           len(self.schedule.stages[job.stage]))
         self.steps = StepClock(timeline, HostSteps(self.gpu.energy_source(), monotonic, self.gpu.direct_energy_reader()), self.gpu.instruction_timer())
+        self.measured = StepNumbers(0.0, 0.0, 0.0)  # the step that just ended: what the observer records
         # Profile, planner and cache (its key is the model): where the plan comes from (supply.py).
         self.supply = PlanSupply(job, self.schedule, c, self.collective, self.gpu, switches.hides or timeline is not None)
         # This rank's stage of the frontier (never the whole frontier: docs/runtime.md, "What a rank holds").
@@ -146,7 +147,8 @@ class PerseusRuntime:
                 self._mismatch()
         self.steps.begin((chunk, kind), hot == _HOT_PROFILE)  # after the clock request: may share its event
         if trace is not None:
-            planned = self._follower.planned() if freq is not None else None  # type: ignore[union-attr]
+            follower = self._follower  # set whenever a clock was requested (freq)
+            planned = follower.planned() if freq is not None and follower is not None else None
             trace.begin(kind, microbatch, chunk, planned, t0, monotonic())
         kernels = self.sim_kernels
         if kernels is not None:  # after the clock request and the timer: the kernel runs inside both
@@ -177,12 +179,11 @@ class PerseusRuntime:
         if self._hot == _HOT_DEPLOY:
             self.deployment.step_ending()
         phase = self.phases.phase
-        numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
+        self.measured = numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
         step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
         probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
-        record = self.observe.record(self.step, phase, step_time, energy, targeting=self.targeting, loop=self.loop,
-                                     sweep=profiling.sweep if profiling else None, numbers=numbers)
+        record = self.observe.record(self)
         self.step += 1
         self._check_notices()
         try:
@@ -195,10 +196,11 @@ class PerseusRuntime:
             elif phase is Phase.PLANNING:
                 self._poll_plan()
             if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
+                assert self.frontier is not None  # deployed (or fallen back from it): a plan was taken
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
                                           energy)
                 # every rank that deployed, fallen back or not: a window's decision is a collective
-                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)  # type: ignore[arg-type]
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
                     if (problem := self.loop.apply(decision, self.targeting, self.is_root)) is not None:
@@ -318,12 +320,13 @@ class PerseusRuntime:
 
     def _begin_deployed_step(self) -> None:
         """A new point when the targets changed (targeting.py); this step's clocks: the plan's or a probe's."""
+        assert self.frontier is not None  # deployed (or fallen back from it): a plan was taken
         if self.targeting.due and self.phases.phase is Phase.DEPLOYED:
-            self._follow(self.targeting.retarget(self.frontier))  # type: ignore[arg-type]
+            self._follow(self.targeting.retarget(self.frontier))
             self.loop.retarget()
         was_probing = self.loop.probing
         if self.loop.begin_step(self.step).default_clocks != was_probing and self.deployment.problem is None:
-            point = self.loop.point_now(self.targeting, self.frontier)  # type: ignore[arg-type]
+            point = self.loop.point_now(self.targeting, self.frontier)
             self._hot = _HOT_IDLE if point is None else _HOT_DEPLOY
             self._follow(point, changed=False)
             if point is None:  # default clocks; with a GPU timeline the GPU finished the last step: now
@@ -406,10 +409,7 @@ class PerseusRuntime:
         """Measured results of this rank (energies are this rank's GPU) plus job-wide numbers when known."""
         if not self.enabled:
             return {"enabled": False}
-        return self.observe.summary(self.observe.facts(
-            job=self.job, phases=self.phases, steps=self.step, supply=self.supply, deployment=self.deployment,
-            targeting=self.targeting, frontier=self.frontier, clock_mhz=self.gpu.current_mhz,
-            job_numbers=self.job_numbers, loop=self.loop, grid=self.grid.summary()))
+        return self.observe.summary(self.observe.facts(self))
 
     def close(self, *, plan_wait_s: float | None = None) -> None:
         """Reset clocks to default and release the GPU; idempotent, safe in error paths.

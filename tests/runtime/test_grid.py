@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +21,7 @@ from perseus.runtime.clocks.grid import GridControl
 from perseus.runtime.observe.metrics import SCALARS, StepMetrics
 from perseus.runtime.observe.observer import Observer
 from perseus.runtime.phases import Phase
+from perseus.runtime.port.gpu_timeline import StepNumbers
 from perseus.runtime.observe.prometheus import SNAPSHOT_KEYS
 from perseus.runtime.clocks.targeting import CarbonTarget, PowerCapTarget, Targeting
 
@@ -156,8 +158,12 @@ def test_step_metrics_carry_carbon_and_power(tmp_path):
         def figure(self):
             return None
 
-    first = observer.record(0, Phase.DEPLOYED, 1.0, 3.6e6 / 1000, targeting=targeting, loop=Loop())
-    second = observer.record(1, Phase.DEPLOYED, 1.0, 3.6e6 / 1000, targeting=targeting, loop=Loop())
+    # the observer's view of a deployed run (RunView): 1 kWh/1000 per step at 400 gCO2/kWh
+    run = SimpleNamespace(step=0, measured=StepNumbers(1.0, 3.6e6 / 1000, 1.0), phases=SimpleNamespace(
+        phase=Phase.DEPLOYED), targeting=targeting, loop=Loop())
+    first = observer.record(run)
+    run.step = 1
+    second = observer.record(run)
     assert first.carbon_g == pytest.approx(0.4) and second.carbon_g_total == pytest.approx(0.8)
     scalars = second.scalars()
     for name in ("carbon_intensity", "carbon_g", "carbon_g_total", "job_power_w", "power_cap_w"):

@@ -264,18 +264,18 @@ class Deployment:
         """An instruction begins: its planned clock, asked for now (or, timed, the switches due at
         its begin); None where it is not the planned instruction (the follower says why)."""
         follower = self.follower
-        freq = follower.next(kind, microbatch, chunk, backward)  # type: ignore[union-attr]
+        freq = follower.next(kind, microbatch, chunk, backward)  # type: ignore[union-attr]  # hooks run only while following a point; no check on the hot path
         if freq is None:
             return None
         stream = self.gpu.timeline
         if stream is not None:  # in effect when the GPU gets there (docs/runtime.md, "GPU time")
             planned = self.planned_s
-            stream.clock(freq, planned[follower.index] if planned is not None else None)  # type: ignore[union-attr]
+            stream.clock(freq, planned[follower.index] if planned is not None else None)  # type: ignore[union-attr]  # as above
             return freq
         timed = self.timed
         if timed is not None:
             # Switches asked for at planned times (docs/runtime.md, "Clock-switch latency").
-            index = follower.index  # type: ignore[union-attr]
+            index = follower.index  # type: ignore[union-attr]  # as above: a point is followed
             if timed.watches(index, False):
                 for clock, at in timed.begin(index, monotonic()):
                     self.gpu.request_at(clock, at)
@@ -291,12 +291,12 @@ class Deployment:
         if self.gpu.timeline is not None:
             return
         if timed is not None:
-            index = self.follower.index  # type: ignore[union-attr]
+            index = self.follower.index  # type: ignore[union-attr]  # hooks run only while following a point
             if timed.watches(index, True):
                 for clock, at in timed.end(index, monotonic()):
                     self.gpu.request_at(clock, at)
         elif self.switches.switch_ahead:
-            freq = self.follower.peek()  # type: ignore[union-attr]
+            freq = self.follower.peek()  # type: ignore[union-attr]  # hooks run only while following a point
             if freq != self.gpu.current_mhz:
                 self.gpu.request(freq)
 

@@ -108,7 +108,7 @@ class SpeedUp:
 
 
 @dataclass(frozen=True)
-class GridTarget:
+class GridPoint:
     """A point rank 0 chose from the grid's signals, by its planned time (never faster than no slowdown)."""
 
     time_s: float
@@ -121,7 +121,7 @@ class GridTarget:
 
 
 @dataclass(frozen=True)
-class CarbonTarget(GridTarget):
+class CarbonTarget(GridPoint):
     """The point rank 0 chose for this carbon window (``perseus.carbon.policy``), by its planned
     time; ``intensity`` (gCO2/kWh) and the job's planned power ride along for the metrics."""
 
@@ -131,7 +131,7 @@ class CarbonTarget(GridTarget):
 
 
 @dataclass(frozen=True)
-class PowerCapTarget(GridTarget):
+class PowerCapTarget(GridPoint):
     """The fastest point whose job power is under ``power_cap_w`` (rank 0's choice, by its time)."""
 
     power_cap_w: float
@@ -147,7 +147,7 @@ class GridPaced:
     """A grid target behind a straggler: if the straggler's pace is slower than the grid's point,
     the paced point for that pace (least energy when waiting anyway), else the grid's point."""
 
-    grid: CarbonTarget | PowerCapTarget
+    grid: GridTarget
     ratio: float
 
     def choose(self, plan: StagePlan) -> StagePoint:

@@ -281,5 +281,5 @@ def write_all(sinks: list[Any], step: int, metrics: StepMetrics) -> None:
 def close_quietly(sink: Any) -> None:
     try:
         sink.close()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a caller's sink may raise anything; closing goes on
         log.warning("perseus: closing metrics sink %s failed (%s)", type(sink).__name__, exc)

@@ -5,21 +5,25 @@ sinks per framework) without touching the hot path or the phase changes. ``Obser
 ``Reporter`` (log line, JSONL metrics file, the records), the sinks (``metrics.py``) and the
 Prometheus exporter; the engine hands it values at step end and gets ``StepMetrics`` back.
 
+The observer reads the engine's rooms through one declared view, ``RunView`` (``PerseusRuntime``
+satisfies it): ``record`` and ``facts`` take it, not a keyword per collaborator.
+
 A step's record is made in two parts, both at step end: ``record`` right after the step is
 measured (its log and file lines precede the phase change it may cause, as they always did), and
 ``publish`` once the step's phase logic ran, with one ``StepEnd`` value (the clock requested now,
 the straggler ratio and job check of this step; the observer adds the running totals): that form
 replaces the first in ``Reporter.records`` and goes to every sink. The first part cannot wait for
-the second: warm-up's end reads the step's record as a baseline, and the step's file line precedes
-the phase-change events it causes.
+the second: warm-up's end reads the step's record as a baseline, profiling's end reads it for the
+profiling overhead, and the step's file line precedes the phase-change events it causes
+(docs/runtime.md, "A step's record").
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.runtime.observe.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
@@ -27,8 +31,9 @@ from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.observe.report import Reporter, RunFacts, profiling_overhead, summarize
 
 if TYPE_CHECKING:
+    from perseus.runtime.clocks.grid import GridControl
+    from perseus.runtime.port.gpu_port import GPUPort
     from perseus.runtime.port.gpu_timeline import StepNumbers
-    from perseus.runtime.measure.clock_sweep import ClockSweep
     from perseus.runtime.guard.closed_loop import ClosedLoop
     from perseus.runtime.plane.collective import Collective
     from perseus.runtime.config import PerseusConfig
@@ -41,6 +46,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("perseus.runtime")
 
 J_PER_KWH = 3.6e6
+
+
+class RunView(Protocol):
+    """What the observer reads of a run (``PerseusRuntime`` is one): its rooms as they stand.
+    ``step``: the step being recorded at ``record`` (not yet counted), the steps run at ``facts``;
+    ``measured``: the numbers of the step that just ended."""
+
+    job: PipelineJob
+    step: int
+    measured: StepNumbers
+    phases: PhaseMachine
+    supply: PlanSupply
+    targeting: Targeting
+    loop: ClosedLoop
+    deployment: Deployment
+    frontier: StagePlan | None
+    gpu: GPUPort
+    grid: GridControl
+    job_numbers: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,16 @@ class StepEnd:
     straggler_ratio: float
     job_energy_j: float | None
     stage_instructions: int
+
+
+class GridFields(NamedTuple):
+    """A step's fields of ``StepMetrics`` from the grid's target (None: no target, or no intensity)."""
+
+    carbon_intensity: float | None = None
+    carbon_g: float | None = None
+    carbon_g_total: float | None = None
+    job_power_w: float | None = None
+    power_cap_w: float | None = None
 
 
 class Observer:
@@ -106,40 +140,48 @@ class Observer:
 
     # ---------------------------------------------------------------- per step (step end only)
 
-    def record(self, step: int, phase: Phase, time_s: float, energy_j: float, *, targeting: Targeting,
-               loop: ClosedLoop, sweep: ClockSweep | None = None, numbers: StepNumbers | None = None) -> StepMetrics:
-        """The step as measured (a deployed plan step with its point's planned time and slowdown, a
-        deployed probe step marked ``clocks="default"``; a profiled one with its ``sweep``'s clock):
-        kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics file now."""
+    def record(self, run: RunView) -> StepMetrics:
+        """The step ``run`` just measured (a deployed plan step with its point's planned time and
+        slowdown, a deployed probe step marked ``clocks="default"``; a profiled one with its sweep's
+        clock): kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics
+        file now, before the step's phase logic."""
+        numbers, phase, targeting, loop = run.measured, run.phases.phase, run.targeting, run.loop
+        time_s, energy_j = numbers.time_s, numbers.energy_j
+        profiling = run.supply.profiling if phase is Phase.PROFILING else None
+        sweep = profiling.sweep if profiling is not None else None
         deployed = phase is Phase.DEPLOYED
         plan_step = deployed and not loop.probing and targeting.point is not None
         point = targeting.point if plan_step else None
-        record = StepMetrics(step=step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
+        grid = self._grid_fields(targeting, energy_j)
+        gpu = numbers if numbers.gpu_time else None  # the GPU ran it behind the host (port/gpu_timeline.py)
+        record = StepMetrics(step=run.step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
                              freq_mhz=sweep.current_mhz if sweep is not None else None,
                              target_time_s=point.time_s if point is not None else None,
                              slowdown=targeting.slowdown if plan_step else 1.0,
                              clocks=loop.clocks if deployed else None,
-                             counted=loop.role.counted if deployed else None, **self._grid_fields(targeting, energy_j))
-        if numbers is not None and numbers.gpu_time:  # the GPU ran it behind the host (port/gpu_timeline.py)
-            record = replace(record, gpu_step_s=numbers.time_s, instruction_span_s=numbers.span_s,
-                             non_instruction_gpu_s=numbers.non_instruction_s,
-                             non_instruction_energy_j=numbers.non_instruction_energy_j, host_time_s=numbers.host_s)
+                             counted=loop.role.counted if deployed else None,
+                             carbon_intensity=grid.carbon_intensity, carbon_g=grid.carbon_g,
+                             carbon_g_total=grid.carbon_g_total, job_power_w=grid.job_power_w,
+                             power_cap_w=grid.power_cap_w,
+                             gpu_step_s=gpu.time_s if gpu else None, instruction_span_s=gpu.span_s if gpu else None,
+                             non_instruction_gpu_s=gpu.non_instruction_s if gpu else None,
+                             non_instruction_energy_j=gpu.non_instruction_energy_j if gpu else None,
+                             host_time_s=gpu.host_s if gpu else None)
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
 
-    def _grid_fields(self, targeting: Targeting, energy_j: float) -> dict[str, float | None]:
+    def _grid_fields(self, targeting: Targeting, energy_j: float) -> GridFields:
         """The step's carbon (this GPU's energy at the intensity in force) and the job's planned
         power against the cap, while a grid target is set (``grid.py``)."""
         grid = targeting.grid
         if grid is None:
-            return {}
-        out: dict[str, float | None] = {"job_power_w": grid.job_power_w, "power_cap_w": grid.power_cap_w}
-        if grid.intensity is not None:
-            carbon = energy_j * grid.intensity / J_PER_KWH
-            self.carbon_g_total += carbon
-            out.update(carbon_intensity=grid.intensity, carbon_g=carbon, carbon_g_total=self.carbon_g_total)
-        return out
+            return GridFields()
+        if grid.intensity is None:
+            return GridFields(job_power_w=grid.job_power_w, power_cap_w=grid.power_cap_w)
+        carbon = energy_j * grid.intensity / J_PER_KWH
+        self.carbon_g_total += carbon
+        return GridFields(grid.intensity, carbon, self.carbon_g_total, grid.job_power_w, grid.power_cap_w)
 
     def publish(self, record: StepMetrics, end: StepEnd) -> StepMetrics:
         """``record`` completed with what holds at step ``end``, kept in place of it and given to
@@ -176,20 +218,17 @@ class Observer:
             out["prometheus"] = {"addr": self.prometheus.addr, "port": self.prometheus.port, "url": self.prometheus.url}
         return out
 
-    def facts(self, *, job: PipelineJob, phases: PhaseMachine, steps: int, supply: PlanSupply, deployment: Deployment,
-              targeting: Targeting, frontier: StagePlan | None, clock_mhz: int,
-              job_numbers: dict[str, Any], loop: ClosedLoop | None = None,
-              grid: dict[str, Any] | None = None) -> RunFacts:
-        """The summary's facts, read off the engine's rooms."""
-        c, run = self.config, supply.profiling
-        sweep = run.sweep if run is not None else None
+    def facts(self, run: RunView) -> RunFacts:
+        """The summary's facts, read off the run's rooms."""
+        c, profiling, loop = self.config, run.supply.profiling, run.loop
         return RunFacts(
-            rank=self.rank, job=job, mode=c.mode.value, phase=phases.phase, steps=steps, phase_history=list(phases.history),
-            p_blocking_w=supply.p_blocking_w, fallback=deployment.problem, slowdown=targeting.slowdown,
-            clock_mhz=clock_mhz, events=self.events, job_numbers=job_numbers, sweep=sweep,
-            profiling_iterations=c.warmup_steps + run.iterations() if run is not None else None,
-            frontier=frontier, point=targeting.point,
-            closed_loop=loop.summary() if loop is not None and loop.steps else None, grid=grid)
+            rank=self.rank, job=run.job, mode=c.mode.value, phase=run.phases.phase, steps=run.step,
+            phase_history=list(run.phases.history), p_blocking_w=run.supply.p_blocking_w,
+            fallback=run.deployment.problem, slowdown=run.targeting.slowdown, clock_mhz=run.gpu.current_mhz,
+            events=self.events, job_numbers=run.job_numbers, sweep=profiling.sweep if profiling is not None else None,
+            profiling_iterations=c.warmup_steps + profiling.iterations() if profiling is not None else None,
+            frontier=run.frontier, point=run.targeting.point,
+            closed_loop=loop.summary() if loop.steps else None, grid=run.grid.summary())
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -19,15 +19,35 @@ import torch.distributed as dist
 _TAG_SIZE, _TAG_DATA, _TAG_PAIR = 7311, 7312, 7321
 
 
+class _Work(Protocol):
+    def wait(self) -> object: ...
+
+
+class _GlooOps(Protocol):
+    """The operations used here of a ``ProcessGroupGloo``. It has them at run time (as every c10d
+    backend does), but torch's stubs declare them on ``ProcessGroup`` only, not on ``Backend``."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> _Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> _Work: ...
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]) -> _Work: ...
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> _Work: ...
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> _Work: ...
+
+
 class AxisGroup:
     """Members are global ranks ordered by the axis coordinate; ``index`` is this rank's."""
 
-    def __init__(self, store: Any, members: Sequence[int], index: int, timeout_s: float) -> None:
+    def __init__(self, store: dist.Store, members: Sequence[int], index: int, timeout_s: float) -> None:
         self.members = tuple(members)
         self.index = index
         self.size = len(self.members)
         self.sent_bytes = 0  # what this rank sent as a root or sender: the benchmark's rank-0 bytes
-        self._pg = dist.ProcessGroupGloo(store, index, self.size, timedelta(seconds=timeout_s))
+        self._backend = dist.ProcessGroupGloo(store, index, self.size, timedelta(seconds=timeout_s))
+        self._pg = cast(_GlooOps, self._backend)
 
     # ---------------------------------------------------------------- tensors
 
@@ -39,9 +59,10 @@ class AxisGroup:
             self.sent_bytes += tensor.numel() * tensor.element_size() * (self.size - 1)
         return tensor
 
-    def all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
+        """``op``: ``dist.ReduceOp.SUM``, ``MIN``, ..."""
         opts = dist.AllreduceOptions()
-        opts.reduceOp = op
+        opts.reduceOp = dist.ReduceOp(op)  # what assigning ``op`` converts it to
         self._pg.allreduce([tensor], opts).wait()
         return tensor
 
@@ -103,7 +124,7 @@ class AxisGroup:
         return [obj if i == root else pickle.loads(self.recv_bytes(i)) for i in range(self.size)]
 
     def close(self) -> None:
-        shutdown = getattr(self._pg, "shutdown", None)
+        shutdown = getattr(self._backend, "shutdown", None)  # not in every torch version
         if shutdown is not None:
             try:
                 shutdown()

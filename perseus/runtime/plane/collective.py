@@ -33,8 +33,8 @@ try:  # torch is optional for planning-only use of perseus
     import torch
     import torch.distributed as dist
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]
-    dist = None  # type: ignore[assignment]
+    torch = None  # type: ignore[assignment]  # no torch: single-process use, where no call reaches them
+    dist = None  # type: ignore[assignment]  # no torch: single-process use, where no call reaches them
 
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -189,7 +189,8 @@ class Collective:
                 works.append(dist.isend(data, dst=dst, group=self.group, tag=_TAG_DATA))
             with collective_errors("sending the stage plans", self.timeout_s):
                 for work in works:
-                    work.wait()
+                    if work is not None:  # isend's None: a rank outside the group; the root is in it
+                        work.wait()
             return payloads[0]
         size = torch.empty(1, dtype=torch.int64)
         with collective_errors("receiving this stage's plan", self.timeout_s):

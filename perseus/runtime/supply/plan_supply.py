@@ -102,7 +102,7 @@ class PlanSupply:
         if self.collective.is_root and self.config.mode.plans:
             try:  # a failure here shows again when planning starts
                 self._child = start_child(self.config.planner_nice)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the same failure is raised again when planning starts
                 self._child = None
         return self.profiling.sweep.done
 

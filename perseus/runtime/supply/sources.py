@@ -130,15 +130,15 @@ def _root_sources(
 ) -> tuple[dict[str, Any], Frontier | None, Profile | None]:
     c = config
     if c.frontier_path:
-        frontier = load_frontier(c.frontier_path)
-        if frontier.schedule != schedule:
+        given = load_frontier(c.frontier_path)
+        if given.schedule != schedule:
             raise ConfigError(
-                f"{c.frontier_path}: frontier is for {frontier.schedule.describe()}, but this job runs "
+                f"{c.frontier_path}: frontier is for {given.schedule.describe()}, but this job runs "
                 f"{schedule.describe()}; plan for this job"
             )
         # with a profile given too, the plan carries its planned timeline (GPU-time requests)
         profile = load_profile(c.profile_path, c.p_blocking_w) if c.profile_path else None
-        return {"origin": f"frontier {c.frontier_path}"}, frontier, profile
+        return {"origin": f"frontier {c.frontier_path}"}, given, profile
     if c.profile_path:
         profile = load_profile(c.profile_path, c.p_blocking_w)
         profile.check_matches(schedule)
@@ -146,7 +146,7 @@ def _root_sources(
     if cache is None:
         return {}, None, None
     out: dict[str, Any] = {}
-    frontier = None
+    frontier: Frontier | None = None
     if c.mode.plans:
         frontier = cache.load_frontier(schedule)
         if frontier is not None:

@@ -70,8 +70,8 @@ def run_job(slowdowns: dict[int, float], steps: int, *, period: int = 4, seed: i
             ends[(dp, _)] = guard.end_step(t, 100.0 if role.default_clocks else 80.0)
         if any(e is not None for e in ends.values()):
             assert all(e is not None for e in ends.values())  # every rank closes windows together
-            rows = [verdict_row(dp, e.verdict) for (dp, _), e in ends.items()]  # type: ignore[union-attr]
-            length = next(iter(ends.values())).length  # type: ignore[union-attr]
+            rows = [verdict_row(dp, e.verdict) for (dp, _), e in ends.items()]  # type: ignore[union-attr]  # all not None: asserted above
+            length = next(iter(ends.values())).length  # type: ignore[union-attr]  # all not None: asserted above
             d = agree(rows, length, SequentialSettings(), at_fastest=False)
             for guard in ranks.values():
                 guard.apply(d)
@@ -84,7 +84,7 @@ def run_job(slowdowns: dict[int, float], steps: int, *, period: int = 4, seed: i
 
 def test_one_slow_pipeline_moves_the_job():
     decisions = run_job({0: 0.0, 1: 0.10}, 600)
-    assert decisions and decisions[0][1].slow_pipelines == (1,)  # type: ignore[attr-defined]
+    assert decisions and decisions[0][1].slow_pipelines == (1,)  # type: ignore[attr-defined]  # run_job types its decisions as object
 
 
 def test_honest_pipelines_are_left_alone():
