@@ -37,6 +37,7 @@ STEPS = 10
 SHORT_RUN = {
     "gpu": "sim", "warmup_steps": 2, "iters_per_freq": 1, "remeasure_max": 0, "freq_step_mhz": 600, "p_blocking_seconds": 0.1,
     "straggler_period_steps": 0, "log_every_steps": 1, "plan_wait_s": 240.0,
+    "attribution_intervals": 0,  # one step per clock, as the phase history below spells out
     "planner_options": {"num_anchors": 2, "num_deadlines": 8, "improve_sweeps": 0, "search_time_s": 0,
                         "beam_width": 0},
 }
