@@ -217,3 +217,17 @@ def test_the_cycle_finder_sees_a_cycle_through_a_function_local_import():
     graph = {"a": [(1, "b")], "b": [(3, "c")], "c": [(9, "a")], "d": [(1, "a")]}
     assert _cycles(graph) == [["a", "b", "c"]]
     assert _cycles({"a": [(1, "b")], "b": []}) == []
+
+
+MAX_MODULES_PER_ROOM = 10  # a room that needs more holds a second concept: give it a room of its own
+ENGINE_MAX_LINES = 450  # the engine keeps the hooks and the phase transitions; the rest has rooms
+
+
+def test_the_runtime_s_rooms_stay_small():
+    runtime = ROOT / "perseus" / "runtime"
+    rooms = {runtime: sorted(runtime.glob("*.py"))}
+    rooms.update({d: sorted(d.glob("*.py")) for d in sorted(runtime.iterdir()) if (d / "__init__.py").is_file()})
+    crowded = {str(d.relative_to(ROOT)): len(m) for d, m in rooms.items() if len(m) > MAX_MODULES_PER_ROOM}
+    assert crowded == {}, f"more than {MAX_MODULES_PER_ROOM} modules in a room: {crowded}"
+    lines = len((runtime / "engine.py").read_text().splitlines())
+    assert lines <= ENGINE_MAX_LINES, f"perseus/runtime/engine.py has {lines} lines (at most {ENGINE_MAX_LINES})"
