@@ -153,12 +153,12 @@ class ClosedLoop:
         return self.role
 
     def reference_point(self, targeting: Targeting, plan: StagePlan) -> StagePoint | None:
-        """Where a probe runs: None for default clocks; under a power cap (the grid's) the cap's own
-        point, the fastest the cap allows, so a probe never draws more than the cap."""
+        """Where a probe runs: None for default clocks; under a power cap (the grid's, alone or with a
+        carbon target) the fastest point the cap allows, so a probe never draws more than the cap
+        and a carbon point is compared with what the capped job would run without it."""
         grid = targeting.grid
-        if grid is None or grid.power_cap_w is None:
-            return None
-        return plan.lookup(grid.time_s)
+        probe_s = None if grid is None else grid.probe_time_s
+        return None if probe_s is None else plan.lookup(probe_s)
 
     def retarget(self) -> None:
         """The point changed for another reason (straggler, external target): the plan's samples
