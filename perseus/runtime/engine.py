@@ -200,9 +200,11 @@ class PerseusRuntime:
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
                                           energy)
                 # every rank that deployed, fallen back or not: a window's decision is a collective
-                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
+                    for what, data in self.loop.notes(self.is_root):
+                        self._event(what, data)
                     if (problem := self.loop.apply(decision, self.targeting, self.is_root)) is not None:
                         self._fall_back(problem)
         except CollectiveError as exc:

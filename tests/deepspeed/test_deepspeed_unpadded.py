@@ -46,10 +46,11 @@ def test_unpadded_alexnet_pipeline_beside_a_busy_loop_reaches_deployment(tmp_pat
 
 
 # Probe windows of 6 deployed steps at first (docs/runtime.md, "No slowdown, checked while
-# training"). Default profiling deploys within about 50 steps here (42 profiling iterations and 3
-# planning steps on this machine); 95 steps leave room for several windows after a late deployment.
+# training"). Default profiling deploys after 42-80 profiling iterations and 3-5 planning steps
+# here, more the busier the shared machine (measured: deployed at steps 67 and 84 of two runs at
+# load 4-9 on 2 cores); 125 steps leave room for several windows after a late deployment.
 PROBE_EVERY = 6
-GUARD_STEPS = 95
+GUARD_STEPS = 125
 MIN_WINDOWS = 4
 
 

@@ -50,6 +50,7 @@ from perseus.runtime.guard.placement import (
     clocks_label,
     probe_seed,
 )
+from perseus.runtime.guard.periodicity import Period, PeriodWatch
 from perseus.runtime.guard.sequential import SequentialSettings
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.plane.collective import Collective
@@ -129,6 +130,8 @@ class ClosedLoop:
         self.windows = 0
         self.pipelines: dict[int, PipelineGuard] = {}
         self.last: JobDecision | None = None
+        self.periods = PeriodWatch(self.settings.backoff.first)  # the loop's own period, said once
+        self._notes: list[tuple[str, dict[str, object]]] = []  # events for the engine to write
         # the run's A/B and the samples' changes it was computed at: recomputed only when they change
         self._figure: tuple[tuple[int, int], ABFigure | None] | None = None
 
@@ -172,16 +175,19 @@ class ClosedLoop:
         (None: default clocks; ``reference_point``)."""
         return self.reference_point(targeting, plan) if self.probing else targeting.point
 
-    def end_step(self, span_s: float, energy_j: float, targeting: Targeting, plan: StagePlan) -> JobDecision | None:
+    def end_step(self, span_s: float, energy_j: float, targeting: Targeting, plan: StagePlan,
+                 step_s: float | None = None) -> JobDecision | None:
         """Count the step that ended, judged on its instructions' span (``StepNumbers.span_s``: the
         GPU's first instruction begin to last end where the GPU runs behind the host, the host's
-        otherwise; host work outside instructions is reported, not judged); at a window's end, the
-        job's decision (a collective on every rank at that step). None at other steps, with probes
-        off and after the job fell back."""
+        otherwise; host work outside instructions is reported, not judged: ``step_s``, the whole
+        step, feeds the loop-period report); at a window's end, the job's decision (a collective on
+        every rank at that step). None at other steps, with probes off and after the job fell back."""
         judged_s = max(span_s, 1e-9)
         role = self.role
         if role.counted:
             (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
+        if role is StepRole.PLAN:
+            self.periods.add(self.steps, judged_s if step_s is None else step_s, judged_s)
         guard = self.rank_guard
         if guard is None or not self.enabled or self.fell_back:
             return None
@@ -196,6 +202,8 @@ class ClosedLoop:
         decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows))
         self._count(rows, decision)
         guard.apply(decision)
+        if (period := self.periods.check()) is not None:
+            self._notes.append(("loop_period", dict(period.as_dict())))
         if decision.action is not Action.KEEP:
             self.decisions.append(decision)
             self.plan.clear()
@@ -232,6 +240,19 @@ class ClosedLoop:
             return None
         self.fell_back = True
         return f"no-slowdown guard: {decision.reason}"
+
+    def notes(self, speak: bool) -> list[tuple[str, dict[str, object]]]:
+        """Events found since the last call (a training loop's own period, once per run), each said
+        once in the log where ``speak``."""
+        notes, self._notes = self._notes, []
+        if speak and self.periods.found is not None and notes:
+            log.info("perseus: %s", self.periods.found.describe())
+        return notes
+
+    @property
+    def period(self) -> Period | None:
+        """The training loop's own period in plan-step times, once found."""
+        return self.periods.found
 
     def event(self, decision: JobDecision) -> dict[str, object]:
         """The metrics file's ``guard`` event: the decision, every pipeline's statistic and probe cost."""
@@ -279,6 +300,7 @@ class ClosedLoop:
             "guard_target_scale": self.target_scale,
             "guard_moves": sum(d.action is Action.FASTER for d in self.decisions),
             "guard_fell_back": self.fell_back,
+            "loop_period": None if self.period is None else self.period.as_dict(),
             "decisions": [{"action": d.action.value, "slow_pipelines": list(d.slow_pipelines), "reason": d.reason}
                           for d in self.decisions],
         }
