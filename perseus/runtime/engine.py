@@ -20,6 +20,7 @@ from typing import Any
 
 from perseus.errors import PerseusError
 from perseus.runtime.port.clock_trace import ClockTrace
+from perseus.runtime.guard.clock_reasons import ClockReasonSource
 from perseus.runtime.guard.closed_loop import ClosedLoop
 from perseus.runtime.plane.collective import CollectiveError
 from perseus.runtime.plane.design import open_control_plane
@@ -97,7 +98,8 @@ class PerseusRuntime:
         self.targeting = Targeting(StragglerPolicy(c.straggler_threshold, c.straggler_recover_threshold,
                                                    c.straggler_patience))
         self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
-        self.loop = ClosedLoop(c, self.collective, job)  # probe blocks, the A/B, the no-slowdown guard
+        self.loop = ClosedLoop(c, self.collective, job,  # probe blocks, the A/B, the no-slowdown guard
+                               self.gpu if isinstance(self.gpu, ClockReasonSource) else None)
         self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}

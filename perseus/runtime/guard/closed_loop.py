@@ -22,6 +22,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
+from time import monotonic
 
 from perseus.planner.stage_plan import StagePlan, StagePoint
 from perseus.runtime.clocks.targeting import (
@@ -35,6 +36,7 @@ from perseus.runtime.clocks.targeting import (
 )
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.guard.ab import ABFigure, ab_figure, step_figure
+from perseus.runtime.guard.clock_reasons import ClockReasonSource, ProbeReasons
 from perseus.runtime.guard.job_guard import (
     Action,
     JobDecision,
@@ -112,8 +114,12 @@ def job_seed_text(job: PipelineJob) -> str:
 class ClosedLoop:
     """Probe blocks, the A/B and the guard of one rank's deployment (module docstring)."""
 
-    def __init__(self, config: PerseusConfig, collective: Collective, job: PipelineJob | None = None) -> None:
+    def __init__(self, config: PerseusConfig, collective: Collective, job: PipelineJob | None = None,
+                 reasons: ClockReasonSource | None = None) -> None:
         self.enabled = config.probe_every_steps > 0
+        self.reason_source = reasons  # the clock-event reasons the poller sampled (None: not read)
+        self.clock_reasons = ProbeReasons()
+        self._began_s = 0.0
         self.settings = settings_from(config)
         self.counted_per_block = config.probe_block_steps
         self.collective = collective
@@ -153,6 +159,8 @@ class ClosedLoop:
             self.rank_guard = RankGuard(placement, self.settings)
         self.steps += 1
         self.role = self.rank_guard.begin_step() if self.rank_guard is not None and not self.fell_back else StepRole.PLAN
+        if self.reason_source is not None and self.role.counted:
+            self._began_s = monotonic()
         return self.role
 
     def reference_point(self, targeting: Targeting, plan: StagePlan) -> StagePoint | None:
@@ -188,6 +196,8 @@ class ClosedLoop:
             (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
         if role is StepRole.PLAN:
             self.periods.add(self.steps, judged_s if step_s is None else step_s, judged_s)
+        if self.reason_source is not None and role.counted and self.rank_guard is not None:
+            self.clock_reasons.add(role is StepRole.PROBE, self.reason_source.clock_reasons_since(self._began_s))
         guard = self.rank_guard
         if guard is None or not self.enabled or self.fell_back:
             return None
@@ -259,7 +269,14 @@ class ClosedLoop:
         return {"action": decision.action.value, "reason": decision.reason, "next_window": decision.next_length,
                 "slow_pipelines": list(decision.slow_pipelines), "threshold": self.settings.threshold,
                 "target_scale": self.target_scale,
-                "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())}}
+                "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())},
+                **self._reasons()}
+
+    def _reasons(self) -> dict[str, object]:
+        """This rank's clock-event reasons during probes and plan steps, where they are read."""
+        if self.reason_source is None:
+            return {}
+        return {"clock_reasons": {"pipeline": self.dp, **self.clock_reasons.as_dict()}}
 
     def _comparable(self) -> bool:
         """Probes to compare with: at least one, with energy measured (a step shorter than the
@@ -301,6 +318,7 @@ class ClosedLoop:
             "guard_moves": sum(d.action is Action.FASTER for d in self.decisions),
             "guard_fell_back": self.fell_back,
             "loop_period": None if self.period is None else self.period.as_dict(),
+            **self._reasons(),
             "decisions": [{"action": d.action.value, "slow_pipelines": list(d.slow_pipelines), "reason": d.reason}
                           for d in self.decisions],
         }
