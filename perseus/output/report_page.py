@@ -65,8 +65,8 @@ class RunView:
     guard: list[dict[str, Any]] = field(default_factory=list)  # the no-slowdown guard, one row per pipeline
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
 def _comparison_rows(cmp: dict[str, Any]) -> list[dict[str, Any]]:

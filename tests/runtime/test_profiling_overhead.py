@@ -39,3 +39,13 @@ def test_without_top_clock_steps_the_warm_up_leaves_its_start_up_step_out():
 
 def test_nothing_before_profiling():
     assert profiling_overhead([step(0, Phase.WARMUP, 1.0, 100.0)]) is None
+
+
+def test_steps_too_short_for_the_energy_counter_still_give_the_time_and_say_why():
+    """The DeepSpeed example script's small model: 20-30 ms steps, under the counter's 100 ms
+    update period, read 0 J; the figure was null with no word."""
+    records = [step(0, Phase.WARMUP, 1.0, 0.0), step(1, Phase.PROFILING, 0.02, 0.0, 1410),
+               step(2, Phase.PROFILING, 0.02, 0.0, 1410), step(3, Phase.PROFILING, 0.03, 2.6, 810)]
+    cost = profiling_overhead(records)
+    assert cost is not None and abs(cost["extra_time_ratio"] - 7 / 6 + 1) < 1e-9
+    assert cost["extra_energy_ratio"] is None and cost["note"].startswith("energy not measured")
