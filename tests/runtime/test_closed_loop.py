@@ -247,4 +247,4 @@ def test_a_port_that_reports_clock_reasons_has_them_in_the_guard_events(tmp_path
     assert guard and all(g["clock_reasons"]["pipeline"] == 0 for g in guard)
     last = guard[-1]["clock_reasons"]
     assert last["probe_steps"] >= 3 and last["probe"] == {"sw_power_cap": 1.0}
-    assert last["plan_steps"] >= 10 and last["plan"] == {}
+    assert last["plan_steps"] >= 3 and last["plan"] == {}  # the plan step after each block

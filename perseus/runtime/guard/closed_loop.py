@@ -120,6 +120,7 @@ class ClosedLoop:
         self.reason_source = reasons  # the clock-event reasons the poller sampled (None: not read)
         self.clock_reasons = ProbeReasons()
         self._began_s = 0.0
+        self._pair_plan = False  # the next counted plan step is sampled for reasons (after a probe)
         self.settings = settings_from(config)
         self.counted_per_block = config.probe_block_steps
         self.collective = collective
@@ -159,9 +160,14 @@ class ClosedLoop:
             self.rank_guard = RankGuard(placement, self.settings)
         self.steps += 1
         self.role = self.rank_guard.begin_step() if self.rank_guard is not None and not self.fell_back else StepRole.PLAN
-        if self.reason_source is not None and self.role.counted:
+        if self.reason_source is not None and self._samples_reasons(self.role):
             self._began_s = monotonic()
         return self.role
+
+    def _samples_reasons(self, role: StepRole) -> bool:
+        """Counted probe steps, each paired with the first counted plan step after its block: the
+        reasons' read scans the poller's samples on the training thread, so twice a window, not every step."""
+        return role is StepRole.PROBE or (role is StepRole.PLAN and self._pair_plan)
 
     def reference_point(self, targeting: Targeting, plan: StagePlan) -> StagePoint | None:
         """Where a probe runs: None for default clocks; under a power cap (the grid's, alone or with a
@@ -196,8 +202,9 @@ class ClosedLoop:
             (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
         if role is StepRole.PLAN:
             self.periods.add(self.steps, judged_s if step_s is None else step_s, judged_s)
-        if self.reason_source is not None and role.counted and self.rank_guard is not None:
+        if self.reason_source is not None and self.rank_guard is not None and self._samples_reasons(role):
             self.clock_reasons.add(role is StepRole.PROBE, self.reason_source.clock_reasons_since(self._began_s))
+            self._pair_plan = role is StepRole.PROBE
         guard = self.rank_guard
         if guard is None or not self.enabled or self.fell_back:
             return None

@@ -23,7 +23,7 @@ THERMAL = ClockEventReason.HW_THERMAL
 
 class PollerSamples:
     """Answers as ``GPUPort.clock_reasons_since`` would: probes ran power-capped, plan steps did
-    not, one plan step in ten thermally slowed. Counts its calls (they are per counted step)."""
+    not, every other sampled plan step thermally slowed. Counts its calls (they are per counted step)."""
 
     def __init__(self) -> None:
         self.loop: ClosedLoop | None = None
@@ -34,7 +34,7 @@ class PollerSamples:
         self.calls += 1
         if self.loop.role is StepRole.PROBE:
             return frozenset({CAP})
-        return frozenset({THERMAL}) if self.calls % 10 == 0 else frozenset()
+        return frozenset({THERMAL}) if self.calls % 4 == 0 else frozenset()
 
 
 def test_probe_and_plan_steps_reasons_reach_the_event_and_the_summary():
@@ -48,17 +48,18 @@ def test_probe_and_plan_steps_reasons_reach_the_event_and_the_summary():
     assert isinstance(source, ClockReasonSource)
     loop = ClosedLoop(PerseusConfig(probe_every_steps=8), Collective(), reasons=source)
     source.loop = loop
-    decisions, counted = [], 0
-    for step in range(5, 200):
-        counted += loop.begin_step(step).counted
+    decisions, probes = [], 0
+    for step in range(5, 400):
+        probes += loop.begin_step(step) is StepRole.PROBE
         if (d := loop.end_step(1.0, 2.0, targeting, plan)) is not None:
             decisions.append(loop.event(d))
-    assert source.calls == counted  # one answer per counted step, none for settle steps
+    # read for each counted probe and the first counted plan step after it: twice a window
+    assert probes == len(loop.probes.time_s) and source.calls in (2 * probes, 2 * probes - 1)
     reasons = loop.summary()["clock_reasons"]
     assert isinstance(reasons, dict)
-    assert reasons["probe_steps"] == len(loop.probes.time_s) and reasons["probe"] == {"sw_power_cap": 1.0}
-    assert reasons["plan_steps"] == len(loop.plan.time_s) and set(reasons["plan"]) == {"hw_thermal_slowdown"}
-    assert 0.0 < reasons["plan"]["hw_thermal_slowdown"] < 0.2
+    assert reasons["probe_steps"] == probes and reasons["probe"] == {"sw_power_cap": 1.0}
+    assert reasons["plan_steps"] == source.calls - probes and set(reasons["plan"]) == {"hw_thermal_slowdown"}
+    assert 0.0 < reasons["plan"]["hw_thermal_slowdown"] <= 0.5
     assert decisions and all(e["clock_reasons"]["pipeline"] == 0 for e in decisions)
 
 
