@@ -35,22 +35,7 @@ for _path in (ROOT, ROOT / "tests", ROOT / "tests" / "deepspeed"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from unpadded_workload import SHORT_RUN, WorkloadRun, read_metrics, run_beside_cpu_hog
-
-
-def lying(profile: dict[str, Any]) -> dict[str, Any]:
-    """The profile with every instruction's time flat across clocks (its top clock's time) and its
-    energy that time at a power proportional to the clock: lower clocks look as fast and cheaper,
-    so the planner deploys the lowest (kept energies would keep it at the top clock: on the
-    simulated GPU's measured curve the lowest clocks cost more energy)."""
-    out = json.loads(json.dumps(profile))
-    for item in out["measurements"]:
-        top = max(range(len(item["freq_mhz"])), key=lambda i: item["freq_mhz"][i])
-        t, e, f = item["time_s"][top], item["energy_j"][top], item["freq_mhz"][top]
-        item["time_s"] = [t] * len(item["time_s"])
-        item["energy_j"] = [e * mhz / f for mhz in item["freq_mhz"]]
-        item.pop("quality", None)
-    return out
+from unpadded_workload import SHORT_RUN, WorkloadRun, lying, read_metrics, run_beside_cpu_hog
 
 
 def summarize(name: str, run: WorkloadRun, tail: int, reference_s: float | None) -> dict[str, Any]:

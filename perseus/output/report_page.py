@@ -65,8 +65,8 @@ class RunView:
     guard: list[dict[str, Any]] = field(default_factory=list)  # the no-slowdown guard, one row per pipeline
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
 def _comparison_rows(cmp: dict[str, Any]) -> list[dict[str, Any]]:
@@ -144,9 +144,24 @@ def guard_rows(run: Run) -> list[dict[str, Any]]:
                        probe_share=f"{100 * p['probe_share']:.1f}%", probe_energy=f"{p['probe_extra_energy_j']:+.1f} J")
             if data["action"] != "keep" and int(dp) in data.get("slow_pipelines", []):
                 row["decisions"].append(f"{data['action']} at step {e.get('step')}")
+        reasons = data.get("clock_reasons")
+        if isinstance(reasons, dict) and str(reasons.get("pipeline")) in rows:
+            rows[str(reasons["pipeline"])]["clock_reasons"] = probe_reasons_text(reasons)
     for row in rows.values():
         row["decisions"] = ", ".join(row["decisions"]) or "kept (no alarm)"
+        row.setdefault("clock_reasons", "not read")
     return [rows[dp] for dp in sorted(rows, key=int)]
+
+
+def probe_reasons_text(reasons: dict[str, Any]) -> str:
+    """The clock-event reasons the card reported during probe steps, against plan steps (a guard
+    event's ``clock_reasons``: each reason's share of the steps of each kind)."""
+    probe, plan = reasons.get("probe") or {}, reasons.get("plan") or {}
+    if not reasons.get("probe_steps"):
+        return "no probe step sampled"
+    said = [f"{name} {100 * share:.0f}% (plan steps {100 * plan.get(name, 0.0):.0f}%)" for name, share in probe.items()]
+    said += [f"{name} in plan steps only ({100 * share:.0f}%)" for name, share in plan.items() if name not in probe]
+    return ", ".join(said) or f"none in {reasons['probe_steps']} probe steps"
 
 
 def _embed(section: str, path: Path, title: str, caption: str) -> Figure:

@@ -20,6 +20,7 @@ from typing import Any
 
 from perseus.errors import PerseusError
 from perseus.runtime.port.clock_trace import ClockTrace
+from perseus.runtime.guard.clock_reasons import ClockReasonSource
 from perseus.runtime.guard.closed_loop import ClosedLoop
 from perseus.runtime.plane.collective import CollectiveError
 from perseus.runtime.plane.design import open_control_plane
@@ -97,7 +98,8 @@ class PerseusRuntime:
         self.targeting = Targeting(StragglerPolicy(c.straggler_threshold, c.straggler_recover_threshold,
                                                    c.straggler_patience))
         self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
-        self.loop = ClosedLoop(c, self.collective, job)  # probe blocks, the A/B, the no-slowdown guard
+        self.loop = ClosedLoop(c, self.collective, job,  # probe blocks, the A/B, the no-slowdown guard
+                               self.gpu if isinstance(self.gpu, ClockReasonSource) else None)
         self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}
@@ -200,9 +202,11 @@ class PerseusRuntime:
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
                                           energy)
                 # every rank that deployed, fallen back or not: a window's decision is a collective
-                decision = self.loop.end_step(span, energy, self.targeting, self.frontier)
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
+                    for what, data in self.loop.notes(self.is_root):
+                        self._event(what, data)
                     if (problem := self.loop.apply(decision, self.targeting, self.is_root)) is not None:
                         self._fall_back(problem)
         except CollectiveError as exc:

@@ -447,8 +447,11 @@ def test_the_page_shows_the_guard_per_pipeline(run_dir, tmp_path):
             "action": action, "reason": "r", "threshold": 7.0, "slow_pipelines": slow, "next_window": 8,
             "target_scale": 1.0, "pipelines": {str(dp): {"statistic": s, "probe_share": 0.25, "probe_extra_energy_j": 3.5,
                                                          "windows": 1, "alarms": 0} for dp, s in enumerate(stats)}}}
+    last = window(16, "keep", [], (0.0, 0.75))
+    last["data"]["clock_reasons"] = {"pipeline": 0, "probe_steps": 4, "probe": {"sw_power_cap": 0.5},
+                                     "plan_steps": 20, "plan": {"sw_power_cap": 0.9, "hw_thermal_slowdown": 0.1}}
     for event in (window(12, "keep", [], (1.0, 3.25)), window(14, "faster", [1], (0.5, 7.5)),
-                  window(16, "keep", [], (0.0, 0.75))):  # after the step line of the same step
+                  last):  # after the step line of the same step
         at = next(i for i, line in enumerate(lines) if "event" not in line and line["step"] == event["step"])
         lines.insert(at + 1, event)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -456,7 +459,8 @@ def test_the_page_shows_the_guard_per_pipeline(run_dir, tmp_path):
     page = (tmp_path / "r.html").read_text()
     table = re.search(r'<table id="guard-table">(.*?)</table>', page, re.S)
     assert table, "no guard table"
-    rows = re.findall(r"<tr><td>(\d)</td><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td></tr>",
-                      table.group(1))
-    assert rows == [("0", "3", "kept (no alarm)", "0.00 (alarm at 7)", "25.0%", "+3.5 J"),
-                    ("1", "3", "faster at step 14", "0.75 (alarm at 7)", "25.0%", "+3.5 J")]
+    rows = re.findall(r"<tr><td>(\d)</td><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>"
+                      r"<td>([^<]*)</td></tr>", table.group(1))
+    assert rows == [("0", "3", "kept (no alarm)", "0.00 (alarm at 7)", "25.0%", "+3.5 J",
+                     "sw_power_cap 50% (plan steps 90%), hw_thermal_slowdown in plan steps only (10%)"),
+                    ("1", "3", "faster at step 14", "0.75 (alarm at 7)", "25.0%", "+3.5 J", "not read")]

@@ -25,7 +25,20 @@ RELEASES = {version: f"megatron-lm-core_v{version}.tar.gz" for version in ("0.16
 
 
 def clients_dir() -> Path:
-    return Path(os.environ.get(CLIENTS_ENV) or REPO.parent / "shared" / "clients")
+    """``$PERSEUS_MEGATRON_CLIENTS``, else ``../shared/clients`` beside the checkout (CI's layout: a
+    clone with ``shared`` beside it), else beside the main checkout when this one is a git worktree
+    (its ``.git`` is a file naming ``<main>/.git/worktrees/<name>``)."""
+    if os.environ.get(CLIENTS_ENV):
+        return Path(os.environ[CLIENTS_ENV])
+    beside = REPO.parent / "shared" / "clients"
+    git = REPO / ".git"
+    if not beside.is_dir() and git.is_file():
+        text = git.read_text().strip()
+        if text.startswith("gitdir:"):
+            main = Path(text.removeprefix("gitdir:").strip()).resolve().parents[2]
+            if (main.parent / "shared" / "clients").is_dir():
+                return main.parent / "shared" / "clients"
+    return beside
 
 
 def release_for_installed_core() -> str:

@@ -208,3 +208,43 @@ def test_another_pipelines_alarm_moves_this_pipeline_too():
     assert loop.apply(decision, targeting, speak=False) is None and targeting.due
     assert set(loop.pipelines) == {0, 1} and loop.pipelines[1].alarms == 1 and loop.pipelines[0].alarms == 0
     assert loop.summary()["pipelines"]["1"]["statistic"] == 7.5
+
+
+def test_a_port_that_reports_clock_reasons_has_them_in_the_guard_events(tmp_path):
+    """The engine hands the guard its GPU port when the port answers ``clock_reasons_since`` (the
+    poller's samples on a real card); here a stand-in port says the power cap held the clock
+    whenever it ran at default clocks, so probe steps report it and plan steps do not."""
+    from perseus.gpu.controller import NullController
+    from perseus.gpu.device import ClockEventReason
+    from perseus.runtime.port.gpu_port import GPUPort
+
+    class Direct(NullController):
+        enabled = True
+
+        def __init__(self, device: SimulatedGPU) -> None:
+            super().__init__()
+            self.device = device
+
+        def set_frequency(self, mhz: int, at: float | None = None) -> None:
+            super().set_frequency(mhz, at)
+            self.device.set_locked_sm_clock(mhz)
+
+        def reset(self) -> None:
+            super().reset()
+            self.device.reset_locked_sm_clock()
+
+    class ReasonPort(GPUPort):
+        def clock_reasons_since(self, t_s: float) -> frozenset[ClockEventReason]:
+            held = self.device.current_sm_clock_mhz() == MAX
+            return frozenset({ClockEventReason.SW_POWER_CAP}) if held else frozenset()
+
+    cfg = setup(tmp_path, [uniform(MAX, 0.9, 9.0), uniform(LOW, 1.0, 5.0)], guard_threshold=1e6)
+    device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0)
+    with PerseusRuntime(JOB, cfg, gpu=ReasonPort(device, Direct(device))) as rt:
+        assert rt.loop.reason_source is rt.gpu
+        train(rt, 2 + 40)
+    guard = [r["data"] for r in lines(tmp_path) if r.get("event") == "guard"]
+    assert guard and all(g["clock_reasons"]["pipeline"] == 0 for g in guard)
+    last = guard[-1]["clock_reasons"]
+    assert last["probe_steps"] >= 3 and last["probe"] == {"sw_power_cap": 1.0}
+    assert last["plan_steps"] >= 3 and last["plan"] == {}  # the plan step after each block

@@ -114,6 +114,42 @@ def test_carbon_trace_replayed_moves_points_with_the_intensity(tmp_path):
     grid.close()
 
 
+def test_probes_under_a_carbon_target_with_a_cap_run_the_fastest_point_under_the_cap(tmp_path):
+    """A carbon target picks a slow point on purpose; the guard's probes must run what the capped
+    job would run without it (the fastest point under the cap, never above it), not the carbon
+    point itself, which would compare the plan with itself. Without a cap: default clocks."""
+    from perseus.runtime.guard.closed_loop import ClosedLoop
+
+    plan = small_plan()  # job powers 40, 29.1, 22.4, 18.1 W at 1.0, 1.1, 1.25, 1.5 s
+    loop = ClosedLoop(PerseusConfig(probe_every_steps=8), Collective())
+    for cap, probe_s in ((35.0, 1.1), (25.0, 1.25), (None, None)):
+        config = PerseusConfig.from_dict({"cache_dir": None, "grid_every_steps": 1, "carbon_time_budget": 0.5,
+                                          **({} if cap is None else {"power_cap_w": cap})})
+        grid = GridControl(config, Collective(), JOB, clock=lambda: 1000.0)
+        grid.use_sources(carbon=lambda: 500.0)
+        targeting = Targeting()
+        target = grid.end_step(targeting, plan).target
+        assert isinstance(target, CarbonTarget) and target.time_s == 1.5  # the carbon point, under any cap here
+        assert targeting.deploy(plan)[0].time_s == 1.5
+        reference = loop.reference_point(targeting, plan)
+        if probe_s is None:
+            assert reference is None  # default clocks
+            assert guard_target_ratio(targeting, plan) == pytest.approx(1.5)
+        else:
+            assert reference is not None and reference.time_s == probe_s
+            assert JOB.world_size / JOB.num_stages * plan.points[[p.time_s for p in plan.points].index(probe_s)].energy_j \
+                / probe_s <= cap  # the probe's planned job power is under the cap
+            # the plan is held to the carbon point's time in units of the probe's
+            assert guard_target_ratio(targeting, plan, reference) == pytest.approx(1.5 / probe_s)
+        grid.close()
+    # a new cap alone (the same carbon point) moves the probes: the A/B and the test start afresh
+    targeting = Targeting()
+    targeting.set_grid(CarbonTarget(1.5, 500.0, 18.1, 35.0, 1.1))
+    targeting.retarget(plan)
+    targeting.set_grid(CarbonTarget(1.5, 500.0, 18.1, 25.0, 1.25))
+    assert targeting.due
+
+
 def test_set_grid_is_due_only_when_the_point_changes():
     targeting = Targeting()
     targeting.set_grid(CarbonTarget(1.1, 300.0, 40.0))

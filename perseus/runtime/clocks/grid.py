@@ -148,8 +148,10 @@ class GridControl:
         power = self.scale * menu.powers_w
         target: CarbonTarget | PowerCapTarget | None = None
         if carbon_index is not None and (cap is None or power[carbon_index] <= cap * (1 + 1e-12)):
+            under = None if cap is None else menu.fastest_under(cap, self.scale)  # the carbon point fits: not None
             target = CarbonTarget(float(menu.times_s[carbon_index]), float(intensity if intensity is not None else 0.0),
-                                  float(power[carbon_index]), cap)
+                                  float(power[carbon_index]), cap,
+                                  None if under is None else float(menu.times_s[under]))
         elif cap is not None:
             index = menu.fastest_under(cap, self.scale)
             if index is None:

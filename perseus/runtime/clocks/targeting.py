@@ -128,6 +128,14 @@ class CarbonTarget(GridPoint):
     intensity: float
     job_power_w: float
     power_cap_w: float | None = None
+    cap_time_s: float | None = None  # with a cap: the planned time of the fastest point under it
+
+    @property
+    def probe_time_s(self) -> float | None:
+        """Where the guard's probes run (None: default clocks): with a cap, the fastest point under
+        it, what the job would run without a carbon target; the carbon point itself would compare
+        the plan with itself."""
+        return self.cap_time_s
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,11 @@ class PowerCapTarget(GridPoint):
     power_cap_w: float
     job_power_w: float
     intensity: float | None = None
+
+    @property
+    def probe_time_s(self) -> float:
+        """Where the guard's probes run: this point, the fastest the cap allows (never above the cap)."""
+        return self.time_s
 
 
 GridTarget = CarbonTarget | PowerCapTarget
@@ -184,11 +197,12 @@ class Targeting:
 
     def set_grid(self, target: CarbonTarget | PowerCapTarget | None) -> None:
         """The grid's decision (every rank the same, at the same step); a new choice is due only
-        when it names another point (a new intensity alone does not restart the A/B)."""
+        when it names another point or another probe point (a new intensity alone does not restart
+        the A/B)."""
         before = self.grid
         self.grid = target
-        if (before is None) != (target is None) or (before is not None and target is not None
-                                                    and before.time_s != target.time_s):
+        if (before is None) != (target is None) or (before is not None and target is not None and (
+                before.time_s, before.probe_time_s) != (target.time_s, target.probe_time_s)):
             self.due = True
 
     @property

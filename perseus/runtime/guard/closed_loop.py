@@ -22,6 +22,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
+from time import monotonic
 
 from perseus.planner.stage_plan import StagePlan, StagePoint
 from perseus.runtime.clocks.targeting import (
@@ -35,6 +36,7 @@ from perseus.runtime.clocks.targeting import (
 )
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.guard.ab import ABFigure, ab_figure, step_figure
+from perseus.runtime.guard.clock_reasons import ClockReasonSource, ProbeReasons
 from perseus.runtime.guard.job_guard import (
     Action,
     JobDecision,
@@ -50,6 +52,7 @@ from perseus.runtime.guard.placement import (
     clocks_label,
     probe_seed,
 )
+from perseus.runtime.guard.periodicity import Period, PeriodWatch
 from perseus.runtime.guard.sequential import SequentialSettings
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.plane.collective import Collective
@@ -111,8 +114,13 @@ def job_seed_text(job: PipelineJob) -> str:
 class ClosedLoop:
     """Probe blocks, the A/B and the guard of one rank's deployment (module docstring)."""
 
-    def __init__(self, config: PerseusConfig, collective: Collective, job: PipelineJob | None = None) -> None:
+    def __init__(self, config: PerseusConfig, collective: Collective, job: PipelineJob | None = None,
+                 reasons: ClockReasonSource | None = None) -> None:
         self.enabled = config.probe_every_steps > 0
+        self.reason_source = reasons  # the clock-event reasons the poller sampled (None: not read)
+        self.clock_reasons = ProbeReasons()
+        self._began_s = 0.0
+        self._pair_plan = False  # the next counted plan step is sampled for reasons (after a probe)
         self.settings = settings_from(config)
         self.counted_per_block = config.probe_block_steps
         self.collective = collective
@@ -129,6 +137,8 @@ class ClosedLoop:
         self.windows = 0
         self.pipelines: dict[int, PipelineGuard] = {}
         self.last: JobDecision | None = None
+        self.periods = PeriodWatch(self.settings.backoff.first)  # the loop's own period, said once
+        self._notes: list[tuple[str, dict[str, object]]] = []  # events for the engine to write
         # the run's A/B and the samples' changes it was computed at: recomputed only when they change
         self._figure: tuple[tuple[int, int], ABFigure | None] | None = None
 
@@ -150,15 +160,22 @@ class ClosedLoop:
             self.rank_guard = RankGuard(placement, self.settings)
         self.steps += 1
         self.role = self.rank_guard.begin_step() if self.rank_guard is not None and not self.fell_back else StepRole.PLAN
+        if self.reason_source is not None and self._samples_reasons(self.role):
+            self._began_s = monotonic()
         return self.role
 
+    def _samples_reasons(self, role: StepRole) -> bool:
+        """Counted probe steps, each paired with the first counted plan step after its block: the
+        reasons' read scans the poller's samples on the training thread, so twice a window, not every step."""
+        return role is StepRole.PROBE or (role is StepRole.PLAN and self._pair_plan)
+
     def reference_point(self, targeting: Targeting, plan: StagePlan) -> StagePoint | None:
-        """Where a probe runs: None for default clocks; under a power cap (the grid's) the cap's own
-        point, the fastest the cap allows, so a probe never draws more than the cap."""
+        """Where a probe runs: None for default clocks; under a power cap (the grid's, alone or with a
+        carbon target) the fastest point the cap allows, so a probe never draws more than the cap
+        and a carbon point is compared with what the capped job would run without it."""
         grid = targeting.grid
-        if grid is None or grid.power_cap_w is None:
-            return None
-        return plan.lookup(grid.time_s)
+        probe_s = None if grid is None else grid.probe_time_s
+        return None if probe_s is None else plan.lookup(probe_s)
 
     def retarget(self) -> None:
         """The point changed for another reason (straggler, external target): the plan's samples
@@ -172,16 +189,22 @@ class ClosedLoop:
         (None: default clocks; ``reference_point``)."""
         return self.reference_point(targeting, plan) if self.probing else targeting.point
 
-    def end_step(self, span_s: float, energy_j: float, targeting: Targeting, plan: StagePlan) -> JobDecision | None:
+    def end_step(self, span_s: float, energy_j: float, targeting: Targeting, plan: StagePlan,
+                 step_s: float | None = None) -> JobDecision | None:
         """Count the step that ended, judged on its instructions' span (``StepNumbers.span_s``: the
         GPU's first instruction begin to last end where the GPU runs behind the host, the host's
-        otherwise; host work outside instructions is reported, not judged); at a window's end, the
-        job's decision (a collective on every rank at that step). None at other steps, with probes
-        off and after the job fell back."""
+        otherwise; host work outside instructions is reported, not judged: ``step_s``, the whole
+        step, feeds the loop-period report); at a window's end, the job's decision (a collective on
+        every rank at that step). None at other steps, with probes off and after the job fell back."""
         judged_s = max(span_s, 1e-9)
         role = self.role
         if role.counted:
             (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
+        if role is StepRole.PLAN:
+            self.periods.add(self.steps, judged_s if step_s is None else step_s, judged_s)
+        if self.reason_source is not None and self.rank_guard is not None and self._samples_reasons(role):
+            self.clock_reasons.add(role is StepRole.PROBE, self.reason_source.clock_reasons_since(self._began_s))
+            self._pair_plan = role is StepRole.PROBE
         guard = self.rank_guard
         if guard is None or not self.enabled or self.fell_back:
             return None
@@ -196,6 +219,8 @@ class ClosedLoop:
         decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows))
         self._count(rows, decision)
         guard.apply(decision)
+        if (period := self.periods.check()) is not None:
+            self._notes.append(("loop_period", dict(period.as_dict())))
         if decision.action is not Action.KEEP:
             self.decisions.append(decision)
             self.plan.clear()
@@ -233,12 +258,32 @@ class ClosedLoop:
         self.fell_back = True
         return f"no-slowdown guard: {decision.reason}"
 
+    def notes(self, speak: bool) -> list[tuple[str, dict[str, object]]]:
+        """Events found since the last call (a training loop's own period, once per run), each said
+        once in the log where ``speak``."""
+        notes, self._notes = self._notes, []
+        if speak and self.periods.found is not None and notes:
+            log.info("perseus: %s", self.periods.found.describe())
+        return notes
+
+    @property
+    def period(self) -> Period | None:
+        """The training loop's own period in plan-step times, once found."""
+        return self.periods.found
+
     def event(self, decision: JobDecision) -> dict[str, object]:
         """The metrics file's ``guard`` event: the decision, every pipeline's statistic and probe cost."""
         return {"action": decision.action.value, "reason": decision.reason, "next_window": decision.next_length,
                 "slow_pipelines": list(decision.slow_pipelines), "threshold": self.settings.threshold,
                 "target_scale": self.target_scale,
-                "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())}}
+                "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())},
+                **self._reasons()}
+
+    def _reasons(self) -> dict[str, object]:
+        """This rank's clock-event reasons during probes and plan steps, where they are read."""
+        if self.reason_source is None:
+            return {}
+        return {"clock_reasons": {"pipeline": self.dp, **self.clock_reasons.as_dict()}}
 
     def _comparable(self) -> bool:
         """Probes to compare with: at least one, with energy measured (a step shorter than the
@@ -279,6 +324,8 @@ class ClosedLoop:
             "guard_target_scale": self.target_scale,
             "guard_moves": sum(d.action is Action.FASTER for d in self.decisions),
             "guard_fell_back": self.fell_back,
+            "loop_period": None if self.period is None else self.period.as_dict(),
+            **self._reasons(),
             "decisions": [{"action": d.action.value, "slow_pipelines": list(d.slow_pipelines), "reason": d.reason}
                           for d in self.decisions],
         }
