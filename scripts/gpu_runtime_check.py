@@ -117,6 +117,10 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=4096, help="a small stage (e.g. 256) is host-bound: the launch "
                     "queue never fills, so the hooks' cost is theirs alone, not the wait for queue space")
     ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--mechanism", choices=("poll", "block"), default="poll",
+                    help="how the follower waits: event.query() every 50 µs, or event.synchronize()")
+    ap.add_argument("--blocking-events", action="store_true",
+                    help="events created with blocking=True (a synchronize sleeps instead of spinning)")
     args = ap.parse_args()
     out: dict[str, Any] = {"runtime_importable": runtime_importable()}
     try:
@@ -150,6 +154,16 @@ def main() -> int:
         energy = ReadOnlyEnergy(nv, handle)
         poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]  # ReadOnlyEnergy reads the counter as the poller's source does
         sent: list[tuple[float, int]] = []
+        from perseus.gpu.stream_follow import FollowMechanism
+
+        mechanism = FollowMechanism.BLOCK if args.mechanism == "block" else FollowMechanism.POLL
+        out["mechanism"] = f"{args.mechanism}{' with blocking-sync events' if args.blocking_events else ''}"
+
+        def recorder() -> Any:
+            rec = CudaEventRecorder(enable_timing=True)
+            if args.blocking_events:  # the pool's new events sleep in synchronize() instead of spinning
+                rec._event_cls = lambda enable_timing: torch.cuda.Event(enable_timing=enable_timing, blocking=True)
+            return rec
         split: dict[str, list[float]] = {"clock": [], "begin": [], "end": []}
 
         def sink(mhz: int, at: float | None) -> None:  # the controller the runtime would have: records only
@@ -183,8 +197,8 @@ def main() -> int:
             return numbers
 
         # warm-up: planned durations per kind, as a profile would give them
-        warm = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), CudaTimeline(), poller, sink,
-                              instructions=len(order))
+        warm = gt.GPUTimeline(recorder(), CudaTimeline(), poller, sink,
+                              instructions=len(order), mechanism=mechanism)
         durations: dict[str, list[float]] = {}
         for _ in range(3):
             n = step(warm, None, None, True, [])
@@ -198,8 +212,8 @@ def main() -> int:
         planned_s = [typical[inst.kind.value] for inst in order]
 
         # part 1: a deployed plan's hot path as the runtime runs it; step time and energy
-        timeline = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), CudaTimeline(), poller, sink,
-                                  instructions=len(order))
+        timeline = gt.GPUTimeline(recorder(), CudaTimeline(), poller, sink,
+                                  instructions=len(order), mechanism=mechanism)
         hook_cpu: list[float] = []
         truth: list[tuple[Any, Any]] = []
         steps: list[Any] = []
@@ -233,8 +247,8 @@ def main() -> int:
 
         # part 2: where the requests the runtime would send land, judged by sync-anchored events
         anchored = SyncAnchoredTimeline(torch)
-        judged = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), anchored, poller, sink,
-                                instructions=len(order))
+        judged = gt.GPUTimeline(recorder(), anchored, poller, sink,
+                                instructions=len(order), mechanism=mechanism)
         sent.clear()
         own = total = 0
         ahead: list[int] = []
@@ -265,8 +279,8 @@ def main() -> int:
             # part 3: the step's host time with the deployed hot path against none (host-bound: the cost)
             bare: list[float] = []
             hooked: list[float] = []
-            cost_tl = gt.GPUTimeline(CudaEventRecorder(enable_timing=True), CudaTimeline(), poller, sink,
-                                     instructions=len(order))
+            cost_tl = gt.GPUTimeline(recorder(), CudaTimeline(), poller, sink,
+                                     instructions=len(order), mechanism=mechanism)
             for s in range(2 * args.steps):
                 torch.cuda.synchronize()
                 w0 = time.perf_counter()
