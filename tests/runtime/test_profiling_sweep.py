@@ -215,12 +215,13 @@ class _CountedPort(_Port):
 
 def test_a_clock_is_measured_until_it_spans_enough_counter_intervals():
     """30 intervals of a 100 ms counter need 3.1 s of steps: 0.5 s steps at 2 iterations per clock
-    are lengthened, by whole rounds and at most to 3 x iters_per_freq."""
+    are lengthened, by whole rounds and at most to 3 x iters_per_freq (the default asks for 10
+    intervals, which 2 steps of 0.5 s already span)."""
     from perseus.runtime.measure.profiling_run import ProfilingRun
     from perseus.runtime.plane.collective import Collective
 
     cfg = PerseusConfig.from_dict({"gpu": "sim", "freq_min_mhz": 1380, "iters_per_freq": 2, "remeasure_max": 0,
-                                   "cache_dir": None})
+                                   "cache_dir": None, "attribution_intervals": 30})
     port = _CountedPort()
     run = ProfilingRun(port, Collective(), cfg, [(0, "forward"), (0, "backward")])
     run.start(100.0)
