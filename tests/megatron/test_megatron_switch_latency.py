@@ -30,7 +30,8 @@ def test_with_a_switch_latency_the_gpus_run_the_plan_as_planned(tmp_path):
     cfg = DemoConfig(stages=2, microbatches=4, max_steps=1000, deployed_steps=6, startup_steps=1, rebaseline_steps=4)
     cfg.sim_gpu = {**cfg.sim_gpu, "switch_latency_s": 0.02}
     cfg.perseus.update(warmup_steps=3, cache_dir=str(tmp_path / "cache"), trace_clocks=True,
-                       planner_options={"switch_latency_s": 0.02})
+                       planner_options={"switch_latency_s": 0.02},
+                       probe_every_steps=0)  # every traced deployed step runs the plan (no default-clock probe)
     results = launch(cfg, tmp_path, timeout_s=600)
     accounting = check_deployed_demo(results, cfg, tmp_path / "cache")
     time_s, energy_j = traced_on_model(results, cfg, tmp_path / "cache", "deployed")
