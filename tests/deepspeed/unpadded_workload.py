@@ -26,7 +26,7 @@ STAGES = 2
 SHORT_RUN: dict[str, Any] = {
     "mode": "run", "gpu": "sim", "warmup_steps": 2, "iters_per_freq": 1, "freq_step_mhz": 600,
     "p_blocking_seconds": 0.1, "straggler_period_steps": 0, "log_every_steps": 1, "plan_wait_s": 240.0,
-    "planner_nice": 0,
+    "planner_nice": 0, "attribution_intervals": 0,  # one step per clock, however short the steps
     "planner_options": {"num_anchors": 2, "num_deadlines": 8, "improve_sweeps": 0, "search_time_s": 0, "beam_width": 0},
 }
 

@@ -147,7 +147,8 @@ def test_no_energy_read_on_the_training_thread(deployed, tmp_path: Path) -> None
         # memory: read at step boundaries (steps shorter than the poller's period would read none).
         # Every other port (a real GPU, the asynchronous simulator) has no such reader.
         assert rt.gpu.direct_energy_reader() is not None
-        assert rt.reporter.records[-1].energy_j > 0
+        # its counter moves every 100 ms (the H200 preset), about a step: some steps read none
+        assert sum(r.energy_j for r in rt.reporter.records) > 0
     with PerseusRuntime(JOB, config(tmp_path, depth=6, mode="measure-only")) as rt:
         assert rt.gpu.direct_energy_reader() is None
 
