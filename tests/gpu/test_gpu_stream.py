@@ -98,7 +98,9 @@ def _run(gpu: SimulatedGPU, n: int, request_at_hook: bool, work_s: float = 0.05)
     then holds 300 ms of GPU work, more than the host thread's pauses there."""
     follower = StreamFollower(FollowMechanism.BLOCK)
     clocks = StreamClocks(gpu.stream, follower, lambda mhz, at: gpu.set_locked_sm_clock(mhz), lead_s=0.02)
-    planned = [CLOCKS[i % len(CLOCKS)] for i in range(n)]
+    # all different (29 clocks, 15 MHz apart): a clock that lands k instructions early can never
+    # look like the right one, whatever the host's run-ahead (a 6-clock cycle aliased with depth 6)
+    planned = [1530 - 15 * ((i * 7) % 29) for i in range(n)]
     first = len(gpu.stream.kernels())
     try:
         for i, mhz in enumerate(planned):
