@@ -214,24 +214,10 @@ def test_a_port_that_reports_clock_reasons_has_them_in_the_guard_events(tmp_path
     """The engine hands the guard its GPU port when the port answers ``clock_reasons_since`` (the
     poller's samples on a real card); here a stand-in port says the power cap held the clock
     whenever it ran at default clocks, so probe steps report it and plan steps do not."""
-    from perseus.gpu.controller import NullController
+    from test_engine_local import DirectController  # this directory is on sys.path
+
     from perseus.gpu.device import ClockEventReason
     from perseus.runtime.port.gpu_port import GPUPort
-
-    class Direct(NullController):
-        enabled = True
-
-        def __init__(self, device: SimulatedGPU) -> None:
-            super().__init__()
-            self.device = device
-
-        def set_frequency(self, mhz: int, at: float | None = None) -> None:
-            super().set_frequency(mhz, at)
-            self.device.set_locked_sm_clock(mhz)
-
-        def reset(self) -> None:
-            super().reset()
-            self.device.reset_locked_sm_clock()
 
     class ReasonPort(GPUPort):
         def clock_reasons_since(self, t_s: float) -> frozenset[ClockEventReason]:
@@ -240,7 +226,7 @@ def test_a_port_that_reports_clock_reasons_has_them_in_the_guard_events(tmp_path
 
     cfg = setup(tmp_path, [uniform(MAX, 0.9, 9.0), uniform(LOW, 1.0, 5.0)], guard_threshold=1e6)
     device = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0)
-    with PerseusRuntime(JOB, cfg, gpu=ReasonPort(device, Direct(device))) as rt:
+    with PerseusRuntime(JOB, cfg, gpu=ReasonPort(device, DirectController(device))) as rt:
         assert rt.loop.reason_source is rt.gpu
         train(rt, 2 + 40)
     guard = [r["data"] for r in lines(tmp_path) if r.get("event") == "guard"]
