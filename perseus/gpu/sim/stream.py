@@ -108,13 +108,57 @@ class StreamKernel:
     run_mhz: int
 
 
-@dataclass(frozen=True)
 class _Launch:
-    work_s: float
-    activity: float
-    compute_fraction: float
-    tag: Hashable
-    launched_s: float
+    """A kernel on the queue. ``work_s`` is None while the host still launches it (``OpenKernel``):
+    the device thread starts it when it gets there and waits for its work before ending it."""
+
+    __slots__ = ("work_s", "activity", "compute_fraction", "tag", "launched_s", "_closed")
+
+    def __init__(self, work_s: float | None, activity: float, compute_fraction: float, tag: Hashable,
+                 launched_s: float) -> None:
+        self.work_s, self.activity, self.compute_fraction = work_s, activity, compute_fraction
+        self.tag, self.launched_s = tag, launched_s
+        self._closed = threading.Lock()  # held while open: a one-shot latch, as in ``SimEvent``
+        if work_s is None:
+            self._closed.acquire()
+
+    def close(self, work_s: float) -> None:
+        if self.work_s is None:
+            self.work_s = work_s
+            self._closed.release()
+
+    def wait_closed(self) -> float:
+        if self.work_s is None:
+            self._closed.acquire()
+            self._closed.release()
+        assert self.work_s is not None
+        return self.work_s
+
+
+class OpenKernel:
+    """A kernel the host has started launching and whose work is known only at its end (``close``).
+
+    Why: a framework launches an instruction's kernels while its host code runs, and an idle GPU
+    starts on the first of them at once. The simulated instruction's work is its host CPU time,
+    known only when the instruction ends; launching it then would start the GPU's share only after
+    the host's, spending that time twice where the GPU waited for the host. An open kernel starts
+    when the device thread reaches it, like the real first kernel, and ends ``work_s`` (stretched
+    by the clock) after that start, once ``close`` has said what ``work_s`` is."""
+
+    __slots__ = ("_launch",)
+
+    def __init__(self, launch: _Launch) -> None:
+        self._launch = launch
+
+    @property
+    def open(self) -> bool:
+        return self._launch.work_s is None
+
+    def close(self, work_s: float) -> None:
+        """The kernel's max-clock work, in seconds (a second close is ignored)."""
+        if work_s < 0 or not math.isfinite(work_s):
+            raise GPUInvalidArgumentError(f"kernel work must be finite seconds >= 0, got {work_s!r}")
+        self._launch.close(float(work_s))
 
 
 class SimStream:
@@ -130,6 +174,7 @@ class SimStream:
         self._clock = clock
         self._cv = threading.Condition()
         self._queue: deque[_Launch | SimEvent] = deque()
+        self._open: list[_Launch] = []  # open kernels, closed at ``close`` if the host never did
         self._unfinished = 0  # kernels launched and not yet finished
         self._history: list[StreamKernel] = []
         self._error: BaseException | None = None
@@ -162,6 +207,23 @@ class SimStream:
             self.max_ahead = max(self.max_ahead, self._unfinished)
             self._queue.append(_Launch(float(work_s), activity, compute_fraction, tag, self._clock()))
             self._cv.notify_all()
+
+    def open_kernel(self, *, activity: float = 1.0, compute_fraction: float = 0.8,
+                    tag: Hashable = None) -> OpenKernel:
+        """Enqueue a kernel whose work the host states later (``OpenKernel.close``); blocks only
+        while ``depth`` wait. Nothing after it on the stream runs before it is closed."""
+        with self._cv:
+            self._raise_if_failed()
+            while self._unfinished >= self.depth and self._error is None and not self._closed:
+                self._cv.wait()
+            self._raise_if_failed()
+            self._unfinished += 1
+            self.max_ahead = max(self.max_ahead, self._unfinished)
+            launch = _Launch(None, activity, compute_fraction, tag, self._clock())
+            self._open.append(launch)
+            self._queue.append(launch)
+            self._cv.notify_all()
+        return OpenKernel(launch)
 
     def record(self) -> SimEvent:
         """An event at the current end of the stream (never blocks): a recycled one when the pool
@@ -202,8 +264,11 @@ class SimStream:
             return list(self._history)
 
     def close(self) -> None:
-        """Run what is queued, then stop the device thread."""
+        """Run what is queued (an open kernel ends with no further work), then stop the device thread."""
         with self._cv:
+            for launch in self._open:
+                launch.close(0.0)
+            self._open.clear()
             self._closed = True
             self._cv.notify_all()
         self._thread.join()
@@ -246,6 +311,10 @@ class SimStream:
         dev = self.device
         dev.begin_busy(k.activity, k.compute_fraction, start_at=start_at)
         run_mhz = dev.current_sm_clock_mhz() or 0
-        dev.end_busy(k.work_s)
+        work_s = k.wait_closed()  # an open kernel: the host states its work when the instruction ends
+        with self._cv:
+            if k in self._open:
+                self._open.remove(k)
+        dev.end_busy(work_s)
         rec = dev.last_kernel()
-        return StreamKernel(k.tag, rec.start, rec.start + rec.duration_s, k.work_s, rec.start_mhz, run_mhz)
+        return StreamKernel(k.tag, rec.start, rec.start + rec.duration_s, work_s, rec.start_mhz, run_mhz)

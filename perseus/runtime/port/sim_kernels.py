@@ -13,10 +13,12 @@ nominal kernel time, so CPU noise on a shared machine does not drown the clock's
 ``pad(t_max_s)`` before the instruction ends: its max-clock time is then at least that. On a
 real GPU the runtime has no ``SimulatedKernels`` at all (``PerseusRuntime.sim_kernels`` is None).
 
-In the simulated GPU's asynchronous mode (``stream_depth`` ≥ 1) an instruction's kernel is
-launched onto its stream at ``end`` instead, with that same max-clock work, and the hook returns
-at once: the host runs ahead of the GPU as it does on a real one, and the clock the kernel runs
-at is the one in force when the stream's device thread reaches it.
+In the simulated GPU's asynchronous mode (``stream_depth`` ≥ 1) ``begin`` opens the instruction's
+kernel on its stream (``SimStream.open_kernel``) and ``end`` closes it with that same max-clock
+work and returns at once: the host runs ahead of the GPU as it does on a real one, the clock the
+kernel runs at is the one in force when the stream's device thread reaches it, and where the GPU
+was idle the kernel starts at the instruction's begin, as a real GPU starts on an instruction's
+first kernel while the host still launches the rest (the synchronous mode's timing).
 
 An instruction whose output another stage waits for (a forward's activation, a backward's input
 gradient: ``sends``) is different. On a real GPU the framework's send is ordered after the
@@ -25,10 +27,6 @@ kernel's output is the host's tensor, ready before the kernel ran, and the frame
 the host at once; so ``end`` waits for such an instruction's kernel (the stream's event), and
 the pipeline's dependencies stay real. Only stage-local instructions let the host run ahead.
 
-Known gap: the kernel is launched at ``end``, after the instruction's CPU work, and that work
-also counts in its max-clock time; where the GPU waits for the host (a stage that waited for its
-input) the CPU time is spent twice in GPU time. A real GPU starts the first kernels while the
-host still launches the rest: the fix is a kernel opened at ``begin`` and closed at ``end``.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from perseus.schedules.dag import InstructionDAG
 
 if TYPE_CHECKING:
     from perseus.gpu.sim.device import SimulatedGPU
+    from perseus.gpu.sim.stream import OpenKernel
     from perseus.schedules import InstructionKind, Schedule
 
 SendKey = tuple[str, int]  # (instruction kind, chunk) as the hooks report it
@@ -74,7 +73,8 @@ class SimulatedKernels:
         self._open = False
         self._min_s = 0.0
         self._t0 = 0.0
-        self.launched = 0  # kernels launched onto the stream (asynchronous mode)
+        self._kernel: OpenKernel | None = None  # asynchronous mode: the open instruction's kernel
+        self.launched = 0  # kernels opened on the stream (asynchronous mode)
         self._stream = device.stream if device.asynchronous else None
 
     def begin(self) -> None:
@@ -83,7 +83,9 @@ class SimulatedKernels:
         if self._open:
             self.close()
         if self._stream is not None:
+            self._kernel = self._stream.open_kernel(activity=self.activity, compute_fraction=self.compute_fraction)
             self._t0 = time.perf_counter()
+            self.launched += 1
         else:
             self.device.begin_busy(self.activity, self.compute_fraction)
         self._open, self._min_s = True, 0.0
@@ -98,10 +100,9 @@ class SimulatedKernels:
         if self._open:
             self._open = False
             stream = self._stream
-            if stream is not None:  # asynchronous: onto the stream, the host goes on
-                work = max(time.perf_counter() - self._t0, self._min_s)
-                stream.launch(work, activity=self.activity, compute_fraction=self.compute_fraction)
-                self.launched += 1
+            if stream is not None and self._kernel is not None:  # asynchronous: close it, the host goes on
+                self._kernel.close(max(time.perf_counter() - self._t0, self._min_s))
+                self._kernel = None
                 if (kind, chunk) in self.sends:  # the framework sends the output next: as if after the kernel
                     stream.synchronize()
                     self.waits += 1
@@ -112,5 +113,8 @@ class SimulatedKernels:
         """End an open kernel at once (no waiting); for shutdown and abandoned instructions."""
         if self._open:
             self._open = False
+            if self._kernel is not None:
+                self._kernel.close(0.0)
+                self._kernel = None
             if self._stream is None:
                 self.device.end_busy(0.0)
