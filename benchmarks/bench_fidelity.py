@@ -48,7 +48,7 @@ from perseus.gpu.measurement import (
     poll_interval_s,
 )
 from perseus.gpu.sim import SimulatedGPU
-from perseus.gpu.sim.stream import StreamKernel
+from perseus.gpu.sim.stream import OpenKernel, StreamKernel
 from perseus.gpu.stream_clocks import StreamClocks
 from perseus.gpu.stream_follow import FollowMechanism, StreamFollower
 
@@ -102,16 +102,19 @@ def run(gpu: SimulatedGPU, steps: int, *, follow: bool, fixed_mhz: int | None, s
         if fixed_mhz is not None:
             controller.set_frequency(fixed_mhz)
             controller.flush()
+        # the plan, drawn up front: the runtime hands each instruction's hook the next one's clock too
+        plan = [fixed_mhz if fixed_mhz is not None else rng.choice(CLOCKS) for _ in range(steps * len(order))]
         for s in range(steps):
             timer.step_begin()
             for i, (kind, _mb) in enumerate(order):
                 work = FORWARD_S if kind == "forward" else BACKWARD_S
-                mhz = fixed_mhz if fixed_mhz is not None else rng.choice(CLOCKS)
+                at = s * len(order) + i
+                mhz = plan[at]
                 planned[(s, i)] = mhz
                 planned_s = profile[(work, mhz)]
                 t0 = time.thread_time()
                 if fixed_mhz is None and follow:
-                    ev = clocks.instruction(mhz, planned_s)
+                    ev = clocks.instruction(mhz, planned_s, plan[at + 1] if at + 1 < len(plan) else None)
                     timer.begin(kind, ev)
                 else:
                     if fixed_mhz is None:
@@ -285,6 +288,24 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
             launch_cpu[0] += time.thread_time() - c
 
         stream.launch = timed_launch  # type: ignore[method-assign]  # timed for this run only
+        open_kernel = stream.open_kernel
+
+        class TimedKernel:  # the instruction's kernel: its launch is the framework's cost, not the hooks'
+            def __init__(self, kernel: OpenKernel) -> None:
+                self.kernel = kernel
+
+            def close(self, work_s: float) -> None:
+                c = time.thread_time()
+                self.kernel.close(work_s)
+                launch_cpu[0] += time.thread_time() - c
+
+        def timed_open(**kw: object) -> TimedKernel:
+            c = time.thread_time()
+            kernel = TimedKernel(open_kernel(**kw))  # type: ignore[arg-type]  # the stream's own keywords
+            launch_cpu[0] += time.thread_time() - c
+            return kernel
+
+        stream.open_kernel = timed_open  # type: ignore[method-assign, assignment]  # timed for this run only
         record = stream.record
 
         def timed_record() -> object:  # the simulator's own event code: a real card's is the charged cost

@@ -4,15 +4,22 @@ runs its hook.
 Why: the host runs instructions ahead of the GPU, so a request made at the hook lands on an
 earlier instruction (on the measured H200 not one instruction of a 1F1B step ran at its own
 clock). ``StreamClocks.instruction`` is called at each instruction's begin hook with its planned
-clock and planned duration; it records the boundary event and hangs the request on the *previous*
-instruction's begin event, due ``duration − switch latency − lead`` of GPU time later: the request
-goes out when the GPU is ``latency`` (plus a margin for the follower and the controller) before
-the end of instruction i−1, so instruction i starts at its clock. Without a duration for i−1
-(its first instruction ever, an unprofiled kind) the request hangs on i's own boundary and lands
-one follower delay (~0.1 ms) late.
+clock, its planned duration and the next instruction's clock; it records the boundary event and
+hangs the *next* instruction's request on it, due ``duration − switch latency − lead`` of GPU time
+later: the request goes out when the GPU is ``latency`` (plus a margin for the follower and the
+controller) before the end of instruction i, so instruction i+1 starts at its clock.
+
+Why the next one, from i's hook, and not i+1's own from i+1's hook: when the host does not run
+ahead (it waited for i's output to send it, or for i+1's input to arrive, as a pipeline stage
+does at every hand-off), i+1's hook runs when the GPU is idle and its kernel starts microseconds
+later, before any request made there can land (the simulated asynchronous GPU showed 40–60 % of a
+1F1B plan's instructions at the previous one's clock that way). From i's hook the request has i's
+whole duration to land. Without a duration for i (its first instruction ever, an unprofiled kind)
+nothing is hung on it, and i+1's own request hangs on i+1's boundary and lands one follower delay
+(~0.1 ms) late.
 
 A controller that can hold a request until a given time (``timed=True``) gets it as soon as
-i−1 is seen to begin, stamped with the time it is due; otherwise the follower waits until then.
+i is seen to begin, stamped with the time it is due; otherwise the follower waits until then.
 """
 
 from __future__ import annotations
@@ -49,19 +56,23 @@ class StreamClocks:
         self._last_mhz: int | None = None
         self.requests = 0
 
-    def instruction(self, mhz: int, planned_s: float | None) -> BoundaryEvent:
+    def instruction(self, mhz: int, planned_s: float | None, next_mhz: int | None = None) -> BoundaryEvent:
         """Instruction i begins on the host: its clock ``mhz``, its planned GPU time ``planned_s``
-        (None: unknown). Returns its begin event (the timer may share it)."""
+        (None: unknown), the next instruction's clock ``next_mhz`` (None: unknown, asked for at its
+        own hook). Returns its begin event (the timer may share it)."""
         event = self.recorder.record()
         prev, self._prev = self._prev, (event, planned_s)
-        if mhz == self._last_mhz:
-            return event
-        self._last_mhz = mhz
-        self.requests += 1
-        if prev is None or prev[1] is None:
-            self.follower.follow(event, lambda seen: self._request(mhz, None))
-            return event
-        self._hang(prev, mhz)
+        if mhz != self._last_mhz:  # not asked for ahead: now, or hung on the one before
+            self._last_mhz = mhz
+            self.requests += 1
+            if prev is None or prev[1] is None:
+                self.follower.follow(event, lambda seen: self._request(mhz, None))
+            else:
+                self._hang(prev, mhz)
+        if next_mhz is not None and planned_s is not None and next_mhz != self._last_mhz:
+            self._last_mhz = next_mhz
+            self.requests += 1
+            self._hang((event, planned_s), next_mhz)
         return event
 
     def ahead(self, mhz: int) -> None:

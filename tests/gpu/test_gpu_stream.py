@@ -128,6 +128,63 @@ def test_a_clock_following_the_stream_lands_on_its_own_instruction(h200: Simulat
     assert own >= 0.85
 
 
+def _run_waiting(gpu: SimulatedGPU, n: int, ahead: bool, work_s: float = 0.05) -> tuple[list[int], list[int]]:
+    """n instructions as a pipeline stage runs them: the host waits for each one's kernel (its output
+    is sent next), so it is never ahead and each kernel starts as soon as its hook opens it.
+    ``ahead``: each hook also hands the next instruction's clock (the runtime's way); otherwise each
+    instruction's request is made at its own hook. Returns (planned, clock at GPU begin)."""
+    follower = StreamFollower(FollowMechanism.BLOCK)
+    clocks = StreamClocks(gpu.stream, follower, lambda mhz, at: gpu.set_locked_sm_clock(mhz), lead_s=0.02)
+    planned = [1530 - 15 * ((i * 7) % 29) for i in range(n)]
+    first = len(gpu.stream.kernels())
+    try:
+        for i, mhz in enumerate(planned):
+            nxt = planned[i + 1] if ahead and i + 1 < n else None
+            clocks.instruction(mhz, gpu.kernel_time_s(work_s, mhz), nxt)
+            gpu.stream.open_kernel(tag=i).close(work_s)
+            gpu.stream.synchronize()  # the framework sends the output: after the kernel
+        assert follower.drain()
+    finally:
+        follower.close()
+    return planned, [k.set_mhz for k in gpu.stream.kernels()[first:]]
+
+
+def test_a_stage_that_waits_at_every_hand_off_gets_its_clocks_only_when_they_are_handed_ahead(
+        h200: SimulatedGPU) -> None:
+    planned, ran = _run_waiting(h200, 12, ahead=False)  # requested at its own hook: the kernel is faster
+    assert sum(p == r for p, r in zip(planned[1:], ran[1:])) / (len(planned) - 1) < 0.5
+    planned, ran = _run_waiting(h200, 12, ahead=True)
+    assert sum(p == r for p, r in zip(planned[1:], ran[1:])) / (len(planned) - 1) >= 0.85
+
+
+def test_an_open_kernel_starts_when_the_gpu_reaches_it_and_ends_its_work_later(h200: SimulatedGPU) -> None:
+    """The host's instruction code runs while the GPU already works on it: an idle GPU starts the
+    kernel at ``open_kernel``, not when the host states its work at the end (which spent the host's
+    time twice in GPU time), and nothing queued after it runs before it is closed."""
+    work = 0.06
+    stream = h200.stream
+    t0 = time.monotonic()
+    kernel = stream.open_kernel(tag="open")
+    stream.launch(0.01, tag="after")
+    time.sleep(work)  # the instruction's host code
+    kernel.close(work)
+    stream.synchronize()
+    opened, after = stream.kernels()[-2:]
+    assert (opened.tag, after.tag) == ("open", "after")
+    assert opened.start_s - t0 < 0.02  # launched at the end, it would start 60 ms in
+    assert opened.end_s - opened.start_s == pytest.approx(h200.kernel_time_s(work, opened.run_mhz), rel=0.05)
+    assert after.start_s >= opened.end_s - 1e-9
+
+
+def test_an_open_kernel_left_open_ends_when_the_stream_closes(sim_dir: Path) -> None:
+    gpu = SimulatedGPU(0, preset="H200", state_dir=sim_dir, reset_state=True, stream_depth=2)
+    kernel = gpu.stream.open_kernel()
+    closer = threading.Thread(target=gpu.close)
+    closer.start()
+    closer.join(timeout=5)
+    assert not closer.is_alive() and not kernel.open
+
+
 def test_switch_ahead_counts_in_gpu_time(h200: SimulatedGPU) -> None:
     """With a switch latency, the request for i+1 goes out latency before i ends on the GPU."""
     latency, work = 0.008, 0.02

@@ -270,7 +270,8 @@ class Deployment:
         stream = self.gpu.timeline
         if stream is not None:  # in effect when the GPU gets there (docs/runtime.md, "GPU time")
             planned = self.planned_s
-            stream.clock(freq, planned[follower.index] if planned is not None else None)  # type: ignore[union-attr]  # as above
+            stream.clock(freq, planned[follower.index] if planned is not None else None,  # type: ignore[union-attr]  # as above
+                         follower.peek())  # type: ignore[union-attr]  # as above
             return freq
         timed = self.timed
         if timed is not None:

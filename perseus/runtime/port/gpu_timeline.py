@@ -182,9 +182,10 @@ class GPUTimeline:
         self.timer.step_begin()
         self._count = 0
 
-    def clock(self, mhz: int, planned_s: float | None) -> None:
-        """The next instruction's planned clock, in effect when the GPU reaches it."""
-        self._event = self.clocks.instruction(mhz, planned_s)
+    def clock(self, mhz: int, planned_s: float | None, next_mhz: int | None = None) -> None:
+        """The beginning instruction's planned clock, in effect when the GPU reaches it, and the
+        next one's (``next_mhz``), in effect when the GPU is done with this one (``planned_s``)."""
+        self._event = self.clocks.instruction(mhz, planned_s, next_mhz)
 
     def begin(self, key: Hashable, each: bool) -> None:
         """An instruction begins. ``each``: timed one by one (profiling); otherwise only the step's
