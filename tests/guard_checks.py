@@ -60,7 +60,7 @@ def split_run(lines: Iterable[dict[str, Any]], run_id: str | None = None) -> tup
     return [r for r in one if "event" not in r], [r for r in one if "event" in r]
 
 
-def check_guard_run(steps: list[dict[str, Any]], events: list[dict[str, Any]], threshold: float = 7.0) -> GuardVerdict:
+def check_guard_run(steps: list[dict[str, Any]], events: list[dict[str, Any]], threshold: float = 5.0) -> GuardVerdict:
     """Assert (a), (b) and (c) of the module docstring on one run; the verdict for the test's output."""
     steps = sorted(steps, key=lambda r: r["step"])
     deployed = [r for r in steps if r["phase"] == "deployed"]

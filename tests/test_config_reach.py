@@ -24,7 +24,7 @@ GROUP_A: dict[str, Any] = {
     "planner_nice": 5, "plan_wait_s": 2.0, "close_plan_wait_s": 10.0, "switch_ahead": False, "trace_clocks": True,
     "straggler_period_steps": 20, "straggler_threshold": 0.1, "straggler_recover_threshold": 0.03,
     "straggler_patience": 4, "probe_every_steps": 25, "probe_longest_steps": 100, "probe_block_steps": 2, "attribution_intervals": 12,
-    "guard_threshold": 5.0, "guard_tolerance": 0.02, "guard_patience": 5,
+    "guard_threshold": 6.5, "guard_tolerance": 0.02, "guard_patience": 5,
     "guard_noise_z": 3.0, "collective_timeout_s": 60.0, "control_plane": "flat", "process_hooks": False,
     "clock_check_s": 0.5,
     "carbon_source": "trace.csv", "carbon_time_budget": 0.05, "carbon_horizon_windows": 24,

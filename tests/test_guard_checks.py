@@ -88,7 +88,7 @@ def test_a_plan_slow_even_at_the_fastest_point_falls_back_and_says_why():
 
 
 def test_a_run_that_stays_slow_without_acting_fails_with_the_numbers():
-    with pytest.raises(AssertionError, match=r"reached the threshold 7.0 and the job decided 'keep'"):
+    with pytest.raises(AssertionError, match=r"reached the threshold 5.0 and the job decided 'keep'"):
         check(synthetic_run([1.30], act=False))
 
 

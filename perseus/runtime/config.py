@@ -257,7 +257,7 @@ class PerseusConfig(BaseModel):
     # the job moves to a faster point (or falls back at the fastest). A plan within
     # ``guard_tolerance`` of its target is not slow. 0 turns probes and the guard off.
     probe_every_steps: int = Field(
-        default=8, ge=0,
+        default=6, ge=0,
         description=("length of the guard's first probe windows in deployed iterations, each with one "
                      "default-clock probe block at a random offset (0: no probes, no guard)"),
     )
@@ -274,7 +274,7 @@ class PerseusConfig(BaseModel):
         description="a plan within this fraction of its target time is not slow",
     )
     guard_threshold: float = Field(
-        default=7.0, gt=0,
+        default=5.0, gt=0,
         description="CUSUM threshold of the guard's sequential test (higher: fewer false alarms, later detection)",
     )
     # The first design's patience and noise allowance: accepted so older configs load, unused since

@@ -24,8 +24,8 @@ from unpadded_workload import lying, run_beside_cpu_hog
 
 PROFILE_STEPS = 12  # 2 warm-up steps, one step per clock at 1410/810/210 MHz, the rest measured
 # The profile path deploys after warm-up (step 2); a lie this large scores the highest rank score
-# every window, so the CUSUM (reference 0.25, threshold 7) alarms after about 6 windows of 8-9
-# steps (measured: the fall-back 54 deployed steps in, without a busy loop). 100 steps leave room.
+# every window, so the CUSUM (reference 0.25, threshold 5) alarms after about 4 windows of 6-7
+# steps (measured with threshold 7 and 8-step windows: the fall-back 54 deployed steps in). 100 steps leave room.
 STEPS = 100
 
 

@@ -90,7 +90,7 @@ def test_guard_settings_come_from_the_config():
                                    "guard_threshold": 5.0})
     g = settings_from(cfg)
     assert (g.tolerance, g.threshold, g.backoff.first, g.backoff.longest) == (0.02, 5.0, 20, 300)
-    assert PerseusConfig().probe_every_steps == 8 and PerseusConfig().guard_tolerance == 0.01
+    assert PerseusConfig().probe_every_steps == 6 and PerseusConfig().guard_tolerance == 0.01
     assert PerseusConfig.from_dict({"guard_patience": 2, "guard_noise_z": 1.5}).guard_patience == 2  # older configs load
 
 

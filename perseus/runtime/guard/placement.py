@@ -89,7 +89,7 @@ class Backoff:
     """Window lengths: ``first`` steps while the test is unsure, ×``growth`` after each window that
     leaves it confident, at most ``longest`` (a block of 2 in 200 steps is 1 % of deployed steps)."""
 
-    first: int = 8
+    first: int = 6
     growth: float = 2.0
     longest: int = 200
 

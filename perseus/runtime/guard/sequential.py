@@ -16,7 +16,7 @@ Why a CUSUM: ``S ← max(0, S + z − reference)``, alarm when ``S ≥ threshold
 as the evidence allows (a badly slow plan crosses in a few windows), never stops watching (a plan
 that turns slow later is caught too), and its false-alarm rate follows from ``z``'s null law alone:
 for independent standard increments, the mean number of windows to a false alarm (Siegmund's
-approximation, ``null_windows_to_alarm``) is 434 at the defaults (reference 0.25, threshold 7),
+approximation, ``null_windows_to_alarm``) is 142 at the defaults (reference 0.25, threshold 5),
 more under the tolerance's shift. ``benchmarks/bench_guard.py`` measures it per deployed step.
 
 Confidence and probe cost: while ``S`` is 0 after a window the next window is ``Backoff.growth``
@@ -71,7 +71,7 @@ class SequentialSettings:
 
     tolerance: float = 0.01  # a plan this much slower than its target is still within
     reference: float = 0.25  # CUSUM drift allowance per window, in standard scores
-    threshold: float = 7.0  # CUSUM alarm level
+    threshold: float = 5.0  # CUSUM alarm level
     detectable: float = 0.03  # the slowdown the windows stay short enough to catch
     confident_after: int = 4  # windows before the estimate may be trusted
     backoff: Backoff = field(default_factory=Backoff)

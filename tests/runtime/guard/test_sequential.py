@@ -48,7 +48,7 @@ def test_the_shift_is_the_target_and_the_tolerance():
 
 def test_null_windows_to_alarm_grows_with_the_threshold():
     assert null_windows_to_alarm(0.25, 7) > null_windows_to_alarm(0.25, 6) > 100
-    assert SequentialSettings().null_windows == pytest.approx(null_windows_to_alarm(0.25, 7))
+    assert SequentialSettings().null_windows == pytest.approx(null_windows_to_alarm(0.25, 5))
 
 
 def test_a_slow_window_run_alarms_and_estimates_the_excess():
