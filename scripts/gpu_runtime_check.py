@@ -177,7 +177,8 @@ def main() -> int:
                     begins.append(time.monotonic())
                 c0 = time.thread_time()
                 if plan is not None:
-                    timeline.clock(plan[i], planned_s[i] if planned_s is not None else None)
+                    nxt = plan[i + 1] if i + 1 < len(plan) else plan[0]  # handed one ahead, as the runtime does
+                    timeline.clock(plan[i], planned_s[i] if planned_s is not None else None, nxt)
                 cc = time.thread_time()
                 timeline.begin(inst.kind.value, each)
                 c1 = time.thread_time()
