@@ -185,6 +185,33 @@ def test_an_open_kernel_left_open_ends_when_the_stream_closes(sim_dir: Path) -> 
     assert not closer.is_alive() and not kernel.open
 
 
+def test_a_switch_down_leads_by_the_delivery_time_alone_and_a_switch_up_by_a_share_of_the_instruction_too(
+        h200: SimulatedGPU) -> None:
+    """Landing early, a lower clock slows the end of the instruction before it (on the critical
+    path too); a higher one only speeds it up. So a switch up leads by ``lead_s`` + ``lead_fraction``
+    of the instruction (its timing noise), a switch down by ``lead_s`` only."""
+    work, lead, fraction = 0.06, 0.004, 0.3
+    sent: list[float] = []
+    follower = StreamFollower(FollowMechanism.BLOCK)
+    clocks = StreamClocks(h200.stream, follower, lambda mhz, at: sent.append(time.monotonic()),
+                          lead_s=lead, lead_fraction=fraction)
+    plan = (1200, 1410, 1005)  # up, then down
+    try:
+        for i, mhz in enumerate(plan):
+            clocks.instruction(mhz, h200.kernel_time_s(work, mhz), plan[i + 1] if i + 1 < len(plan) else None)
+            h200.stream.launch(work, tag=i)
+        h200.stream.synchronize()
+        assert follower.drain()
+    finally:
+        follower.close()
+    first, second = h200.stream.kernels()[-3:-1]
+    up_lead, down_lead = first.end_s - sent[1], second.end_s - sent[2]
+    # up: asked 4 ms + 30 % of ~70 ms ahead (the faster clock then shortens the rest of the kernel);
+    # down: 4 ms, which the follower's own delay uses up (a late follower shortens both alike)
+    assert down_lead <= lead + 0.001, (up_lead, down_lead)
+    assert up_lead - down_lead >= 0.008, (up_lead, down_lead)
+
+
 def test_switch_ahead_counts_in_gpu_time(h200: SimulatedGPU) -> None:
     """With a switch latency, the request for i+1 goes out latency before i ends on the GPU."""
     latency, work = 0.008, 0.02
