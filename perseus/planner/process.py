@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -47,6 +47,7 @@ from perseus.store.cache import RunCache
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier
 from perseus.planner import PlannerOptions
+from perseus.planner.handoff import calibrate_handoff, sending_keys, with_handoff
 from perseus.profile import Profile
 from perseus.schedules import Schedule
 
@@ -141,18 +142,20 @@ class ProcessPlanner:
 
     ``started``: a child from ``start_child`` to run it in (started fresh if absent or dead).
     ``cache``: where the child writes the frontier (rank 0's cache entry), None for nowhere.
-    ``timelines``: each stage's bytes carry every point's planned timeline (``stage_plan.frontier_timing``)."""
+    ``timelines``: each stage's bytes carry every point's planned timeline (``stage_plan.frontier_timing``).
+    ``measured_s``: the all-max step as the job ran it; the child plans with the hand-off that makes
+    the profile's all-max makespan that long (``handoff.calibrate_handoff``; None: none)."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions, plan: PlanFunction,
                  nice: int = NICE, started: subprocess.Popen[bytes] | None = None,
-                 cache: RunCache | None = None, timelines: bool = False) -> None:
+                 cache: RunCache | None = None, timelines: bool = False, measured_s: float | None = None) -> None:
         self.result: PlannedStages | None = None
         self.error: str | None = None
         self._done = threading.Event()
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         try:  # two pickles: the path first, so the child can import the planner function's module
-            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache, timelines),
+            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache, timelines, measured_s),
                                                                   pickle.HIGHEST_PROTOCOL)
             self._proc = started if started is not None and started.poll() is None else start_child(nice)
         except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
@@ -231,9 +234,13 @@ def child_main(parent: int) -> None:
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed (a solver's banner) goes to stderr, never into the reply
     try:
-        plan, schedule, profile, options, cache, timelines = _read_request()
-        frontier = plan(schedule, profile, options)
+        plan, schedule, profile, options, cache, timelines, measured_s = _read_request()
+        handoff_s = calibrate_handoff(schedule, profile, measured_s) if measured_s is not None else 0.0
+        frontier = plan(schedule, with_handoff(profile, handoff_s, sending_keys(schedule)), options)
+        if handoff_s > 0 and isinstance(frontier, Frontier):
+            frontier = replace(frontier, metadata={**frontier.metadata, "handoff_s": handoff_s})
         from perseus.planner import stage_plan as slices
+        # the instructions' own durations: the runtime times each clock request by them, not by the hand-off
         timing = slices.frontier_timing(frontier, profile) if timelines and isinstance(frontier, Frontier) else None
         message: tuple[str, Any] = ("ok", hand_over(frontier, cache, partial(slices.encode_stage, timing=timing)))
     except BaseException as exc:  # noqa: BLE001 - every failure is one line for the trainer's log
@@ -242,7 +249,7 @@ def child_main(parent: int) -> None:
     reply.close()
 
 
-def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool]:
+def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool, float | None]:
     stream = sys.stdin.buffer
     path = pickle.load(stream)
     sys.path[:] = path + [p for p in sys.path if p not in path]  # the planner function's module imports

@@ -190,6 +190,7 @@ class PerseusRuntime:
         self._check_notices()
         try:
             if phase is Phase.WARMUP:
+                self.supply.warmup_spans.append(span)  # the all-max step as the job runs it (planner.handoff)
                 if self.step >= self.config.warmup_steps:
                     self._end_warmup()
             elif phase is Phase.PROFILING:

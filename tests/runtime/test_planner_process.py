@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -225,3 +226,25 @@ def test_the_planner_priority_is_a_setting():
     planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, nice=3)
     assert planner.wait(WAIT_S) and planner.status == READY, planner.error
     assert planner.result.metadata["nice"] == min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19)
+
+
+def test_a_measured_step_longer_than_the_profile_plans_with_the_hand_off_and_times_requests_without(tmp_path):
+    """``measured_s``: the child calibrates the hand-off between stages on it (``planner.handoff``),
+    plans with it (the frontier's all-max time is the measured step, the hand-off in its metadata),
+    and the stages' planned timelines keep the instructions' own durations: the runtime hangs each
+    clock request on them."""
+    from perseus.planner.handoff import sending_keys, with_handoff
+
+    truth = with_handoff(PROFILE, 0.002, sending_keys(SCHEDULE))
+    measured = plan_frontier(SCHEDULE, truth, OPTIONS).baseline_time_s
+    cache = RunCache(tmp_path / "cache", {"job": "test"})
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.plan_and_tell_where, cache=cache, timelines=True,
+                             measured_s=measured)
+    assert planner.wait(WAIT_S) and planner.status == READY, planner.error
+    assert planner.result.metadata["handoff_s"] == pytest.approx(0.002, abs=1e-6)
+    saved = cache.load_frontier(SCHEDULE)
+    assert saved.baseline_time_s == pytest.approx(measured, rel=1e-6)
+    plan = planning.share_outcome(Collective(), planner, SCHEDULE, 0).plan
+    begin, end = plan.timeline(plan.default_point())
+    for inst, duration in zip(SCHEDULE.stages[0], np.subtract(end, begin)):  # a measured time, no hand-off in it
+        assert min(abs(duration - t) for t in PROFILE.get(0, inst.kind).times_s) < 1e-6, (inst, duration)

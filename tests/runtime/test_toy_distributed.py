@@ -84,6 +84,10 @@ def test_profile_plan_deploy_end_to_end(tmp_path):
         assert history["profiling"] == 2 and history["planning"] == expected_cost
     # the plan is switched in on every rank at the same step
     assert len({deployed_step(r) for r in results}) == 1
+    # planned with the hand-off between the stages that the warm-up steps measured (gloo's send and
+    # receive between the hooks: the DAG alone has none), in the frontier's metadata
+    handoff_s = cached_frontier(tmp_path / "cache").metadata.get("handoff_s", 0.0)
+    assert 0.0 < handoff_s < 0.01, handoff_s
     # rank 0 wrote per-step metrics lines, including events
     lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     executed = len(results[0]["steps"])  # cfg.steps plus the steps spent waiting for the planner

@@ -39,9 +39,9 @@ class BackgroundPlanner(ProcessPlanner):
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions,
                  started: subprocess.Popen[bytes] | None = None, nice: int = NICE,
-                 cache: RunCache | None = None, timelines: bool = False) -> None:
+                 cache: RunCache | None = None, timelines: bool = False, measured_s: float | None = None) -> None:
         super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started, cache=cache,
-                         timelines=timelines)
+                         timelines=timelines, measured_s=measured_s)
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,10 @@ def log_planned(planned: PlannedStages, cached: bool) -> None:
     """Rank 0's lines for a plan that is ready: its size and solve time, and where the planner
     process saved it (``planner_process.hand_over``) when there is a cache."""
     log.info("perseus: frontier with %d points planned in %.1f s", planned.num_points, planned.solve_time_s)
+    handoff_s = planned.metadata.get("handoff_s")
+    if handoff_s:
+        log.info("perseus: planned with a hand-off of %.2f ms per instruction (the warm-up steps ran longer than "
+                 "the profile's all-max plan: the time between a stage's instructions)", 1e3 * handoff_s)
     if cached:
         log_saved("frontier", planned.saved_to, planned.save_error)
 
