@@ -84,7 +84,7 @@ def by_step(kernels: list) -> list[tuple[list, object]]:
 def deployed_run(tmp_path: Path, steps: int = 10, hand_off: bool = False):
     """``hand_off``: the host waits for every instruction's kernel, as a pipeline stage does before
     it sends an output (``SimulatedKernels.sends``): never ahead of the GPU."""
-    cfg = config(tmp_path, depth=6, mode="run")
+    cfg = config(tmp_path, depth=6, mode="run", probe_every_steps=0)  # every step runs the plan (no guard probes)
     probe = SimulatedGPU(1, preset="H200", state_dir=tmp_path / "probe", reset_state=True)
     profile, frontier = exact_plan(probe)
     probe.close()
