@@ -89,9 +89,9 @@ def carbon_lines(metrics: Path) -> list[str]:
 # ranks, so 2 data-parallel pipelines. Its CPU work per instruction (routing, two all-to-alls over gloo)
 # is several times a dense layer's, so the simulated kernels are longer, to stay above it.
 # --async-gpu: kernels the host may run ahead of each simulated GPU (its asynchronous mode,
-# perseus/gpu/sim/stream.py). Not the default: the Megatron demo runs +1.3-1.6 % slower than its
-# baseline on it (the planner counts stage hand-offs as free; docs/gpu.md, "The demos on the
-# asynchronous mode"), against +0.6 % synchronously.
+# perseus/gpu/sim/stream.py; docs/gpu.md, "The demos on the asynchronous mode"). Not the default:
+# the synchronous mode's kernel runs inside its hook, which a demo run on a loaded machine keeps
+# easier to read.
 ASYNC_STREAM_DEPTH = DEFAULT_DEPTH
 
 MOE = {"num_experts": 4, "expert_parallel": 2, "dp_size": 2, "forward_ms": 30.0, "backward_ms": 60.0}

@@ -117,3 +117,26 @@ def test_straggler_slows_only_its_replica_inside_the_window_and_labels_every_ran
 def test_straggler_rejects_impossible_windows(bad):
     with pytest.raises(PerseusError, match="straggler"):
         Straggler(**bad)
+
+
+def test_the_demos_freeze_what_setup_made_out_of_full_collections() -> None:
+    """A full collection walks every object the imports made (150-300 ms per torch demo rank), and on
+    the simulated GPU that time inside an instruction is kernel work: ``run_phases`` freezes what
+    exists before training."""
+    import gc
+
+    from perseus_demo.common import DemoSettings, run_phases
+
+    compute = SimpleNamespace(iterations=[], phase_override=None, phase_suffix="", slow_factor=1.0)
+    handle = SimpleNamespace(summary=lambda: {"slowdown": 1.0}, runtime=SimpleNamespace(stop=lambda: None))
+
+    def step() -> None:
+        compute.iterations.append({"phase": "deployed"})
+
+    gc.unfreeze()
+    try:
+        assert gc.get_freeze_count() == 0
+        records, _ = run_phases(step, [compute], handle, DemoSettings(deployed_steps=2, rebaseline_steps=1))  # type: ignore[list-item]  # a stand-in with SimulatedCompute's fields
+        assert len(records) == 3 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
