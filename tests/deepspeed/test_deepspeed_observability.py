@@ -34,7 +34,8 @@ def test_monitor_csv_and_tensorboard_get_the_runtimes_records(dist_world, tmp_pa
     save_frontier(Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
              [FrontierPoint(1.0, 1.5, np.array(PLAN))]), tmp_path / "f.json")
     section = {"gpu": "sim", "sim_gpu": {"energy_update_period_s": 0}, "warmup_steps": 2, "cache_dir": None,
-               "log_every_steps": 0, "frontier_path": str(tmp_path / "f.json"), "straggler_period_steps": 2}
+               "log_every_steps": 0, "frontier_path": str(tmp_path / "f.json"), "straggler_period_steps": 2,
+               "probe_every_steps": 0}  # every deployed step runs the plan (no guard probe among the three)
     config = deepspeed_config(MICROBATCHES, SHAPE, section)
     config["csv_monitor"] = {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "job"}
     config["tensorboard"] = {"enabled": True, "output_path": str(tmp_path / "tb"), "job_name": "job"}

@@ -64,7 +64,7 @@ class Broken:
 
 
 def test_sinks_get_the_runtimes_own_numbers_each_step(tmp_path, caplog):
-    device, cfg = setup(tmp_path)
+    device, cfg = setup(tmp_path, probe_every_steps=0)  # every deployed step runs the plan (no guard probe)
     recorder = Recorder()
     with caplog.at_level(logging.WARNING, logger="perseus"):
         with PerseusRuntime(JOB, cfg) as rt:
@@ -120,7 +120,7 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def test_prometheus_port_zero_serves_the_run_while_it_trains(tmp_path):
-    device, cfg = setup(tmp_path, prometheus_port=0)
+    device, cfg = setup(tmp_path, prometheus_port=0, probe_every_steps=0)  # every deployed step runs the plan
     seen = []
     with PerseusRuntime(JOB, cfg) as rt:
         url = rt.summary()["prometheus"]["url"]
