@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,12 +223,13 @@ class RuntimeRun:
     steps: list  # per step: (record, [kernels], tail kernel)
     kinds: list[str]
     clocks: list[int] | None
-    hook_us: float  # the hooks' CPU time per instruction, with the simulated H200's event cost charged
+    hook_us: float  # the hooks' time per instruction (median), with the simulated H200's event cost charged
     event_us: float  # of which event cost
     main_reads: int
     max_ahead: int
     profile: object | None
     energy_se: dict
+    hook_mean_us: float  # the same, mean over the instructions (a preempted one counts in full)
 
 
 def _exact_inputs(gpu: SimulatedGPU, job) -> tuple:
@@ -258,6 +260,14 @@ def _exact_inputs(gpu: SimulatedGPU, job) -> tuple:
     return profile, frontier
 
 
+# The hooks are timed on the wall clock, the framework's launch and the simulator's event code
+# subtracted, and the median instruction taken: none of them blocks, and a median leaves out the
+# instructions another process preempted on this shared machine. Not ``time.thread_time``: one call
+# costs 1.5-6.5 µs on this virtual machine (a system call; ``perf_counter`` 0.1-0.8 µs), and the
+# timing wrappers inside the hooks made about ten per instruction, most of the 27-35 µs it read.
+HOOK_CLOCK = time.perf_counter
+
+
 def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | None = None) -> RuntimeRun:
     """``steps`` steps of a one-stage 1F1B job through ``PerseusRuntime``'s hooks; ``plan``:
     (profile, frontier) put in the run's cache first."""
@@ -283,9 +293,9 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
         launch = stream.launch
 
         def timed_launch(work_s: float, **kw: object) -> None:  # the framework's launch: not the hooks' cost
-            c = time.thread_time()
+            c = HOOK_CLOCK()
             launch(work_s, **kw)  # type: ignore[arg-type]  # the stream's own keywords, passed through
-            launch_cpu[0] += time.thread_time() - c
+            launch_cpu[0] += HOOK_CLOCK() - c
 
         stream.launch = timed_launch  # type: ignore[method-assign]  # timed for this run only
         open_kernel = stream.open_kernel
@@ -295,45 +305,44 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
                 self.kernel = kernel
 
             def close(self, work_s: float) -> None:
-                c = time.thread_time()
+                c = HOOK_CLOCK()
                 self.kernel.close(work_s)
-                launch_cpu[0] += time.thread_time() - c
+                launch_cpu[0] += HOOK_CLOCK() - c
 
         def timed_open(**kw: object) -> TimedKernel:
-            c = time.thread_time()
+            c = HOOK_CLOCK()
             kernel = TimedKernel(open_kernel(**kw))  # type: ignore[arg-type]  # the stream's own keywords
-            launch_cpu[0] += time.thread_time() - c
+            launch_cpu[0] += HOOK_CLOCK() - c
             return kernel
 
         stream.open_kernel = timed_open  # type: ignore[method-assign, assignment]  # timed for this run only
         record = stream.record
 
         def timed_record() -> object:  # the simulator's own event code: a real card's is the charged cost
-            c = time.thread_time()
+            c = HOOK_CLOCK()
             event = record()
-            launch_cpu[0] += time.thread_time() - c
+            launch_cpu[0] += HOOK_CLOCK() - c
             return event
 
         stream.record = timed_record  # type: ignore[method-assign, assignment]  # timed for this run only
         order = list(rt.schedule.stages[0])
-        hook_s, n = 0.0, 0
+        samples: list[float] = []
         me = threading.get_ident()
         event_s = 0.0
         for step in range(steps):
             if step == steps // 3:  # the event pool has filled: the steady state's cost from here on
-                hook_s, n, event_s = 0.0, 0, -stream.event_cost_s[me]
+                samples, event_s = [], -stream.event_cost_s[me]
             rt.on_step_begin()
             for inst in order:
                 before = launch_cpu[0]
-                c0 = time.thread_time()
+                c0 = HOOK_CLOCK()
                 rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
-                c1 = time.thread_time()
+                c1 = HOOK_CLOCK()
                 rt.sim_kernels.pad(FORWARD_S if inst.kind == "forward" else BACKWARD_S)
-                c2 = time.thread_time()
+                c2 = HOOK_CLOCK()
                 rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
-                c3 = time.thread_time()
-                hook_s += (c1 - c0) + (c3 - c2) - (launch_cpu[0] - before)
-                n += 1
+                c3 = HOOK_CLOCK()
+                samples.append((c1 - c0) + (c3 - c2) - (launch_cpu[0] - before))
             launch(TAIL_S, activity=TAIL_ACTIVITY, tag="tail")
             rt.on_step_end()
         stream.synchronize()
@@ -355,8 +364,10 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
         else:
             current.append(k)
     out = [(rec, ks, tail) for rec, (ks, tail) in zip(records, step_kernels)]
-    return RuntimeRun(out, [i.kind for i in order], clocks, (hook_s + event_s) / n * 1e6, event_s / n * 1e6, main_reads,
-                      max_ahead, profile, energy_se)
+    n = len(samples)
+    event_us = event_s / n * 1e6
+    return RuntimeRun(out, [i.kind for i in order], clocks, median(samples) * 1e6 + event_us, event_us, main_reads,
+                      max_ahead, profile, energy_se, sum(samples) / n * 1e6 + event_us)
 
 
 def _true_energy(gpu_model, kernels: list, t0: float, t1: float) -> float:
@@ -420,6 +431,7 @@ def runtime_bench(depth: int, steps: int) -> dict[str, object]:
         **errors,
         "training_thread_nvml_reads": deployed.main_reads + profiled.main_reads,
         "training_thread_us_per_instruction": deployed.hook_us,
+        "training_thread_us_per_instruction_mean": deployed.hook_mean_us,
         "training_thread_event_us_per_instruction": deployed.event_us,
         "host_max_ahead_instructions": deployed.max_ahead,
         "deployed_plan_steps": sum(rec.clocks == "plan" for rec, _, _ in deployed.steps),
