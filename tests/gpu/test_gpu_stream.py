@@ -90,8 +90,14 @@ def test_poller_reads_only_on_its_own_thread(h200: SimulatedGPU) -> None:
     assert poller.counter_period_s() == pytest.approx(0.02, rel=0.05)
 
 
-def _run(gpu: SimulatedGPU, n: int, request_at_hook: bool, work_s: float = 0.05) -> tuple[list[int], list[int]]:
-    """n instructions, each with its own clock, the host ahead; returns (planned, clock at GPU begin).
+def _run(gpu: SimulatedGPU, n: int, request_at_hook: bool = False, work_s: float = 0.05, *, waits: bool = False,
+         ahead: bool = False) -> tuple[list[int], list[int]]:
+    """n instructions, each with its own clock; returns (planned, clock at GPU begin).
+
+    The host runs ahead, unless ``waits``: then it waits for each kernel, as a pipeline stage does
+    before it sends an output, so each kernel starts as soon as its hook opens it. ``ahead``: each
+    hook also hands the next instruction's clock (the runtime's way); otherwise each instruction's
+    request is made at its own hook.
 
     50 ms kernels and a 20 ms lead: on a machine loaded by other processes the follower thread can
     wake tens of ms late (the benchmark measures the default lead on real timings); the queue of 6
@@ -107,8 +113,13 @@ def _run(gpu: SimulatedGPU, n: int, request_at_hook: bool, work_s: float = 0.05)
             if request_at_hook:
                 gpu.set_locked_sm_clock(mhz)
             else:
-                clocks.instruction(mhz, gpu.kernel_time_s(work_s, mhz))
-            gpu.stream.launch(work_s, tag=i)
+                nxt = planned[i + 1] if ahead and i + 1 < n else None
+                clocks.instruction(mhz, gpu.kernel_time_s(work_s, mhz), nxt)
+            if waits:
+                gpu.stream.open_kernel(tag=i).close(work_s)
+                gpu.stream.synchronize()  # the framework sends the output: after the kernel
+            else:
+                gpu.stream.launch(work_s, tag=i)
         gpu.stream.synchronize()
         assert follower.drain()
     finally:
@@ -128,32 +139,11 @@ def test_a_clock_following_the_stream_lands_on_its_own_instruction(h200: Simulat
     assert own >= 0.85
 
 
-def _run_waiting(gpu: SimulatedGPU, n: int, ahead: bool, work_s: float = 0.05) -> tuple[list[int], list[int]]:
-    """n instructions as a pipeline stage runs them: the host waits for each one's kernel (its output
-    is sent next), so it is never ahead and each kernel starts as soon as its hook opens it.
-    ``ahead``: each hook also hands the next instruction's clock (the runtime's way); otherwise each
-    instruction's request is made at its own hook. Returns (planned, clock at GPU begin)."""
-    follower = StreamFollower(FollowMechanism.BLOCK)
-    clocks = StreamClocks(gpu.stream, follower, lambda mhz, at: gpu.set_locked_sm_clock(mhz), lead_s=0.02)
-    planned = [1530 - 15 * ((i * 7) % 29) for i in range(n)]
-    first = len(gpu.stream.kernels())
-    try:
-        for i, mhz in enumerate(planned):
-            nxt = planned[i + 1] if ahead and i + 1 < n else None
-            clocks.instruction(mhz, gpu.kernel_time_s(work_s, mhz), nxt)
-            gpu.stream.open_kernel(tag=i).close(work_s)
-            gpu.stream.synchronize()  # the framework sends the output: after the kernel
-        assert follower.drain()
-    finally:
-        follower.close()
-    return planned, [k.set_mhz for k in gpu.stream.kernels()[first:]]
-
-
 def test_a_stage_that_waits_at_every_hand_off_gets_its_clocks_only_when_they_are_handed_ahead(
         h200: SimulatedGPU) -> None:
-    planned, ran = _run_waiting(h200, 12, ahead=False)  # requested at its own hook: the kernel is faster
+    planned, ran = _run(h200, 12, waits=True)  # requested at its own hook: the kernel is faster
     assert sum(p == r for p, r in zip(planned[1:], ran[1:])) / (len(planned) - 1) < 0.5
-    planned, ran = _run_waiting(h200, 12, ahead=True)
+    planned, ran = _run(h200, 12, waits=True, ahead=True)
     assert sum(p == r for p, r in zip(planned[1:], ran[1:])) / (len(planned) - 1) >= 0.85
 
 

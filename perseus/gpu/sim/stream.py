@@ -198,20 +198,16 @@ class SimStream:
         """Enqueue a kernel of ``work_s`` max-clock seconds; blocks only while ``depth`` wait."""
         if work_s < 0 or not math.isfinite(work_s):
             raise GPUInvalidArgumentError(f"kernel work must be finite seconds >= 0, got {work_s!r}")
-        with self._cv:
-            self._raise_if_failed()
-            while self._unfinished >= self.depth and self._error is None and not self._closed:
-                self._cv.wait()
-            self._raise_if_failed()
-            self._unfinished += 1
-            self.max_ahead = max(self.max_ahead, self._unfinished)
-            self._queue.append(_Launch(float(work_s), activity, compute_fraction, tag, self._clock()))
-            self._cv.notify_all()
+        self._enqueue(_Launch(float(work_s), activity, compute_fraction, tag, math.nan))
 
     def open_kernel(self, *, activity: float = 1.0, compute_fraction: float = 0.8,
                     tag: Hashable = None) -> OpenKernel:
         """Enqueue a kernel whose work the host states later (``OpenKernel.close``); blocks only
         while ``depth`` wait. Nothing after it on the stream runs before it is closed."""
+        return OpenKernel(self._enqueue(_Launch(None, activity, compute_fraction, tag, math.nan)))
+
+    def _enqueue(self, launch: _Launch) -> _Launch:
+        """Put ``launch`` on the queue once fewer than ``depth`` kernels wait, stamped with the time."""
         with self._cv:
             self._raise_if_failed()
             while self._unfinished >= self.depth and self._error is None and not self._closed:
@@ -219,11 +215,12 @@ class SimStream:
             self._raise_if_failed()
             self._unfinished += 1
             self.max_ahead = max(self.max_ahead, self._unfinished)
-            launch = _Launch(None, activity, compute_fraction, tag, self._clock())
-            self._open.append(launch)
+            launch.launched_s = self._clock()
+            if launch.work_s is None:
+                self._open.append(launch)
             self._queue.append(launch)
             self._cv.notify_all()
-        return OpenKernel(launch)
+        return launch
 
     def record(self) -> SimEvent:
         """An event at the current end of the stream (never blocks): a recycled one when the pool
