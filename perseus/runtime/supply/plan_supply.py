@@ -152,9 +152,8 @@ class PlanSupply:
     def measured_step_s(self) -> float | None:
         """The shortest warm-up span (the first step left out when there are more: it pays for
         start-up), for the planner's hand-off (``planner.handoff``); None without one. The shortest,
-        not the median: noise only lengthens a step, and a hand-off read too long makes the planner
-        believe in slack the job does not have (a warm-up with two stalled steps of a 4-step median
-        made the torch demo's plan 35 % slower)."""
+        not the median: noise only lengthens a step (a host stall, a garbage collection), and a
+        hand-off read too long would make every plan spend slack the job does not have."""
         spans = [s for s in self.warmup_spans[1:] or self.warmup_spans if s > 0]
         return min(spans) if spans else None
 
