@@ -55,6 +55,14 @@ class ClockPoint(NamedTuple):
     def decision_energy_j(self) -> float:
         return self.step_energy_j or self.energy_j
 
+    @property
+    def planning_energy_j(self) -> float:
+        """The regression's energy, or the step-boundary attribution where the regression gave
+        none: a non-negative least-squares fit clips a key it cannot tell from the others at 0
+        (seen for the unpadded DeepSpeed script's 2 ms instructions beside a busy loop), and a
+        profile with a 0 energy is one its own loader refuses."""
+        return self.energy_j if self.energy_j > 0 else self.step_energy_j
+
 
 # (chunk, kind) -> freq_mhz -> ClockPoint (a plain (time, energy) pair reads as one sample)
 Measurements = dict[tuple[int, str], dict[int, Any]]
@@ -132,7 +140,7 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
     raw = [p.time_s for p in pts]
     se = [p.se_s for p in pts]
     fitted = isotonic_times(freqs, raw, fit_weights(se, raw))
-    energies = [p.energy_j for p in pts]
+    energies = [p.planning_energy_j for p in pts]
     ok = {f: interpolation_ok(te, ee, se[freqs.index(f)] / max(fitted[freqs.index(f)], 1e-30))
           for f, te, ee in loo_errors(freqs, fitted, [p.decision_energy_j for p in pts])}
     rows: dict[int, dict[str, Any]] = {}

@@ -22,7 +22,13 @@ pytest.importorskip("deepspeed")
 from guard_checks import GuardVerdict, check_guard_run
 from unpadded_workload import lying, run_beside_cpu_hog
 
-PROFILE_STEPS = 12  # 2 warm-up steps, one step per clock at 1410/810/210 MHz, the rest measured
+PROFILE_STEPS = 12  # 2 warm-up steps, one step per clock at 1410/1110/810 MHz, the rest measured
+# The sweep stops at 810 MHz. Below it the simulated GPU stretches an instruction's CPU time, and
+# with it the CPU's scheduling noise, by the clock ratio (8x at 210 MHz): the script's tiny second
+# stage planned at 210 MHz then ran ~10 % slower than its probes, a real slowdown the guard caught in
+# one run of four (docs/runtime.md, "Measured end to end"), though not one a GPU would show. The
+# planner does not plan for per-instance spread yet; what is tested here is the guard.
+SWEEP = {"freq_min_mhz": 810, "freq_step_mhz": 300}
 # The profile path deploys after warm-up (step 2); a lie this large scores the highest rank score
 # every window, so the CUSUM (reference 0.25, threshold 5) alarms after about 4 windows of 6-7
 # steps (measured with threshold 7 and 8-step windows: the fall-back 54 deployed steps in). 100 steps leave room.
@@ -33,7 +39,7 @@ STEPS = 100
 def honest_profile(tmp_path_factory) -> Path:
     """The workload's own 3-clock profile, measured beside a busy loop (shared by both runs)."""
     out = tmp_path_factory.mktemp("profile")
-    profiled = run_beside_cpu_hog(out, PROFILE_STEPS, {"mode": "profile"}, timeout_s=600.0)
+    profiled = run_beside_cpu_hog(out, PROFILE_STEPS, {"mode": "profile", **SWEEP}, timeout_s=600.0)
     assert profiled.returncode == 0, profiled.log[-4000:]
     found = sorted((out / "cache").rglob("profile.json"))
     assert found, f"no profile written: {profiled.log[-2000:]}"

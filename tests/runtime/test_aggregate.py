@@ -41,3 +41,17 @@ def test_override_p_blocking_scaled_by_tp():
 def test_missing_stage_is_profile_error():
     with pytest.raises(ProfileError, match=r"stage\(s\) \[1\]"):
         aggregate_profile([rank(0, 0, 0, {1: (1, 1)}, {1: (1, 1)})], num_stages=2)
+
+
+def test_a_key_the_regression_gave_no_energy_takes_the_step_boundary_attribution():
+    """A non-negative regression clips a key it cannot separate at 0 energy; the profile then keeps
+    the step-boundary attribution for it, so it saves one its own loader accepts (it refused the 0)."""
+    from perseus.profile import profile_from_json_dict
+    from perseus.profile.aggregate import ClockPoint
+
+    forward = {1000: ClockPoint(1.0, 0.0, 4, 0.01, 0.005, 3.0), 900: ClockPoint(1.2, 9.0, 4, 0.01, 0.005, 8.5)}
+    backward = {1000: ClockPoint(2.0, 20.0, 4, 0.01, 0.005, 19.0), 900: ClockPoint(2.4, 18.0, 4, 0.01, 0.005, 17.0)}
+    prof = aggregate_profile([rank(0, 0, 0, forward, backward)], num_stages=1)
+    assert prof.get(0, "forward").at(1000)[1] == pytest.approx(3.0)  # the step attribution
+    assert prof.get(0, "forward").at(900)[1] == pytest.approx(9.0)  # the regression's, where it has one
+    assert profile_from_json_dict(prof.to_json_dict()).get(0, "forward").at(1000)[1] == pytest.approx(3.0)
