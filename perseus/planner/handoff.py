@@ -34,6 +34,10 @@ from perseus.timeline.simulator import max_frequency_plan, simulate_plan
 
 ITERATIONS = 40  # bisection steps: the interval shrinks 2^40-fold, far below a microsecond
 MIN_EXCESS = 0.002  # a measured step within this fraction of the model's needs no hand-off
+# At most this share of the shortest sender's max-clock time: a longer "hand-off" is a warm-up step
+# that stalled on something else (start-up, a collection, another process: one toy run on a busy
+# machine read 35 ms against 10 ms instructions), and believing it would plan slack the job lacks.
+MAX_SHARE = 0.5
 
 
 def sending_keys(schedule: Schedule) -> frozenset[ProfileKey]:
@@ -59,7 +63,8 @@ def with_handoff(profile: Profile, handoff_s: float, senders: Collection[Profile
 
 def calibrate_handoff(schedule: Schedule, profile: Profile, measured_s: float) -> float:
     """The hand-off per instruction that makes the all-max makespan ``measured_s`` (0 when the
-    model is within ``MIN_EXCESS`` of it or above it: a profile's pessimism is not a hand-off)."""
+    model is within ``MIN_EXCESS`` of it or above it: a profile's pessimism is not a hand-off; at
+    most ``MAX_SHARE`` of the shortest sender's time)."""
     if measured_s <= 0 or not math.isfinite(measured_s):
         raise PerseusError(f"a measured step time is seconds > 0, got {measured_s!r}")
     dag = InstructionDAG.from_schedule(schedule)
@@ -74,7 +79,10 @@ def calibrate_handoff(schedule: Schedule, profile: Profile, measured_s: float) -
     if makespan(0.0) >= measured_s * (1.0 - MIN_EXCESS):
         return 0.0
     per_stage = max(len(instructions) for instructions in schedule.stages)
-    low, high = 0.0, measured_s / per_stage  # a stage's instructions alone then fill the step
+    cap = MAX_SHARE * min(profile.entries[key].times_s[0] for key in senders if key in profile.entries)
+    if makespan(cap) <= measured_s:
+        return cap
+    low, high = 0.0, min(cap, measured_s / per_stage)  # a stage's instructions alone would fill the step
     for _ in range(ITERATIONS):
         mid = (low + high) / 2
         if makespan(mid) < measured_s:

@@ -92,3 +92,10 @@ def test_the_no_slowdown_point_planned_with_the_hand_off_is_no_slower_on_a_pipel
     assert slowdown(PROFILE) > 1.005
     h = calibrate_handoff(SCHEDULE, PROFILE, reference)
     assert slowdown(with_handoff(PROFILE, h, senders)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_stalled_warm_up_step_is_not_believed_to_be_a_hand_off() -> None:
+    """A step that stalled on something else would read as a huge hand-off: it is capped at half the
+    shortest sender's max-clock time."""
+    h = calibrate_handoff(SCHEDULE, PROFILE, all_max(PROFILE) * 3)
+    assert h == pytest.approx(0.5 * FORWARD.times_s[0])

@@ -150,11 +150,11 @@ class PlanSupply:
                                           cache=self.cache, timelines=self.timelines, measured_s=self.measured_step_s())
 
     def measured_step_s(self) -> float | None:
-        """The shortest warm-up span (the first step left out when there are more: it pays for
-        start-up), for the planner's hand-off (``planner.handoff``); None without one. The shortest,
-        not the median: noise only lengthens a step (a host stall, a garbage collection), and a
-        hand-off read too long would make every plan spend slack the job does not have."""
-        spans = [s for s in self.warmup_spans[1:] or self.warmup_spans if s > 0]
+        """The shortest warm-up span, for the planner's hand-off (``planner.handoff``); None
+        without one. The shortest, not the median: noise only lengthens a step (start-up, a host
+        stall, a garbage collection), and a hand-off read too long would make every plan spend
+        slack the job does not have (the planner also caps it)."""
+        spans = [s for s in self.warmup_spans if s > 0]
         return min(spans) if spans else None
 
     def poll(self) -> PlanOutcome | None:
