@@ -13,6 +13,7 @@ asserted: ``benchmarks/bench_guard_e2e.py`` and docs/runtime.md, "Measured end t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,7 @@ pytest.importorskip("deepspeed")
 from guard_checks import GuardVerdict, check_guard_run
 from unpadded_workload import lying, run_beside_cpu_hog
 
-PROFILE_STEPS = 12  # 2 warm-up steps, one step per clock at 1410/1110/810 MHz, the rest measured
-# The sweep stops at 810 MHz. Below it the simulated GPU stretches an instruction's CPU time, and
-# with it the CPU's scheduling noise, by the clock ratio (8x at 210 MHz): the script's tiny second
-# stage planned at 210 MHz then ran ~10 % slower than its probes, a real slowdown the guard caught in
-# one run of four (docs/runtime.md, "Measured end to end"), though not one a GPU would show. The
-# planner does not plan for per-instance spread yet; what is tested here is the guard.
-SWEEP = {"freq_min_mhz": 810, "freq_step_mhz": 300}
+PROFILE_STEPS = 12  # 2 warm-up steps, one step per clock at 1410/810/210 MHz, the rest measured
 # The profile path deploys after warm-up (step 2); a lie this large scores the highest rank score
 # every window, so the CUSUM (reference 0.25, threshold 5) alarms after about 4 windows of 6-7
 # steps (measured with threshold 7 and 8-step windows: the fall-back 54 deployed steps in). 100 steps leave room.
@@ -39,14 +34,14 @@ STEPS = 100
 def honest_profile(tmp_path_factory) -> Path:
     """The workload's own 3-clock profile, measured beside a busy loop (shared by both runs)."""
     out = tmp_path_factory.mktemp("profile")
-    profiled = run_beside_cpu_hog(out, PROFILE_STEPS, {"mode": "profile", **SWEEP}, timeout_s=600.0)
+    profiled = run_beside_cpu_hog(out, PROFILE_STEPS, {"mode": "profile"}, timeout_s=600.0)
     assert profiled.returncode == 0, profiled.log[-4000:]
     found = sorted((out / "cache").rglob("profile.json"))
     assert found, f"no profile written: {profiled.log[-2000:]}"
     return found[0]
 
 
-def guarded_run(out: Path, profile: Path) -> GuardVerdict:
+def guarded_run(out: Path, profile: Path) -> tuple[GuardVerdict, list[dict]]:
     run = run_beside_cpu_hog(out, STEPS, {"profile_path": str(profile)}, timeout_s=900.0)
     assert run.returncode == 0, run.log[-4000:]
     verdict = check_guard_run(run.records, run.events)
@@ -54,18 +49,32 @@ def guarded_run(out: Path, profile: Path) -> GuardVerdict:
     for event in run.events:
         if event["event"] in ("loop_period", "fallback"):
             print(f"  {event['event']} at step {event['step']}: {event['data']}")
-    return verdict
+    return verdict, run.events
 
 
 @pytest.mark.distributed
 def test_a_lying_profile_is_caught_beside_a_busy_loop(tmp_path, honest_profile):
     lie = tmp_path / "lying_profile.json"
     lie.write_text(json.dumps(lying(json.loads(honest_profile.read_text()))))
-    verdict = guarded_run(tmp_path / "lying", lie)
+    verdict, _ = guarded_run(tmp_path / "lying", lie)
     assert verdict.fell_back or verdict.moves > 0, f"a lying plan stayed deployed: {verdict.describe()}"
+
+
+# A plan slower than its probes by less than this is one the guard must keep (its tolerance is 1 %,
+# its detectable slowdown 3 %).
+FALSE_ALARM_EXCESS = 0.03
 
 
 @pytest.mark.distributed
 def test_the_honest_profile_stays_deployed_beside_a_busy_loop(tmp_path, honest_profile):
-    verdict = guarded_run(tmp_path / "honest", honest_profile)
-    assert not verdict.fell_back, f"a false alarm on the honest plan: {verdict.describe()}"
+    """Kept, unless it really ran slower. The simulated GPU stretches an instruction's CPU time, and
+    the CPU's scheduling noise with it, by the clock ratio (8x at 210 MHz), and a profile measured
+    while the suite's other worker and the busy loop share two cores can be far off: honest plans
+    were measured 9-48 % slower than their probes in some runs and the guard fell back, doing its
+    job (docs/runtime.md, "Measured end to end"). So a fall-back must name a measured excess of at
+    least ``FALSE_ALARM_EXCESS``; a false alarm would name about the tolerance."""
+    verdict, events = guarded_run(tmp_path / "honest", honest_profile)
+    if verdict.fell_back:
+        reasons = [e["data"]["reason"] for e in events if e["event"] == "guard" and e["data"]["action"] == "fallback"]
+        excess = [float(x) / 100 for r in reasons for x in re.findall(r"pipeline \d+ \+([\d.]+)%", r)]
+        assert excess and min(excess) >= FALSE_ALARM_EXCESS, f"a false alarm on the honest plan: {verdict.describe()}; {reasons}"
