@@ -236,10 +236,15 @@ class PerseusRuntime:
                 self._fall_back(f"clock control failed on rank {self.rank}")  # check); profiling is discarded
 
     def _fall_back(self, problem: str) -> None:
-        """Default clocks from now on, if a deployed plan runs and did not fall back already."""
+        """Default clocks from the next step on, if a deployed plan runs and did not fall back
+        already. Between steps only (a hook's divergence is ``Deployment.diverged``): the GPU passed
+        the step's end (the fence), so the host resets the clock itself, dropping requests still
+        on their way (the next step's first clock, handed ahead), and the next step is the
+        fallback's, in its records too."""
         if self.phases.phase is Phase.DEPLOYED and self.deployment.problem is None:
             self._hot = _HOT_IDLE
-            self.deployment.fall_back(problem)
+            self.deployment.fall_back(problem, between_steps=True)
+            self._enter_fallback()
 
     def _detach(self, exc: CollectiveError) -> None:
         """Another rank died or hung in a collective: no further collective, default clocks, still measured."""

@@ -195,3 +195,51 @@ def test_profiling_on_the_gpu_timeline_checks_noise_on_instructions_only(tmp_pat
         profiling = rt.supply.profiling
         assert profiling is not None and len(profiling.sweep.visited) >= 3, profiling.sweep.visited
         assert rt.phase is not Phase.PROFILING
+
+
+def test_a_guard_fallback_puts_the_whole_next_step_at_default_clocks_and_says_so(tmp_path: Path) -> None:
+    """A plan the profile lied about (flat times: every instruction at the lowest clock) is caught
+    at a step's end. The next step runs at default clocks from its first instruction and is
+    recorded as the fallback's. Before, the fallback was a stream boundary that landed after the
+    next step's first kernel had started (at the clock handed ahead for it), and that step was
+    still recorded as a plan step: the fidelity benchmark counted its default-clock instructions
+    as missed plan clocks."""
+    cfg = config(tmp_path, depth=6, mode="run", probe_every_steps=4)
+    probe = SimulatedGPU(1, preset="H200", state_dir=tmp_path / "probe", reset_state=True)
+    m = probe.model
+    probe.close()
+    low = CLOCKS[-1]
+    entries = {(0, 0, kind): InstructionProfile(CLOCKS, (work,) * len(CLOCKS), tuple(100.0 * work for _ in CLOCKS))
+               for kind, work in WORK.items()}  # the lie: no clock costs time
+    profile = Profile(entries, m.p_blocking_w, m.name)
+    sched = JOB.build_schedule()
+    dag = InstructionDAG.from_schedule(sched)
+    plan = np.full(dag.num_nodes, low, dtype=np.int64)
+    sim = simulate_plan(dag, profile, plan)
+    frontier = Frontier(sched, m.p_blocking_w, sim.time_s, sim.energy_j, [FrontierPoint(sim.time_s, sim.energy_j, plan)],
+                        gpu_name=m.name)
+    with PerseusRuntime(JOB, cfg) as rt:
+        assert rt.supply.cache is not None
+        rt.supply.cache.save_profile(profile)
+        rt.supply.cache.save_frontier(frontier)
+    with PerseusRuntime(JOB, cfg) as rt:
+        gpu = rt.gpu.sim_device
+        assert gpu is not None
+        records = []
+        for _ in range(60):
+            records = train(rt, 1)
+            if records[-1].phase is Phase.FALLBACK:
+                break
+        records = train(rt, 1)
+        gpu.stream.synchronize()
+        steps = by_step(gpu.stream.kernels())
+    phases = [r.phase for r in records]
+    assert Phase.FALLBACK in phases, phases  # the lie was caught
+    first = phases.index(Phase.FALLBACK)
+    assert records[first - 1].phase is Phase.DEPLOYED
+    # the fallback's first step ran no instruction at the plan's clock
+    assert [k.set_mhz for k in steps[first][0]] == [m.sm_max_mhz] * len(steps[first][0])
+    # and every step recorded as the plan's ran the plan's clock (a switch may land late, not seven)
+    for rec, (ks, _tail) in zip(records, steps):
+        if rec.clocks == "plan":
+            assert sum(k.set_mhz == low for k in ks) >= len(ks) - 1, [k.set_mhz for k in ks]

@@ -308,10 +308,15 @@ class Deployment:
         if stream is not None and follower is not None and not follower.broken:
             stream.ahead(follower.peek())
 
-    def fall_back(self, problem: str) -> None:
-        """Default clocks from now on (without waiting: also from a hook), for ``problem``."""
+    def fall_back(self, problem: str, *, between_steps: bool = False) -> None:
+        """Default clocks from now on, for ``problem``: from a hook without waiting, for the work
+        launched from here on; ``between_steps`` (the GPU passed the step's end) at once, dropping
+        the requests still on their way."""
         self.problem = problem
-        self.gpu.release()
+        if between_steps:
+            self.gpu.reset()
+        else:
+            self.gpu.release()
 
     def diverged(self) -> None:
         """The executed instructions left the plan (the follower says where): noted, warned once."""
