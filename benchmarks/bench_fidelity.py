@@ -49,7 +49,7 @@ from perseus.gpu.measurement import (
     poll_interval_s,
 )
 from perseus.gpu.sim import SimulatedGPU
-from perseus.gpu.sim.stream import OpenKernel, StreamKernel
+from perseus.gpu.sim.stream import StreamKernel
 from perseus.gpu.stream_clocks import StreamClocks
 from perseus.gpu.stream_follow import FollowMechanism, StreamFollower
 
@@ -260,9 +260,10 @@ def _exact_inputs(gpu: SimulatedGPU, job) -> tuple:
     return profile, frontier
 
 
-# The hooks are timed on the wall clock, the framework's launch and the simulator's event code
-# subtracted, and the median instruction taken: none of them blocks, and a median leaves out the
-# instructions another process preempted on this shared machine. Not ``time.thread_time``: one call
+# The hooks are timed on the wall clock, the framework's launch and the simulator's code subtracted
+# (its event code, whose charged cost is added back, and ``SimulatedKernels``, the runtime's side of
+# the simulated kernels, absent on a real GPU), and the median instruction taken: none of them
+# blocks, and a median leaves out the instructions another process preempted on this shared machine. Not ``time.thread_time``: one call
 # costs 1.5-6.5 µs on this virtual machine (a system call; ``perf_counter`` 0.1-0.8 µs), and the
 # timing wrappers inside the hooks made about ten per instruction, most of the 27-35 µs it read.
 HOOK_CLOCK = time.perf_counter
@@ -298,24 +299,21 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
             launch_cpu[0] += HOOK_CLOCK() - c
 
         stream.launch = timed_launch  # type: ignore[method-assign]  # timed for this run only
-        open_kernel = stream.open_kernel
+        kernels = rt.sim_kernels
+        kernels_begin, kernels_end = kernels.begin, kernels.end
 
-        class TimedKernel:  # the instruction's kernel: its launch is the framework's cost, not the hooks'
-            def __init__(self, kernel: OpenKernel) -> None:
-                self.kernel = kernel
-
-            def close(self, work_s: float) -> None:
-                c = HOOK_CLOCK()
-                self.kernel.close(work_s)
-                launch_cpu[0] += HOOK_CLOCK() - c
-
-        def timed_open(**kw: object) -> TimedKernel:
+        def timed_begin() -> None:  # the simulator's kernel (it opens on the stream): no real card runs it
             c = HOOK_CLOCK()
-            kernel = TimedKernel(open_kernel(**kw))  # type: ignore[arg-type]  # the stream's own keywords
+            kernels_begin()
             launch_cpu[0] += HOOK_CLOCK() - c
-            return kernel
 
-        stream.open_kernel = timed_open  # type: ignore[method-assign, assignment]  # timed for this run only
+        def timed_end(kind: object = None, chunk: int = 0) -> None:  # as above: it closes the kernel
+            c = HOOK_CLOCK()
+            kernels_end(kind, chunk)  # type: ignore[arg-type]  # the engine's arguments, passed through
+            launch_cpu[0] += HOOK_CLOCK() - c
+
+        kernels.begin = timed_begin  # type: ignore[method-assign]  # timed for this run only
+        kernels.end = timed_end  # type: ignore[method-assign]  # timed for this run only
         record = stream.record
 
         def timed_record() -> object:  # the simulator's own event code: a real card's is the charged cost

@@ -148,12 +148,19 @@ class PlanFollower:
     def next(self, kind: str, microbatch: int, chunk: int, backward: tuple[int, int] | None = None) -> int | None:
         """The planned clock of this instruction, or None if it is not the one the plan expects
         (``backward``: a fused unit's backward (microbatch, chunk), checked too)."""
+        pos = self.advance(kind, microbatch, chunk, backward)
+        return self._freqs[pos] if pos >= 0 else None
+
+    def advance(self, kind: str, microbatch: int, chunk: int, backward: tuple[int, int] | None = None) -> int:
+        """This instruction's position in the plan's step, or -1 if it is not the one the plan
+        expects (the follower is broken from then on): ``next`` for callers that index their own
+        per-position tables."""
         if self.broken:
-            return None
+            return -1
         pos = self._pos
         if pos < len(self._expected) and self._expected[pos] == (kind, microbatch, chunk, backward):
             self._pos = pos + 1
-            return self._freqs[pos]
+            return pos
         if pos < len(self._expected):
             wanted = _described(*self._expected[pos])
         else:
@@ -162,7 +169,7 @@ class PlanFollower:
             f"stage {self.stage}, instruction #{pos}: executed {_described(kind, microbatch, chunk, backward)} "
             f"but the plan expects {wanted}"
         )
-        return None
+        return -1
 
     def peek(self) -> int:
         """The clock of the instruction after the last one followed (the next step's first at the
@@ -224,9 +231,10 @@ class Deployment:
         self.check_every = check_every  # deployed steps between job checks (0: none)
         self.follower: PlanFollower | None = None
         self.timed: TimedSwitches | None = None
-        # With a GPU timeline: each instruction's planned GPU time (its request goes out that long,
-        # less the switch latency, after the GPU began the one before), None without a timeline.
-        self.planned_s: list[float] | None = None
+        # With a GPU timeline, per position in the step: (its clock, its planned GPU time or None
+        # without the plan's timeline, the next instruction's clock): ``GPUTimeline.clock``'s
+        # arguments, so the hook makes one list read (docs/runtime.md, "GPU time").
+        self.stream_requests: list[tuple[int, float | None, int]] = []
         self.window: list[tuple[float, float]] = []
         self.steps = 0
         # An overlapped job check asked at a check and answered at the next: (answer, step asked).
@@ -247,7 +255,11 @@ class Deployment:
         if self.gpu.timeline is not None:  # requests follow the stream (gpu_timeline.py), in GPU time
             self.timed = None
             timeline = plan.timeline(point)
-            self.planned_s = None if timeline is None else [float(e - b) for b, e in zip(*timeline)]
+            clocks = [int(f) for _, f in pairs]
+            planned: list[float | None] = ([float(e - b) for b, e in zip(*timeline)] if timeline is not None
+                                           else [None] * len(clocks))
+            # the last one's next clock: the next step's first (handed ahead at step end, ``step_ending``)
+            self.stream_requests = list(zip(clocks, planned, clocks[1:] + clocks[:1]))
             if pairs:  # between steps (the GPU passed the last one's end): the first clock, in effect now
                 self.gpu.apply(pairs[0][1])
             return
@@ -264,15 +276,17 @@ class Deployment:
         """An instruction begins: its planned clock, asked for now (or, timed, the switches due at
         its begin); None where it is not the planned instruction (the follower says why)."""
         follower = self.follower
-        freq = follower.next(kind, microbatch, chunk, backward)  # type: ignore[union-attr]  # hooks run only while following a point; no check on the hot path
-        if freq is None:
-            return None
         stream = self.gpu.timeline
         if stream is not None:  # in effect when the GPU gets there (docs/runtime.md, "GPU time")
-            planned = self.planned_s
-            stream.clock(freq, planned[follower.index] if planned is not None else None,  # type: ignore[union-attr]  # as above
-                         follower.peek())  # type: ignore[union-attr]  # as above
-            return freq
+            pos = follower.advance(kind, microbatch, chunk, backward)  # type: ignore[union-attr]  # hooks run only while following a point; no check on the hot path
+            if pos < 0:
+                return None
+            mhz, planned_s, next_mhz = self.stream_requests[pos]
+            stream.clock(mhz, planned_s, next_mhz)
+            return mhz
+        freq = follower.next(kind, microbatch, chunk, backward)  # type: ignore[union-attr]  # as above
+        if freq is None:
+            return None
         timed = self.timed
         if timed is not None:
             # Switches asked for at planned times (docs/runtime.md, "Clock-switch latency").
