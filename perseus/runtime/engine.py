@@ -166,7 +166,7 @@ class PerseusRuntime:
         if trace is not None:
             trace.kernel_ended(monotonic())
         hot = self._hot
-        if hot == _HOT_DEPLOY:
+        if hot == _HOT_DEPLOY and self.deployment.watches_end:
             self.deployment.end_instruction()
         self.steps.end(hot == _HOT_PROFILE)
         if trace is not None:

@@ -235,6 +235,7 @@ class Deployment:
         # without the plan's timeline, the next instruction's clock): ``GPUTimeline.clock``'s
         # arguments, so the hook makes one list read (docs/runtime.md, "GPU time").
         self.stream_requests: list[tuple[int, float | None, int]] = []
+        self.watches_end = False  # whether ``end_instruction`` has anything to do (the engine skips it)
         self.window: list[tuple[float, float]] = []
         self.steps = 0
         # An overlapped job check asked at a check and answered at the next: (answer, step asked).
@@ -260,10 +261,12 @@ class Deployment:
                                            else [None] * len(clocks))
             # the last one's next clock: the next step's first (handed ahead at step end, ``step_ending``)
             self.stream_requests = list(zip(clocks, planned, clocks[1:] + clocks[:1]))
+            self.watches_end = False
             if pairs:  # between steps (the GPU passed the last one's end): the first clock, in effect now
                 self.gpu.apply(pairs[0][1])
             return
         self.timed = self.switches.for_point(plan, point, [f for _, f in pairs])
+        self.watches_end = self.timed is not None or self.switches.switch_ahead
         if self.timed is not None and pairs:
             # The new plan's first clock at once (and no request of the old plan still held): the
             # requests for a step's first instructions are made in the step before.
