@@ -236,11 +236,8 @@ class PerseusRuntime:
                 self._fall_back(f"clock control failed on rank {self.rank}")  # check); profiling is discarded
 
     def _fall_back(self, problem: str) -> None:
-        """Default clocks from the next step on, if a deployed plan runs and did not fall back
-        already. Between steps only (a hook's divergence is ``Deployment.diverged``): the GPU passed
-        the step's end (the fence), so the host resets the clock itself, dropping requests still
-        on their way (the next step's first clock, handed ahead), and the next step is the
-        fallback's, in its records too."""
+        """Default clocks from the next step on (in its records too), if a plan runs and did not fall
+        back yet. Between steps only (a hook's is ``Deployment.diverged``): the host resets the clock."""
         if self.phases.phase is Phase.DEPLOYED and self.deployment.problem is None:
             self._hot = _HOT_IDLE
             self.deployment.fall_back(problem, between_steps=True)
