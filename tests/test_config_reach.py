@@ -19,7 +19,7 @@ GROUP_A: dict[str, Any] = {
     "enabled": False, "mode": "measure-only", "gpu": "sim", "device_index": 3, "sim_gpu": {"preset": "A40"},
     "zeusd_socket": "/run/zeusd.sock", "freq_max_mhz": 1410, "freq_min_mhz": 900, "freq_step_mhz": 30,
     "warmup_steps": 4, "iters_per_freq": 5, "early_stop_patience": 3, "coarse_step_mhz": 120,
-    "refine_max_clocks": 4, "remeasure_max": 1, "noise_k": 1.5, "p_blocking_w": 75.0, "p_blocking_seconds": 0.5,
+    "refine_max_clocks": 4, "remeasure_max": 1, "noise_k": 1.5, "spread_k": 0.5, "p_blocking_w": 75.0, "p_blocking_seconds": 0.5,
     "energy_poll_s": 0.004, "profile_path": "profile.json", "planner_options": {"num_anchors": 16},
     "planner_nice": 5, "plan_wait_s": 2.0, "close_plan_wait_s": 10.0, "switch_ahead": False, "trace_clocks": True,
     "straggler_period_steps": 20, "straggler_threshold": 0.1, "straggler_recover_threshold": 0.03,

@@ -13,7 +13,8 @@ every rank are kept, so the profile is rectangular.
 
 Then each (stage, chunk, kind) is made trustworthy (``perseus.profile.fit``): its times are fitted
 non-increasing in clock, the planner gets the pessimistic fitted time (fit + ``noise_k``
-standard errors below the max clock), and the clocks of ``grid`` between measured ones are
+standard errors below the max clock, plus ``spread_k`` times the per-instance spread a clock
+adds over the max clock's), and the clocks of ``grid`` between measured ones are
 interpolated where the model predicted the measured neighbours within their noise. Raw times,
 samples, spread, fit residuals and which clocks were interpolated are kept in ``Profile.quality``.
 
@@ -126,8 +127,26 @@ def _combine(parts: list[Measurements], time_rule: str, energy_rule: str) -> Mea
     return out
 
 
+def energies_where_unknown(freqs: Sequence[int], times: Sequence[float], energies: Sequence[float]) -> list[float]:
+    """``energies`` with each 0 (no energy measured: neither the regression nor a step-boundary
+    attribution separated the key at that clock, seen once a sweep stopped at 810 MHz) replaced by
+    the key's measured power at its nearest clock with one, times its time there: a profile with
+    a 0 energy is one its own loader refuses. Raises ``ProfileError`` when no clock has one."""
+    known = [i for i, e in enumerate(energies) if e > 0]
+    if not known:
+        raise ProfileError("no energy could be attributed at any clock (its instructions are too short to tell "
+                           "apart from the others); profile again with a larger iters_per_freq")
+    out = list(energies)
+    for i, e in enumerate(energies):
+        if e <= 0:
+            j = min(known, key=lambda k: abs(freqs[k] - freqs[i]))
+            out[i] = energies[j] / max(times[j], 1e-30) * times[i]
+    return out
+
+
 def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k: float = 2.0,
-                  equal_above: int | None = None) -> tuple[InstructionProfile, dict[str, list[Any]]]:
+                  equal_above: int | None = None,
+                  spread_k: float = 0.0) -> tuple[InstructionProfile, dict[str, list[Any]]]:
     """One key's measured clocks → its planning entry (pessimistic fitted times, interpolated
     grid clocks where validated) and its quality lists, fastest clock first. Clocks above
     ``equal_above`` (the sustained clock, when measured) are not fitted: each gets its entry."""
@@ -140,7 +159,7 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
     raw = [p.time_s for p in pts]
     se = [p.se_s for p in pts]
     fitted = isotonic_times(freqs, raw, fit_weights(se, raw))
-    energies = [p.planning_energy_j for p in pts]
+    energies = energies_where_unknown(freqs, raw, [p.planning_energy_j for p in pts])
     ok = {f: interpolation_ok(te, ee, se[freqs.index(f)] / max(fitted[freqs.index(f)], 1e-30))
           for f, te, ee in loo_errors(freqs, fitted, [p.decision_energy_j for p in pts])}
     rows: dict[int, dict[str, Any]] = {}
@@ -157,9 +176,12 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
             if lo < g < hi:
                 t, e = model_between(g, hi, fitted[i], energies[i], lo, fitted[i + 1], energies[i + 1])
                 rows[g] = {"time": t, "energy_j": e, "raw_time_s": None, "fitted_time_s": t, "fit_residual_s": None,
-                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True}
+                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True,
+                           "planning_spread_s": max(pts[i].spread_s, pts[i + 1].spread_s)}
     order = sorted(rows, reverse=True)
-    times = pessimistic_times([rows[f]["time"] for f in order], [rows[f]["se_s"] for f in order], noise_k)
+    spread = [rows[f].get("planning_spread_s", rows[f]["spread_s"]) or 0.0 for f in order]
+    times = pessimistic_times([rows[f]["time"] for f in order], [rows[f]["se_s"] for f in order], noise_k,
+                              spread, spread_k)
     # the copies above the sustained clock: its row and final time, exactly
     order, times = copies + order, [times[0]] * len(copies) + times
     rows.update({f: rows[freqs[0]] for f in copies})
@@ -177,6 +199,7 @@ def aggregate_profile(
     p_blocking_override_w: float | None = None,
     grid: Sequence[int] = (),
     noise_k: float = 2.0,
+    spread_k: float = 0.0,
 ) -> Profile:
     """Combine all ranks' sweeps into the pipeline profile (TP: max/sum, DP: mean), fitted and
     interpolated onto ``grid`` (``trusted_entry``)."""
@@ -202,8 +225,11 @@ def aggregate_profile(
         for (chunk, kind), per_freq in combined.items():
             if not per_freq:
                 raise ProfileError(f"online profile: stage {stage} {kind} chunk {chunk} has no clock measured on every rank")
-            entries[(stage, chunk, kind)], quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k,
-                                                                                         sustained)
+            try:
+                entries[(stage, chunk, kind)], quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k,
+                                                                                             sustained, spread_k)
+            except ProfileError as exc:
+                raise ProfileError(f"online profile: stage {stage} {kind} chunk {chunk}: {exc}") from None
         clocks = {f for (s, _, _), e in entries.items() if s == stage for f in e.freqs_mhz}
         if sustained is not None and sustained in clocks:
             sustained_mhz[stage] = sustained

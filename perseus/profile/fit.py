@@ -9,7 +9,10 @@ look *faster* than the max clock, and a plan built on that runs slower than defa
 - time is fitted non-increasing in clock (weighted isotonic regression, pool-adjacent-violators:
   ``isotonic_times``), and how far each point was from the fit is recorded;
 - the planner gets a pessimistic time, the fit plus ``k`` standard errors below the max clock
-  (``pessimistic_times``): noise can make a plan save a little less, never run slower;
+  (``pessimistic_times``): noise can make a plan save a little less, never run slower; plus the
+  per-instance spread a clock adds over the max clock's (``spread_k`` of it): a step waits for the
+  slowest of its chains, so an instruction whose every run varies more at a low clock costs
+  more slack than its mean shows (a clock that stretches host noise, as the simulated GPU does);
 - clocks between measured ones come from a two-point physical model (time ``a/f + b``: a
   compute-bound part ∝ 1/f and a memory-bound part; power linear in f), used only where it
   predicts the measured neighbours within their noise (``loo_errors``).
@@ -95,12 +98,16 @@ def fit_weights(se: Sequence[float], times: Sequence[float]) -> list[float]:
     return [1.0 / max(s, 1e-3 * t, 1e-12) ** 2 for s, t in zip(se, times)]
 
 
-def pessimistic_times(fitted: Sequence[float], se: Sequence[float], k: float) -> list[float]:
-    """Fitted time + k·se at every clock but the fastest (the all-max reference), kept
-    non-decreasing as the clock drops: an upper bound the plan cannot undercut by noise."""
+def pessimistic_times(fitted: Sequence[float], se: Sequence[float], k: float,
+                      spread: Sequence[float] = (), spread_k: float = 0.0) -> list[float]:
+    """Fitted time + k·se + spread_k·(spread − the fastest clock's spread, if more) at every
+    clock but the fastest (the all-max reference), kept non-decreasing as the clock drops: an
+    upper bound the plan cannot undercut by noise. ``spread``: each clock's per-instance σ
+    (fastest first; empty: none)."""
+    base = spread[0] if spread else 0.0
     out: list[float] = []
     for i, (t, s) in enumerate(zip(fitted, se)):
-        value = t if i == 0 else t + k * s
+        value = t if i == 0 else t + k * s + (spread_k * max(0.0, spread[i] - base) if spread else 0.0)
         out.append(max(value, out[-1]) if out else value)
     return out
 

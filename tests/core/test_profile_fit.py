@@ -43,6 +43,16 @@ def test_pessimistic_times_add_noise_below_the_max_clock_and_stay_monotone():
     assert pessimistic_times([1.0, 1.3, 1.2], [0, 0, 0], k=2) == [1.0, 1.3, 1.3]
 
 
+def test_pessimistic_times_charge_the_spread_a_clock_adds_over_the_fastest():
+    """A low clock whose every run varies more (the simulated GPU stretches host noise by the clock
+    ratio) costs a step more than its mean: that extra spread is charged, the fastest clock's own
+    spread is not (the all-max reference has it too), and a clock with less spread gets nothing."""
+    fitted, se, spread = [1.0, 1.5, 3.0], [0.0, 0.0, 0.0], [0.1, 0.05, 0.8]
+    assert pessimistic_times(fitted, se, 2, spread, spread_k=1.0) == pytest.approx([1.0, 1.5, 3.7])
+    assert pessimistic_times(fitted, se, 2, spread, spread_k=0.0) == pytest.approx(fitted)
+    assert pessimistic_times(fitted, [0.0, 0.1, 0.1], 2, spread, spread_k=0.5) == pytest.approx([1.0, 1.7, 3.55])
+
+
 def sim_curve(freqs, alpha=0.8):
     m = get_preset("A100-SXM")
     return [m.kernel_time_s(0.01, f, alpha) for f in freqs], [m.kernel_energy_j(0.01, f, 1.0, alpha) for f in freqs]

@@ -55,3 +55,39 @@ def test_a_key_the_regression_gave_no_energy_takes_the_step_boundary_attribution
     assert prof.get(0, "forward").at(1000)[1] == pytest.approx(3.0)  # the step attribution
     assert prof.get(0, "forward").at(900)[1] == pytest.approx(9.0)  # the regression's, where it has one
     assert profile_from_json_dict(prof.to_json_dict()).get(0, "forward").at(1000)[1] == pytest.approx(3.0)
+
+
+def test_a_clock_whose_runs_spread_more_is_planned_slower_by_that_spread():
+    """The planner's time at a clock includes the per-instance spread it adds over the max clock's
+    (``spread_k``, a config setting): the unpadded DeepSpeed script's tiny stage spread 8x at 210 MHz
+    and its honest plan, planned on the mean, ran slower than default clocks."""
+    from perseus.profile.aggregate import ClockPoint
+
+    def key(spread_low: float) -> dict:
+        return {1410: ClockPoint(0.002, 0.5, 4, 0.0002, 0.0001), 810: ClockPoint(0.0035, 0.4, 4, 0.0004, 0.0002),
+                210: ClockPoint(0.0135, 0.3, 4, spread_low, 0.0002)}
+
+    noisy = aggregate_profile([rank(0, 0, 0, key(0.0027), key(0.0002))], num_stages=1, noise_k=2.0, spread_k=1.0)
+    assert noisy.get(0, "forward").at(210)[0] == pytest.approx(0.0135 + 2 * 0.0002 + 0.0025)
+    assert noisy.get(0, "forward").at(810)[0] == pytest.approx(0.0035 + 2 * 0.0002 + 0.0002)
+    assert noisy.get(0, "backward").at(210)[0] == pytest.approx(0.0135 + 2 * 0.0002)  # no more spread than at 1410
+    assert noisy.get(0, "forward").at(1410)[0] == pytest.approx(0.002)  # the reference: as measured
+    plain = aggregate_profile([rank(0, 0, 0, key(0.0027), key(0.0002))], num_stages=1, noise_k=2.0, spread_k=0.0)
+    assert plain.get(0, "forward").at(210)[0] == pytest.approx(0.0135 + 2 * 0.0002)
+
+
+def test_a_clock_with_no_energy_at_all_takes_the_keys_power_at_its_nearest_clock():
+    """Neither the regression nor the step-boundary attribution separated the key at one clock
+    (a sweep stopped at 810 MHz wrote such a profile in three runs of eight, and its loader then
+    refused it): that clock gets the key's power at its nearest measured clock times its time."""
+    from perseus.profile import profile_from_json_dict
+    from perseus.profile.aggregate import ClockPoint
+
+    forward = {1410: ClockPoint(0.002, 1.0, 4, 0.0001, 0.00005), 810: ClockPoint(0.003, 0.0, 4, 0.0001, 0.00005)}
+    backward = {1410: ClockPoint(0.004, 2.0, 4), 810: ClockPoint(0.006, 1.5, 4)}
+    prof = aggregate_profile([rank(0, 0, 0, forward, backward)], num_stages=1)
+    assert prof.get(0, "forward").at(810)[1] == pytest.approx(1.0 / 0.002 * 0.003)
+    assert profile_from_json_dict(prof.to_json_dict()).get(0, "forward").at(810)[1] > 0  # its loader takes it
+    nothing = {1410: ClockPoint(0.002, 0.0, 4), 810: ClockPoint(0.003, 0.0, 4)}
+    with pytest.raises(ProfileError, match=r"stage 0 forward chunk 0: no energy .* iters_per_freq"):
+        aggregate_profile([rank(0, 0, 0, nothing, backward)], num_stages=1)

@@ -126,7 +126,8 @@ class PlanSupply:
             fields = {"cache_key_fields": self.cache_key(),
                       "profiled_clocks_mhz": sorted(run.sweep.visited, reverse=True)}
             self.profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields,
-                                             grid=run.sweep.frequencies, noise_k=self.config.noise_k)
+                                             grid=run.sweep.frequencies, noise_k=self.config.noise_k,
+                                             spread_k=self.config.spread_k)
             noise = describe_noise(self.profile)
             if noise:
                 log.info("%s", noise)
