@@ -42,6 +42,7 @@ from perseus.runtime.guard.job_guard import (
     JobDecision,
     RankGuard,
     agree,
+    judging_stages,
     target_ratio,
     verdict_row,
 )
@@ -125,6 +126,8 @@ class ClosedLoop:
         self.counted_per_block = config.probe_block_steps
         self.collective = collective
         self.dp = job.dp_rank if job is not None else 0
+        # whether this rank's span is its pipeline's (``judging_stages``): only those vote
+        self.judges = job is None or job.stage in judging_stages(job.build_schedule())
         self._seed_text = job_seed_text(job) if job is not None else "local"
         self.rank_guard: RankGuard | None = None  # made at the first deployed step (its seed needs the step)
         self.steps = 0  # deployed steps begun
@@ -214,9 +217,11 @@ class ClosedLoop:
         if end is None:
             return None
         at_fastest = targeting.point is not None and targeting.point.time_s <= plan.points[0].time_s
-        mine = verdict_row(self.dp, end.verdict) + [float(at_fastest), guard.cost.share, guard.cost.extra_energy_j]
+        mine = verdict_row(self.dp, end.verdict) + [float(at_fastest), guard.cost.share, guard.cost.extra_energy_j,
+                                                    float(self.judges)]
         rows = self.collective.all_gather_floats(mine)
-        decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows))
+        decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows),
+                         judges=[bool(r[9]) for r in rows])
         self._count(rows, decision)
         guard.apply(decision)
         if (period := self.periods.check()) is not None:
@@ -238,7 +243,7 @@ class ClosedLoop:
                 seen[dp] = PipelineGuard(windows=before.windows + 1,
                                          alarms=before.alarms + (dp in decision.slow_pipelines))
             p = seen[dp]
-            if not math.isnan(row[2]):
+            if not math.isnan(row[2]) and row[9]:  # the pipeline's statistic: its judging stages'
                 p.statistic = max(p.statistic, row[2])
             p.probe_share = max(p.probe_share, row[7])
             p.probe_extra_energy_j += row[8]

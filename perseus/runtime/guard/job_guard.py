@@ -11,6 +11,15 @@ What is judged (``StepNumbers.span_s``, given to ``ClosedLoop.end_step``): the s
 plan's clocks control. Host work outside the instructions (data loading before the first
 instruction, logging after the last) is reported, not judged.
 
+Whose span decides (``judging_stages``): a pipeline's iteration runs from its first instruction to
+its last, and only the stages that hold one of those (a source or a sink of the instruction DAG:
+stage 0 alone in 1F1B, interleaved 1F1B and GPipe; the stages ending on weight gradients in the
+zero-bubble schedules) see it in their own span. Another stage's span grows whenever the plan
+slows its instructions within their slack, which slows nothing: the unpadded DeepSpeed script's
+second stage, slowed within slack, measured its own span 10-15 % longer than at default clocks
+while the job's steps were not slower, and the guard fell back on it. Such ranks still run the
+test and report it; their verdicts do not vote.
+
 Pure: the engine feeds steps and applies decisions; no collective or clock here.
 """
 
@@ -22,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline, StepRole
+from perseus.schedules import Schedule
+from perseus.schedules.dag import InstructionDAG
 from perseus.runtime.guard.sequential import (
     Confidence,
     SequentialSettings,
@@ -52,6 +63,16 @@ def target_ratio(target_time_s: float | None, reference_time_s: float) -> float:
     return max(1.0, target_time_s / reference_time_s)
 
 
+def judging_stages(schedule: Schedule) -> frozenset[int]:
+    """The stages whose span is the pipeline's iteration span: those holding a source or a sink of
+    the instruction DAG (module docstring)."""
+    dag = InstructionDAG.from_schedule(schedule)
+    has_in = set(dag.edge_dst.tolist())
+    has_out = set(dag.edge_src.tolist())
+    stages = dag.node_stage.tolist()
+    return frozenset(stages[v] for v in range(dag.num_nodes) if v not in has_in or v not in has_out)
+
+
 def verdict_row(dp: int, verdict: WindowVerdict | None) -> list[float]:
     """One rank's contribution to the all-gather (a rank with no verdict sends NaN)."""
     if verdict is None:
@@ -80,9 +101,11 @@ class JobDecision:
     reason: str
 
 
-def agree(rows: Sequence[Sequence[float]], length: int, settings: SequentialSettings, *, at_fastest: bool) -> JobDecision:
-    """The job's decision from every rank's ``verdict_row`` (the same on every rank)."""
-    verdicts = [verdict_of(r) for r in rows]
+def agree(rows: Sequence[Sequence[float]], length: int, settings: SequentialSettings, *, at_fastest: bool,
+          judges: Sequence[bool] | None = None) -> JobDecision:
+    """The job's decision from every rank's ``verdict_row`` (the same on every rank); ``judges``:
+    per row, whether that rank's stage judges its pipeline (``judging_stages``; None: every rank)."""
+    verdicts = [verdict_of(r) for i, r in enumerate(rows) if judges is None or judges[i]]
     statistic: dict[int, float] = {}
     excess: dict[int, float] = {}
     for dp, v in verdicts:

@@ -8,6 +8,7 @@ from perseus.runtime.guard.job_guard import (
     Action,
     RankGuard,
     agree,
+    judging_stages,
     target_ratio,
     verdict_of,
     verdict_row,
@@ -50,6 +51,25 @@ def test_within_everywhere_keeps_and_the_least_confident_sets_the_length():
     assert d.action is Action.KEEP and d.next_length == 64
     d = agree([row(0, Confidence.CONFIDENT), row(1, Confidence.SUSPECT, 4.0)], 32, s, at_fastest=False)
     assert d.action is Action.KEEP and d.next_length == s.backoff.first
+
+
+def test_only_the_stages_that_begin_or_end_the_iteration_judge_their_pipeline():
+    """A later 1F1B stage slowed within its slack sees its own span grow (the unpadded DeepSpeed
+    script's second stage: 10-15 %) while the iteration does not: its alarm does not vote. Stage 0's
+    does. The zero-bubble schedules end on weight gradients of every stage: every stage judges."""
+    from perseus.schedules.registry import build_schedule
+
+    assert judging_stages(build_schedule("1f1b", 4, 8)) == {0}
+    assert judging_stages(build_schedule("interleaved", 4, 8, 2)) == {0}
+    assert judging_stages(build_schedule("gpipe", 3, 6)) == {0}
+    assert judging_stages(build_schedule("zbv", 4, 8, 2)) == {0, 1, 2, 3}
+    s = SequentialSettings()
+    rows = [row(0, Confidence.CONFIDENT), row(0, Confidence.ALARM, 5.7, 0.11)]  # stage 0, stage 1 of pipeline 0
+    d = agree(rows, 6, s, at_fastest=True, judges=[True, False])
+    assert d.action is Action.KEEP and d.statistic == {0: 0.0}
+    assert d.next_length == s.backoff.grow(6)  # the judging rank's confidence sets the length
+    assert agree(rows, 6, s, at_fastest=True, judges=[True, True]).action is Action.FALLBACK
+    assert agree(rows[::-1], 6, s, at_fastest=True, judges=[True, False]).action is Action.FALLBACK
 
 
 def run_job(slowdowns: dict[int, float], steps: int, *, period: int = 4, seed: int = 0) -> list[tuple[int, object]]:
