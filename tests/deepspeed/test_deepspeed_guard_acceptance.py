@@ -67,12 +67,14 @@ FALSE_ALARM_EXCESS = 0.03
 
 @pytest.mark.distributed
 def test_the_honest_profile_stays_deployed_beside_a_busy_loop(tmp_path, honest_profile):
-    """Kept, unless it really ran slower. The simulated GPU stretches an instruction's CPU time, and
-    the CPU's scheduling noise with it, by the clock ratio (8x at 210 MHz), and a profile measured
-    while the suite's other worker and the busy loop share two cores can be far off: honest plans
-    were measured 9-48 % slower than their probes in some runs and the guard fell back, doing its
-    job (docs/runtime.md, "Measured end to end"). So a fall-back must name a measured excess of at
-    least ``FALSE_ALARM_EXCESS``; a false alarm would name about the tolerance."""
+    """Kept. Only stage 0 judges a 1F1B pipeline (``job_guard.judging_stages``). Before that, the
+    second stage's own span, 10-15 % longer under the plan (its instructions slowed within their
+    slack), made the guard fall back in about one run of four while the job's steps were no slower.
+    Since then it was kept in three runs of three, two of them here. A fall-back is still allowed if
+    it names a measured excess of at least ``FALSE_ALARM_EXCESS``. The rank CUSUM's false-alarm
+    rate is small, not zero: over 16 windows of this machine's heavy-tailed steps (the 4-step
+    epoch's rebuild is +50 %), a run of unlucky probes can cross it. A false alarm would name
+    about the 1 % tolerance."""
     verdict, events = guarded_run(tmp_path / "honest", honest_profile)
     if verdict.fell_back:
         reasons = [e["data"]["reason"] for e in events if e["event"] == "guard" and e["data"]["action"] == "fallback"]
