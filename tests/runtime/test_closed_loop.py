@@ -190,7 +190,9 @@ def test_another_pipelines_alarm_moves_this_pipeline_too():
     from perseus.runtime.guard.job_guard import Action
     from perseus.runtime.guard.sequential import Confidence
 
-    alarm = [1.0, 1.5, 7.5, float(list(Confidence).index(Confidence.ALARM)), 1.2, 0.2, 0.0, 0.25, 4.0]
+    # verdict row (dp 1, score, statistic, confidence, ratio, excess), at fastest, probe share, extra J,
+    # judges (its stage begins or ends the iteration)
+    alarm = [1.0, 1.5, 7.5, float(list(Confidence).index(Confidence.ALARM)), 1.2, 0.2, 0.0, 0.25, 4.0, 1.0]
     plane = OtherPipeline(alarm)
     loop = ClosedLoop(PerseusConfig(probe_every_steps=EVERY), plane, PipelineJob(1, 2, 0, dp_rank=0, dp_size=2))
     frontier = Frontier(SCHEDULE, 80.0, 1.0, 10.0, [uniform(MAX, 0.9, 9.0), uniform(LOW, 1.0, 5.0)])
