@@ -121,6 +121,13 @@ class HullRelaxation:
         self._highs.run()
         status = self._highs.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
+            # A warm start from the previous basis can end in numerical trouble (status "Unknown",
+            # seen on a demo's profile whose instructions are exact multiples of each other): solve
+            # this deadline again from scratch before giving up.
+            self._highs.clearSolver()
+            self._highs.run()
+            status = self._highs.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
             raise PlannerError(
                 f"LP relaxation at deadline {deadline_s:.6f} s ended with status "
                 f"{self._highs.modelStatusToString(status)}; report this with the profile attached"
