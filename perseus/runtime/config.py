@@ -170,8 +170,9 @@ class PerseusConfig(BaseModel):
     # The planner's times: fitted time + noise_k standard errors (0: the fitted time itself).
     noise_k: float = Field(default=2.0, ge=0, description="planning times: fitted time + this many standard errors")
     # ... + spread_k times the per-instance spread (robust σ) a clock adds over the max clock's: a
-    # step waits for its slowest chain, so per-run variance costs slack a mean does not show.
-    spread_k: float = Field(default=1.0, ge=0, description="planning times: + this many times the per-instance "
+    # step waits for its slowest chain, so per-run variance costs slack a mean does not show. Off by
+    # default: a profile taken on a loaded machine has spreads of whole instructions (docs/runtime.md).
+    spread_k: float = Field(default=0.0, ge=0, description="planning times: + this many times the per-instance "
                             "spread a clock adds over the max clock's (0: the mean's noise only)")
     p_blocking_w: float | None = Field(
         default=None, gt=0,

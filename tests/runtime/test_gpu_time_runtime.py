@@ -38,13 +38,25 @@ def exact_plan(gpu: SimulatedGPU) -> tuple[Profile, Frontier]:
         energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * t for f, t in zip(CLOCKS, times)]
         entries[(0, 0, kind)] = InstructionProfile(CLOCKS, tuple(times), tuple(energies))
     profile = Profile(entries, m.p_blocking_w, m.name)
-    sched = JOB.build_schedule()
-    dag = InstructionDAG.from_schedule(sched)
     rng = random.Random(3)
-    plan = np.array([rng.choice(CLOCKS) for _ in range(dag.num_nodes)], dtype=np.int64)
-    sim = simulate_plan(dag, profile, plan)
-    return profile, Frontier(sched, m.p_blocking_w, sim.time_s, sim.energy_j,
-                             [FrontierPoint(sim.time_s, sim.energy_j, plan)], gpu_name=m.name)
+    nodes = InstructionDAG.from_schedule(JOB.build_schedule()).num_nodes
+    return profile, one_point_frontier(profile, np.array([rng.choice(CLOCKS) for _ in range(nodes)], dtype=np.int64))
+
+
+def one_point_frontier(profile: Profile, plan: np.ndarray) -> Frontier:
+    """A frontier of one point: ``plan`` (a clock per node), timed on ``profile``."""
+    sched = JOB.build_schedule()
+    sim = simulate_plan(InstructionDAG.from_schedule(sched), profile, plan)
+    return Frontier(sched, profile.p_blocking_w, sim.time_s, sim.energy_j, [FrontierPoint(sim.time_s, sim.energy_j, plan)],
+                    gpu_name=profile.gpu_name)
+
+
+def cache_plan(cfg: PerseusConfig, profile: Profile, frontier: Frontier) -> None:
+    """Put the plan in the job's cache, as ``mode: run`` finds it (with its timeline)."""
+    with PerseusRuntime(JOB, cfg) as rt:
+        assert rt.supply.cache is not None
+        rt.supply.cache.save_profile(profile)
+        rt.supply.cache.save_frontier(frontier)
 
 
 def config(tmp_path: Path, depth: int, **kw: object) -> PerseusConfig:
@@ -88,10 +100,7 @@ def deployed_run(tmp_path: Path, steps: int = 10, hand_off: bool = False):
     probe = SimulatedGPU(1, preset="H200", state_dir=tmp_path / "probe", reset_state=True)
     profile, frontier = exact_plan(probe)
     probe.close()
-    with PerseusRuntime(JOB, cfg) as rt:  # the plan in this job's cache: it comes with its timeline
-        assert rt.supply.cache is not None
-        rt.supply.cache.save_profile(profile)
-        rt.supply.cache.save_frontier(frontier)
+    cache_plan(cfg, profile, frontier)
     with PerseusRuntime(JOB, cfg) as rt:
         gpu = rt.gpu.sim_device
         assert gpu is not None
@@ -212,16 +221,8 @@ def test_a_guard_fallback_puts_the_whole_next_step_at_default_clocks_and_says_so
     entries = {(0, 0, kind): InstructionProfile(CLOCKS, (work,) * len(CLOCKS), tuple(100.0 * work for _ in CLOCKS))
                for kind, work in WORK.items()}  # the lie: no clock costs time
     profile = Profile(entries, m.p_blocking_w, m.name)
-    sched = JOB.build_schedule()
-    dag = InstructionDAG.from_schedule(sched)
-    plan = np.full(dag.num_nodes, low, dtype=np.int64)
-    sim = simulate_plan(dag, profile, plan)
-    frontier = Frontier(sched, m.p_blocking_w, sim.time_s, sim.energy_j, [FrontierPoint(sim.time_s, sim.energy_j, plan)],
-                        gpu_name=m.name)
-    with PerseusRuntime(JOB, cfg) as rt:
-        assert rt.supply.cache is not None
-        rt.supply.cache.save_profile(profile)
-        rt.supply.cache.save_frontier(frontier)
+    nodes = InstructionDAG.from_schedule(JOB.build_schedule()).num_nodes
+    cache_plan(cfg, profile, one_point_frontier(profile, np.full(nodes, low, dtype=np.int64)))
     with PerseusRuntime(JOB, cfg) as rt:
         gpu = rt.gpu.sim_device
         assert gpu is not None
