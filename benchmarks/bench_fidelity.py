@@ -263,9 +263,10 @@ def _exact_inputs(gpu: SimulatedGPU, job) -> tuple:
 # The hooks are timed on the wall clock, the framework's launch and the simulator's code subtracted
 # (its event code, whose charged cost is added back, and ``SimulatedKernels``, the runtime's side of
 # the simulated kernels, absent on a real GPU), and the median instruction taken: none of them
-# blocks, and a median leaves out the instructions another process preempted on this shared machine. Not ``time.thread_time``: one call
-# costs 1.5-6.5 µs on this virtual machine (a system call; ``perf_counter`` 0.1-0.8 µs), and the
-# timing wrappers inside the hooks made about ten per instruction, most of the 27-35 µs it read.
+# blocks, and a median leaves out the instructions another process preempted on this shared
+# machine. Not ``time.thread_time``: one call costs 1.5-6.5 µs on this virtual machine (a system
+# call; ``perf_counter`` 0.1-0.8 µs), and the timing wrappers inside the hooks made about ten per
+# instruction, most of the 27-35 µs it read.
 HOOK_CLOCK = time.perf_counter
 
 

@@ -163,6 +163,7 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
     ok = {f: interpolation_ok(te, ee, se[freqs.index(f)] / max(fitted[freqs.index(f)], 1e-30))
           for f, te, ee in loo_errors(freqs, fitted, [p.decision_energy_j for p in pts])}
     rows: dict[int, dict[str, Any]] = {}
+    spreads = {f: p.spread_s for f, p in zip(freqs, pts)}  # an interpolated clock: its neighbours' larger
     for i, f in enumerate(freqs):
         rows[f] = {"time": fitted[i], "energy_j": energies[i], "raw_time_s": raw[i], "fitted_time_s": fitted[i],
                    "fit_residual_s": raw[i] - fitted[i], "samples": pts[i].samples, "spread_s": pts[i].spread_s,
@@ -176,12 +177,11 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
             if lo < g < hi:
                 t, e = model_between(g, hi, fitted[i], energies[i], lo, fitted[i + 1], energies[i + 1])
                 rows[g] = {"time": t, "energy_j": e, "raw_time_s": None, "fitted_time_s": t, "fit_residual_s": None,
-                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True,
-                           "planning_spread_s": max(pts[i].spread_s, pts[i + 1].spread_s)}
+                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True}
+                spreads[g] = max(pts[i].spread_s, pts[i + 1].spread_s)
     order = sorted(rows, reverse=True)
-    spread = [rows[f].get("planning_spread_s", rows[f]["spread_s"]) or 0.0 for f in order]
     times = pessimistic_times([rows[f]["time"] for f in order], [rows[f]["se_s"] for f in order], noise_k,
-                              spread, spread_k)
+                              [spreads[f] for f in order], spread_k)
     # the copies above the sustained clock: its row and final time, exactly
     order, times = copies + order, [times[0]] * len(copies) + times
     rows.update({f: rows[freqs[0]] for f in copies})

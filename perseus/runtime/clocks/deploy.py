@@ -304,10 +304,9 @@ class Deployment:
     def end_instruction(self) -> None:
         """An instruction ended: the timed switches due at its end, or (``switch_ahead``) the next
         instruction's clock now, so the switch latency overlaps the wait for its input instead of
-        delaying it (docs/runtime.md, "Clock-switch latency")."""
+        delaying it (docs/runtime.md, "Clock-switch latency"). Called only where ``watches_end``:
+        never with a GPU timeline, whose requests were all handed at the begin hooks."""
         timed = self.timed
-        if self.gpu.timeline is not None:
-            return
         if timed is not None:
             index = self.follower.index  # type: ignore[union-attr]  # hooks run only while following a point
             if timed.watches(index, True):

@@ -31,8 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline, StepRole
-from perseus.schedules import Schedule
-from perseus.schedules.dag import InstructionDAG
 from perseus.runtime.guard.sequential import (
     Confidence,
     SequentialSettings,
@@ -40,6 +38,8 @@ from perseus.runtime.guard.sequential import (
     WindowVerdict,
     next_length,
 )
+from perseus.schedules import Schedule
+from perseus.schedules.dag import InstructionDAG
 
 CONFIDENCE_CODE = {c: float(i) for i, c in enumerate(Confidence)}
 
