@@ -7,6 +7,8 @@ one line and exits with status 2; library callers can catch the specific subclas
 
 from __future__ import annotations
 
+from typing import TextIO
+
 
 class PerseusError(Exception):
     """Base class for errors caused by input, configuration or environment.
@@ -40,3 +42,10 @@ class PlannerError(PerseusError):
 
 class ReportError(PerseusError):
     """A run directory has nothing to report, or one of its files cannot be read."""
+
+
+def write_line(stream: TextIO, line: str) -> None:
+    """``line`` and its newline in one write: ``print`` writes them apart, and on a stderr that
+    every rank shares (a launcher's pipe) another rank's line can land between the two."""
+    stream.write(line + "\n")
+    stream.flush()

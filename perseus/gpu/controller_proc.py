@@ -41,6 +41,7 @@ import sys
 import time
 from typing import Any
 
+from perseus.errors import write_line
 from perseus.gpu import errors as gpu_errors
 from perseus.gpu.clock_keeper import MAX_OVERRIDES, ClockKeeper  # noqa: F401 - MAX_OVERRIDES re-exported
 from perseus.gpu.device import GPUDevice
@@ -116,7 +117,7 @@ class _Worker:
             key = self.keeper.last_error.split(":", 1)[0]
             if key not in self._reported_errors:  # one line per error type, not one per request
                 self._reported_errors.add(key)
-                print(f"perseus controller: {self.keeper.last_error.split(': ', 1)[-1]}", file=sys.stderr, flush=True)
+                write_line(sys.stderr, f"perseus controller: {self.keeper.last_error.split(': ', 1)[-1]}")
         else:
             self.applied += 1
             self.history.append(target)
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             dev.reset_locked_sm_clock()
         except GPUError as exc:
             reset_ok = False
-            print(f"perseus controller: resetting clocks failed: {exc}", file=sys.stderr, flush=True)
+            write_line(sys.stderr, f"perseus controller: resetting clocks failed: {exc}")
         try:
             os.write(status_fd, (json.dumps({"event": "closed", "why": why, "reset": reset_ok,
                                              "time": time.time()}) + "\n").encode())

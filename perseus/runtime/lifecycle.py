@@ -94,8 +94,10 @@ def one_line_errors() -> None:
         if not isinstance(value, PerseusError) or os.environ.get(ENV_TRACEBACK):
             previous(kind, value, tb)
             return
+        from perseus.errors import write_line
+
         line = value.line or error_line(value)
-        print(f"{line} ({ENV_TRACEBACK}=1 shows the traceback)", file=sys.stderr, flush=True)
+        write_line(sys.stderr, f"{line} ({ENV_TRACEBACK}=1 shows the traceback)")
 
     sys.excepthook = hook
 

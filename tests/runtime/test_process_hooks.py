@@ -91,3 +91,29 @@ def test_the_torch_adapter_calls_the_entry_point_hooks_before_the_runtime(tmp_pa
     finally:
         dist.destroy_process_group()
     assert calls == ["hooks False", "runtime"]
+
+
+def test_an_uncaught_error_reaches_a_stderr_shared_by_ranks_as_one_write(monkeypatch):
+    """``print`` writes a line and its newline apart; on a launcher's pipe that every rank writes
+    to, another rank's line landed between them (two ranks' errors on one line, seen in CI)."""
+    from perseus.errors import ConfigError
+    from perseus.runtime import lifecycle
+
+    writes: list[str] = []
+
+    class SharedStderr:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(lifecycle, "_ERRORS_HOOKED", False)
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.delenv("PERSEUS_TRACEBACK", raising=False)
+    lifecycle.one_line_errors()
+    monkeypatch.setattr(sys, "stderr", SharedStderr())
+    sys.excepthook(ConfigError, ConfigError("perseus: rank 1: no GPU"), None)
+    assert len(writes) == 1 and writes[0].endswith("\n") and writes[0].count("\n") == 1, writes
+    assert "rank 1: no GPU" in writes[0]
