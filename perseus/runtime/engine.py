@@ -99,7 +99,7 @@ class PerseusRuntime:
                                                    c.straggler_patience))
         self.deployment = Deployment(job.stage, switches, c.straggler_period_steps, self.gpu)
         self.loop = ClosedLoop(c, self.collective, job,  # probe blocks, the A/B, the no-slowdown guard
-                               self.gpu if isinstance(self.gpu, ClockReasonSource) else None)
+                               self.gpu if isinstance(self.gpu, ClockReasonSource) else None, self.schedule)
         self.grid = GridControl(c, self.collective, job)  # carbon and power targets (grid.py)
         self._follower: PlanFollower | None = None  # the hooks' view of the deployment: the point's follower
         self.job_numbers: dict[str, Any] = {}

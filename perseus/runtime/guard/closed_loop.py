@@ -57,6 +57,7 @@ from perseus.runtime.guard.periodicity import Period, PeriodWatch
 from perseus.runtime.guard.sequential import SequentialSettings
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.plane.collective import Collective
+from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")
 
@@ -116,7 +117,7 @@ class ClosedLoop:
     """Probe blocks, the A/B and the guard of one rank's deployment (module docstring)."""
 
     def __init__(self, config: PerseusConfig, collective: Collective, job: PipelineJob | None = None,
-                 reasons: ClockReasonSource | None = None) -> None:
+                 reasons: ClockReasonSource | None = None, schedule: Schedule | None = None) -> None:
         self.enabled = config.probe_every_steps > 0
         self.reason_source = reasons  # the clock-event reasons the poller sampled (None: not read)
         self.clock_reasons = ProbeReasons()
@@ -127,7 +128,7 @@ class ClosedLoop:
         self.collective = collective
         self.dp = job.dp_rank if job is not None else 0
         # whether this rank's span is its pipeline's (``judging_stages``): only those vote
-        self.judges = job is None or job.stage in judging_stages(job.build_schedule())
+        self.judges = job is None or job.stage in judging_stages(schedule or job.build_schedule())
         self._seed_text = job_seed_text(job) if job is not None else "local"
         self.rank_guard: RankGuard | None = None  # made at the first deployed step (its seed needs the step)
         self.steps = 0  # deployed steps begun
