@@ -26,7 +26,8 @@ unpickles bytes and sends them. A reader thread in the parent blocks on that pip
 while waiting), so the engine's per-step ``status`` check costs nothing. A child that dies
 without a reply is a planning error naming its exit status. The child exits on its own when its
 parent disappears (it checks its parent id every ``_WATCH_S``), so killing the trainer leaves no
-orphan planner.
+orphan planner; a child stopped mid-write (``close``, a kill, its trainer gone) leaves no
+temporary file in the cache (``atomic.remove_temporaries``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from perseus.store.atomic import remove_temporaries
 from perseus.store.cache import RunCache
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier
@@ -55,6 +57,7 @@ from perseus.schedules import Schedule
 PENDING, READY, FAILED = 0, 1, 2
 NICE = 10
 _WATCH_S = 0.2
+_writes_in: Path | None = None  # in the child: the cache directory it writes the frontier into
 # Math libraries' thread pools in the planner process: one thread each (it takes at most one core
 # beside the trainer; a trainer's own setting, e.g. OMP_NUM_THREADS, is for the trainer).
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -154,6 +157,7 @@ class ProcessPlanner:
         self._done = threading.Event()
         self.pid: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._writes_in = cache.dir if cache is not None else None  # the child's files go there
         try:  # two pickles: the path first, so the child can import the planner function's module
             request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache, timelines, measured_s),
                                                                   pickle.HIGHEST_PROTOCOL)
@@ -180,6 +184,8 @@ class ProcessPlanner:
                 pass  # the child is gone already: its exit status says why
             reply = proc.stdout.read()  # blocks without the GIL until the child answers or dies
             code = proc.wait()
+            if self._writes_in is not None:  # a child stopped by a signal (close(), the OOM killer) mid-write
+                remove_temporaries(self._writes_in, proc.pid)
             if not reply:
                 self.error = f"planner process ended without a result ({_exit_status(code)})"
                 return
@@ -225,6 +231,8 @@ def _watch_parent(parent: int) -> None:
     """Exit as soon as the process that started us is gone (we were re-parented)."""
     while os.getppid() == parent:
         time.sleep(_WATCH_S)
+    if _writes_in is not None:  # os._exit runs no cleanup: a write the main thread was making stays
+        remove_temporaries(_writes_in, os.getpid())
     os._exit(3)
 
 
@@ -235,6 +243,8 @@ def child_main(parent: int) -> None:
     os.dup2(2, 1)  # anything printed (a solver's banner) goes to stderr, never into the reply
     try:
         plan, schedule, profile, options, cache, timelines, measured_s = _read_request()
+        global _writes_in
+        _writes_in = cache.dir if cache is not None else None
         handoff_s = calibrate_handoff(schedule, profile, measured_s) if measured_s is not None else 0.0
         frontier = plan(schedule, with_handoff(profile, handoff_s, sending_keys(schedule)), options)
         if handoff_s > 0 and isinstance(frontier, Frontier):
@@ -245,8 +255,11 @@ def child_main(parent: int) -> None:
         message: tuple[str, Any] = ("ok", hand_over(frontier, cache, partial(slices.encode_stage, timing=timing)))
     except BaseException as exc:  # noqa: BLE001 - every failure is one line for the trainer's log
         message = ("error", f"{type(exc).__name__}: {exc}")
-    reply.write(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-    reply.close()
+    try:
+        reply.write(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        reply.close()
+    except BrokenPipeError:  # the trainer stopped listening (it closed the run, or died): nobody to tell
+        os._exit(0)
 
 
 def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool, float | None]:

@@ -10,6 +10,7 @@ target, if there was one, is left untouched.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,24 @@ def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def remove_temporaries(directory: str | Path, pid: int) -> list[Path]:
+    """Remove the temporary files process ``pid`` left in ``directory``: a writer stopped by a
+    signal (SIGTERM's default, SIGKILL, ``os._exit``) runs no cleanup. Only a process that knows
+    ``pid`` has ended may call it: a live writer's file would go."""
+    pattern = re.compile(rf"\..+\.{pid}\.[0-9a-f]{{8}}{re.escape(TMP_SUFFIX)}")
+    removed: list[Path] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if pattern.fullmatch(name):
+            path = Path(directory) / name
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:

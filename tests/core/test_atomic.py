@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import perseus.store.atomic as atomic
-from perseus.store.atomic import atomic_output, write_atomic
+from perseus.store.atomic import atomic_output, remove_temporaries, write_atomic
 from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.profile import InstructionProfile, load_json, uniform_profile
 from perseus.schedules import build_schedule
@@ -108,3 +108,17 @@ def test_disk_full_while_saving_a_frontier_or_profile_keeps_the_old_one(tmp_path
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     assert load_frontier(tmp_path / "frontier.json").points[0].time_s == 1.0
     assert load_json(tmp_path / "profile.json").p_blocking_w == 50.0
+
+
+def test_remove_temporaries_takes_only_the_named_writers_files(tmp_path):
+    """A dead writer's temporary files go; another process's (even one whose pid ends in the same
+    digits) and the targets stay."""
+    (tmp_path / "key.json").write_text("{}")
+    mine = [tmp_path / ".key.json.4242.0123abcd.tmp", tmp_path / ".frontier.json.4242.deadbeef.tmp"]
+    others = [tmp_path / ".key.json.14242.0123abcd.tmp", tmp_path / ".key.json.4243.0123abcd.tmp",
+              tmp_path / ".key.json.4242.notahex!.tmp"]
+    for path in mine + others:
+        path.write_text("half")
+    assert sorted(remove_temporaries(tmp_path, 4242)) == sorted(mine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["key.json"] + [p.name for p in others])
+    assert remove_temporaries(tmp_path / "missing", 4242) == []

@@ -43,3 +43,22 @@ def slow(schedule, profile, options):
 
 def not_a_frontier(schedule, profile, options):
     return {"points": []}
+
+
+WRITE_DIR = "PERSEUS_TEST_WRITE_DIR"
+
+
+def hang_while_writing(schedule, profile, options):
+    """Stops half way through an atomic write of the frontier file into ``$PERSEUS_TEST_WRITE_DIR``
+    (the cache entry's directory), as a planner stopped while saving would be."""
+    from pathlib import Path
+
+    from perseus.store.atomic import atomic_output
+
+    directory = Path(os.environ[WRITE_DIR])
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_output(directory / "frontier.json") as f:
+        f.write(b'{"points": [')
+        f.flush()
+        while True:
+            time.sleep(0.1)

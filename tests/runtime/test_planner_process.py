@@ -186,6 +186,65 @@ def test_the_planner_exits_when_its_trainer_is_killed(tmp_path):
         proc.kill()
 
 
+def _temporaries(directory: Path) -> list[Path]:
+    return sorted(directory.glob(".*.tmp")) if directory.exists() else []
+
+
+def _await_temporary(directory: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not _temporaries(directory):
+        assert time.monotonic() < deadline, "the planner never began its write"
+        time.sleep(0.05)
+
+
+def test_a_planning_run_closed_mid_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """``close`` stops the child with SIGTERM, whose default runs no cleanup: the half-written
+    frontier's temporary file stayed in the cache (a loaded suite's fault test found one)."""
+    cache = RunCache(tmp_path / "cache", {"job": "test"})
+    monkeypatch.setenv(stand_ins.WRITE_DIR, str(cache.dir))
+    planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, stand_ins.hang_while_writing, cache=cache)
+    _await_temporary(cache.dir)
+    planner.close()
+    assert planner.wait(WAIT_S) and planner.status == FAILED and _gone(planner.pid)
+    assert _temporaries(cache.dir) == []
+    assert not (cache.dir / "frontier.json").exists()  # nothing half-written in its place either
+
+
+def test_a_planner_whose_trainer_is_killed_mid_write_leaves_no_temporary_file(tmp_path):
+    """The child ends itself with ``os._exit`` when its trainer is gone (no cleanup runs): it
+    removes its own temporary files first."""
+    cache_dir = tmp_path / "cache"
+    trainer = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import planner_stand_ins
+        from perseus.planner.process import ProcessPlanner
+        from perseus.store.cache import RunCache
+        from test_planner_process import SCHEDULE, PROFILE, OPTIONS
+        cache = RunCache({str(cache_dir)!r}, {{"job": "test"}})
+        planner = ProcessPlanner(SCHEDULE, PROFILE, OPTIONS, planner_stand_ins.hang_while_writing, cache=cache)
+        print(planner.pid, cache.dir, flush=True)
+        time.sleep(600)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    probe = RunCache(cache_dir, {"job": "test"})  # the trainer's entry: the same key, the same directory
+    env[stand_ins.WRITE_DIR] = str(probe.dir)
+    proc = subprocess.Popen([sys.executable, "-c", trainer], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pid_text, where = proc.stdout.readline().split()
+        assert Path(where) == probe.dir
+        _await_temporary(probe.dir)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while not _gone(int(pid_text)):
+            assert time.monotonic() < deadline, "the planner outlived its killed trainer"
+            time.sleep(0.1)
+        assert _temporaries(probe.dir) == []
+    finally:
+        proc.kill()
+
+
 def test_a_planner_function_the_child_cannot_import_is_a_planning_error():
     def local(schedule, profile, options):
         return plan_frontier(schedule, profile, options)
