@@ -238,12 +238,12 @@ def _watch_parent(parent: int) -> None:
 
 def child_main(parent: int) -> None:
     """Entry point of the planner process: one request on stdin, one reply on the reply pipe."""
+    global _writes_in  # the watcher thread's: where to clean up if the trainer goes
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed (a solver's banner) goes to stderr, never into the reply
     try:
         plan, schedule, profile, options, cache, timelines, measured_s = _read_request()
-        global _writes_in
         _writes_in = cache.dir if cache is not None else None
         handoff_s = calibrate_handoff(schedule, profile, measured_s) if measured_s is not None else 0.0
         frontier = plan(schedule, with_handoff(profile, handoff_s, sending_keys(schedule)), options)

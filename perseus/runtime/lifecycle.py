@@ -89,13 +89,11 @@ def one_line_errors() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        from perseus.errors import PerseusError
+        from perseus.errors import PerseusError, write_line
 
         if not isinstance(value, PerseusError) or os.environ.get(ENV_TRACEBACK):
             previous(kind, value, tb)
             return
-        from perseus.errors import write_line
-
         line = value.line or error_line(value)
         write_line(sys.stderr, f"{line} ({ENV_TRACEBACK}=1 shows the traceback)")
 
