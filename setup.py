@@ -39,7 +39,7 @@ setup(
         "bench": ["lowtime==0.3.0"],
         # start_http_server returns its server (so it can be closed) from 0.20 on
         "prometheus": ["prometheus-client>=0.20"],
-        # the zeusd backend (perseus/gpu/zeusd_client.py): HTTP over zeusd's Unix socket
+        # the zeusd backend (perseus/gpu/zeusd/client.py): HTTP over zeusd's Unix socket
         "zeusd": ["httpx>=0.27"],
         # carbon-intensity endpoints (ElectricityMaps, WattTime) over HTTP: perseus/carbon/signals.py. Zeus's
         # CarbonIntensityProvider objects are taken by their method, so zeus itself is not required

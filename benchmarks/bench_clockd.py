@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perseus.gpu import SimulatedGPU
-from perseus.gpu.clockd_client import ClockdController
+from perseus.gpu.clockd.client import ClockdController
 
 
 def main() -> int:

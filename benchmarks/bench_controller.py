@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perseus.gpu import SimulatedGPU
-from perseus.gpu.controller import FrequencyController, NullController
+from perseus.gpu.control.controller import FrequencyController, NullController
 
 
 def _per_call_us(fn, n: int) -> tuple[float, float]:

@@ -40,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perseus.gpu.controller import make_controller
-from perseus.gpu.gpu_time import GPUStepTimer, SimTimeline, non_instruction_work
-from perseus.gpu.measurement import (
+from perseus.gpu.control.controller import make_controller
+from perseus.gpu.stream.gpu_time import GPUStepTimer, SimTimeline, non_instruction_work
+from perseus.gpu.meter.energy import (
     EnergyPoller,
     attribute_energy,
     attribution_window_s,
@@ -50,8 +50,8 @@ from perseus.gpu.measurement import (
 )
 from perseus.gpu.sim import SimulatedGPU
 from perseus.gpu.sim.stream import StreamKernel
-from perseus.gpu.stream_clocks import StreamClocks
-from perseus.gpu.stream_follow import FollowMechanism, StreamFollower
+from perseus.gpu.stream.clocks import StreamClocks
+from perseus.gpu.stream.follow import FollowMechanism, StreamFollower
 
 FORWARD_S, BACKWARD_S, TAIL_S = 0.010, 0.020, 0.030
 TAIL_ACTIVITY = 0.5

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perseus.gpu import SimulatedGPU
-from perseus.gpu.clockd_client import ClockdController
-from perseus.gpu.controller import FrequencyController
-from perseus.gpu.zeusd_client import ZeusdClient
+from perseus.gpu.clockd.client import ClockdController
+from perseus.gpu.control.controller import FrequencyController
+from perseus.gpu.zeusd.client import ZeusdClient
 
 
 def _wait_for(path: str, proc: subprocess.Popen, what: str) -> None:

@@ -41,7 +41,7 @@ for _p in (str(SCRIPTS.parent), str(SCRIPTS)):
 
 import gpu_check_nvml as nvml_parts  # noqa: E402 - found through the sys.path lines above
 
-from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402 - found through the sys.path lines above
+from perseus.gpu.nvml.readonly import ReadOnlyNVML  # noqa: E402 - found through the sys.path lines above
 
 SCHEMA = "perseus-gpu-check/2"
 NVML_PARTS = ("identity", "versions", "clocks", "power", "read_latency", "counter")
@@ -311,7 +311,7 @@ def matmul_sweep(changes: ClockChanges, run: Callable[[int], None], clocks: list
                  can_lock: bool) -> list[dict[str, Any]]:
     """Time, energy and power per matmul iteration at each clock (energy from counter updates)."""
     from perseus.gpu import GPUError
-    from perseus.gpu.measurement import EnergyPoller, power_from_updates
+    from perseus.gpu.meter.energy import EnergyPoller, power_from_updates
 
     dev = changes.dev
     rows = []

@@ -402,8 +402,8 @@ def library_stream(stage: Stage, rounds: int) -> dict[str, Any]:
     Reports the follower's delay from the GPU reaching each instruction's begin to the action,
     the timer's instruction span and first-begin time against the truth, and the training
     thread's cost of the library calls per instruction."""
-    from perseus.gpu.gpu_time import CudaTimeline, GPUStepTimer
-    from perseus.gpu.stream_follow import CudaEventRecorder, FollowMechanism, StreamFollower
+    from perseus.gpu.stream.gpu_time import CudaTimeline, GPUStepTimer
+    from perseus.gpu.stream.follow import CudaEventRecorder, FollowMechanism, StreamFollower
 
     boundary = CudaEventRecorder()
     timing = CudaEventRecorder(enable_timing=True)
@@ -455,7 +455,7 @@ def library_stream(stage: Stage, rounds: int) -> dict[str, Any]:
             train_us.append(cost / len(stage.order) * 1e6)
     finally:
         follower.close()
-    return {"rounds": rounds, "mechanism": "event.query every 50 us (perseus.gpu.stream_follow)",
+    return {"rounds": rounds, "mechanism": "event.query every 50 us (perseus.gpu.stream.follow)",
             "delay_us": summary(delays, 1e6), "instruction_span_ratio": summary(span_ratio),
             "first_begin_error_ms": summary(begin_err, 1e3), "training_thread_us_per_instruction": summary(train_us),
             "follower_error": repr(follower.error) if follower.error else None}

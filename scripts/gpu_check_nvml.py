@@ -1,7 +1,7 @@
 """Read-only NVML parts of ``gpu_check.py``: identity, versions, clocks, power, read latencies,
 the energy counter's period, and a sampler thread for clocks, power and clock-event reasons.
 
-Every call goes through ``perseus.gpu.nvml_readonly.ReadOnlyNVML``, which refuses anything that
+Every call goes through ``perseus.gpu.nvml.readonly.ReadOnlyNVML``, which refuses anything that
 would change the GPU. Nothing here prints a UUID or a serial number.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from gpu_check_analysis import counter_updates, reason_shares, summary, update_period
 
-from perseus.gpu.cuda_visible import parse_cuda_visible_devices, resolve_physical_index
-from perseus.gpu.nvml_readonly import ReadOnlyNVML
+from perseus.gpu.nvml.cuda_visible import parse_cuda_visible_devices, resolve_physical_index
+from perseus.gpu.nvml.readonly import ReadOnlyNVML
 
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2

@@ -20,7 +20,7 @@ never synchronizing inside a step:
   judged by CUDA events mapped to the host clock through an anchor recorded after a device sync.
 
 Nothing here changes a clock, a power limit, persistence or compute mode: NVML is opened through
-``perseus.gpu.nvml_readonly.ReadOnlyNVML``, which refuses every set/reset call. The runtime's
+``perseus.gpu.nvml.readonly.ReadOnlyNVML``, which refuses every set/reset call. The runtime's
 ``perseus.runtime`` package needs pydantic; this script loads only the runtime module that holds
 the GPU timeline (``perseus/runtime/port/gpu_timeline.py``, which imports the GPU layer only) and
 wires it as ``GPUPort.open_timeline`` does: ``CudaEventRecorder(enable_timing=True)``,
@@ -46,7 +46,7 @@ for _p in (str(SCRIPTS.parent), str(SCRIPTS)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from perseus.gpu.nvml_readonly import ReadOnlyNVML  # noqa: E402 - after the sys.path lines above
+from perseus.gpu.nvml.readonly import ReadOnlyNVML  # noqa: E402 - after the sys.path lines above
 
 PLANNED_CLOCKS = (1980, 1755, 1530, 1305)  # labels only: nothing is ever set
 
@@ -136,9 +136,9 @@ def main() -> int:
     import gpu_check_nvml as nvml_parts
     from gpu_check_cuda import Stage, StageConfig
 
-    from perseus.gpu.gpu_time import CudaTimeline, SimTimeline  # noqa: F401 - the runtime's timelines
-    from perseus.gpu.measurement import EnergyPoller, counter_period_s, poll_interval_s
-    from perseus.gpu.stream_follow import CudaEventRecorder
+    from perseus.gpu.stream.gpu_time import CudaTimeline, SimTimeline  # noqa: F401 - the runtime's timelines
+    from perseus.gpu.meter.energy import EnergyPoller, counter_period_s, poll_interval_s
+    from perseus.gpu.stream.follow import CudaEventRecorder
 
     gt = load_gpu_timeline()
     nv = ReadOnlyNVML(pynvml)
@@ -154,7 +154,7 @@ def main() -> int:
         energy = ReadOnlyEnergy(nv, handle)
         poller = EnergyPoller(energy, poll_interval_s(0.1), clock=time.monotonic).start()  # type: ignore[arg-type]  # ReadOnlyEnergy reads the counter as the poller's source does
         sent: list[tuple[float, int]] = []
-        from perseus.gpu.stream_follow import FollowMechanism
+        from perseus.gpu.stream.follow import FollowMechanism
 
         mechanism = FollowMechanism.BLOCK if args.mechanism == "block" else FollowMechanism.POLL
         out["mechanism"] = f"{args.mechanism}{' with blocking-sync events' if args.blocking_events else ''}"
@@ -310,7 +310,7 @@ def hot_path_breakdown(torch: Any, n: int = 2000) -> dict[str, float]:
     """Host CPU time (µs) of the calls the hot path makes, each alone, on an idle stream and with a
     thread polling ``event.query()`` every 50 µs beside it (the follower): what the per-instruction
     cost is made of, and whether the follower's polling (the GIL) inflates it."""
-    from perseus.gpu.stream_follow import CudaEventRecorder, FollowMechanism, StreamFollower
+    from perseus.gpu.stream.follow import CudaEventRecorder, FollowMechanism, StreamFollower
 
     def cpu_us(fn: Any) -> float:
         c = time.thread_time()

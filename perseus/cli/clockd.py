@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perseus.gpu.clockd import DaemonOptions, run as serve
+    from perseus.gpu.clockd.daemon import DaemonOptions, run as serve
 
     options = DaemonOptions(args.socket, frozenset(args.allow_uid), frozenset(args.allow_gid), rate_hz=args.rate,
                             burst=args.burst, max_clients=args.max_clients, socket_mode=args.socket_mode,

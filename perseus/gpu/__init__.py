@@ -7,7 +7,7 @@ Nothing here imports torch or pynvml at import time (numpy/scipy only, scipy laz
 import it freely.
 """
 
-from perseus.gpu.controller import (
+from perseus.gpu.control.controller import (
     ClockController,
     ControllerDiedWarning,
     ControllerStats,
@@ -25,7 +25,7 @@ from perseus.gpu.errors import (
     GPUPermissionError,
 )
 from perseus.gpu.factory import open_gpu, open_spec
-from perseus.gpu.measurement import (
+from perseus.gpu.meter.energy import (
     AttributionResult,
     BlockingPowerResult,
     CounterUpdate,
@@ -38,7 +38,7 @@ from perseus.gpu.measurement import (
 )
 from perseus.gpu.sim import PRESETS, DVFSModel, SimState, SimulatedGPU, VirtualClock, get_preset, read_sim_state, state_path
 from perseus.gpu.spec import GPUSpec
-from perseus.gpu.timing import (
+from perseus.gpu.meter.timing import (
     CPUInstructionTimer,
     CUDAInstructionTimer,
     InstructionTimer,

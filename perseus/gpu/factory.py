@@ -43,13 +43,13 @@ def open_gpu(kind: str = "auto", index: int | None = None, *, zeusd_socket: str 
     through Zeus's daemon on that socket; ``None`` means ``$PERSEUS_ZEUSD_SOCKET`` (unset: no
     zeusd), ``""`` means no zeusd whatever the environment says.
     """
-    from perseus.gpu.zeusd_client import socket_path_from_env
+    from perseus.gpu.zeusd.client import socket_path_from_env
 
     socket_path = socket_path_from_env() if zeusd_socket is None else zeusd_socket.strip()
     device = _open_base(kind, index, **sim_kwargs)
     if not socket_path:
         return device
-    from perseus.gpu.zeusd_device import ZeusdGPU
+    from perseus.gpu.zeusd.device import ZeusdGPU
 
     try:
         return ZeusdGPU(device, socket_path)
@@ -69,7 +69,7 @@ def _open_base(kind: str, index: int | None, **sim_kwargs: Any) -> GPUDevice:
             f"Simulated-GPU settings {sorted(sim_kwargs)} were given for an NVML GPU; "
             "use kind='sim' (or PERSEUS_GPU=sim)"
         )
-    from perseus.gpu.nvml import NVMLGPU
+    from perseus.gpu.nvml.device import NVMLGPU
 
     try:
         return NVMLGPU(index)

@@ -13,7 +13,7 @@ replicas of a stage receive the same bytes, and a rank owns all virtual chunks o
 schedule, so a plan is never applied to another instruction order.
 
 ``lookup``, ``paced_lookup`` and ``default_point`` choose the same point as the ``Frontier``
-they were cut from (tests/runtime/test_stage_plan.py compares them).
+they were cut from (tests/runtime/supply/test_stage_plan.py compares them).
 
 With a clock-switch latency to hide, a rank also needs each point's planned timeline of its
 stage (when each instruction begins and ends, ``StagePlan.timeline``), because the runtime times

@@ -16,7 +16,7 @@ import pytest
 from fake_pynvml import NVML_ERROR_UNKNOWN, FakeDevice, make_fake_pynvml
 
 from perseus.gpu import read_sim_state
-from perseus.gpu.nvml_readonly import ReadOnlyNVML, ReadOnlyViolation, is_read_only_call
+from perseus.gpu.nvml.readonly import ReadOnlyNVML, ReadOnlyViolation, is_read_only_call
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"

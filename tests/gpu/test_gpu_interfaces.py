@@ -9,12 +9,12 @@ from typing import Any, cast
 import pytest
 
 from perseus.gpu import SimulatedGPU
-from perseus.gpu.clockd_client import ClockdController
-from perseus.gpu.controller import ClockController, FrequencyController, NullController
+from perseus.gpu.clockd.client import ClockdController
+from perseus.gpu.control.controller import ClockController, FrequencyController, NullController
 from perseus.gpu.device import GPUDevice
-from perseus.gpu.nvml import NVMLGPU
-from perseus.gpu.zeusd_client import ZeusdClient
-from perseus.gpu.zeusd_device import ZeusdGPU
+from perseus.gpu.nvml.device import NVMLGPU
+from perseus.gpu.zeusd.client import ZeusdClient
+from perseus.gpu.zeusd.device import ZeusdGPU
 from perseus.runtime.port.gpu_port import GPUPort
 
 DEVICE_MEMBERS = ("driver_version", "simulated", "underlying", "control_problem", "minor_number",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from perseus.errors import PerseusError
-from perseus.gpu.clockd import ClockDaemon, DaemonOptions
-from perseus.gpu.clockd_client import ClockdController
+from perseus.gpu.clockd.daemon import ClockDaemon, DaemonOptions
+from perseus.gpu.clockd.client import ClockdController
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 

@@ -13,7 +13,7 @@ import pytest
 
 from perseus.errors import ConfigError
 from perseus.frontier import Frontier, FrontierPoint
-from perseus.gpu.controller import NullController
+from perseus.gpu.control.controller import NullController
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.profile import load_json

@@ -2,7 +2,7 @@
 ``sys.excepthook``, signal handler or ``atexit`` hook; ``install_process_hooks`` (through an
 adapter's ``entry_point_hooks``) does, unless the config leaves them to the trainer. That the
 clocks are reset on every exit path with the hooks is tested in test_toy_distributed.py
-(exception, SIGTERM) and without them in tests/gpu/test_gpu_controller.py (the controller's own)."""
+(exception, SIGTERM) and without them in tests/gpu/control/test_gpu_controller.py (the controller's own)."""
 
 from __future__ import annotations
 

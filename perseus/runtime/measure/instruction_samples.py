@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from typing import Sequence, cast
 
-from perseus.gpu.measurement import CounterUpdate, MeasurementError, attribute_energy
-from perseus.gpu.timing import TimedInstruction
+from perseus.gpu.meter.energy import CounterUpdate, MeasurementError, attribute_energy
+from perseus.gpu.meter.timing import TimedInstruction
 from perseus.profile.fit import SampleStats, first_is_outlier, robust_stats
 from perseus.profile.aggregate import ClockPoint, Measurements
 from perseus.schedules import Instruction

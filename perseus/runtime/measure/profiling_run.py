@@ -23,8 +23,8 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from perseus.errors import PerseusError
-from perseus.gpu.clock_samples import UNKNOWN, SustainedClock, reason_names
-from perseus.gpu.measurement import attribution_window_s
+from perseus.gpu.meter.clock_samples import UNKNOWN, SustainedClock, reason_names
+from perseus.gpu.meter.energy import attribution_window_s
 from perseus.profile.fit import interpolation_ok, loo_errors
 from perseus.profile.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
 from perseus.runtime.measure.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
@@ -37,7 +37,7 @@ from perseus.runtime.measure.sustained import agree_start, equal_above
 
 if TYPE_CHECKING:
     from perseus.gpu.device import ClockEventReason
-    from perseus.gpu.measurement import EnergyPoller
+    from perseus.gpu.meter.energy import EnergyPoller
 
 
 class ClockWatch(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from perseus.gpu.clock_samples import SustainedClock
+from perseus.gpu.meter.clock_samples import SustainedClock
 from perseus.runtime.plane.collective import Collective
 
 

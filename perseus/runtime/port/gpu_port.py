@@ -20,18 +20,18 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 from perseus.errors import ConfigError, PerseusError
-from perseus.gpu.clock_samples import UNKNOWN, SustainedClock
+from perseus.gpu.meter.clock_samples import UNKNOWN, SustainedClock
 from perseus.gpu.errors import SIM_FIX, GPUError
 
 if TYPE_CHECKING:
     from perseus.runtime.port.clock_trace import ClockTrace
     from perseus.runtime.port.gpu_timeline import GPUTimeline
-    from perseus.gpu.controller import ClockController
+    from perseus.gpu.control.controller import ClockController
     from perseus.gpu.device import ClockEventReason, GPUDevice
-    from perseus.gpu.measurement import EnergyPoller
-    from perseus.gpu.notice import ClockNotice
+    from perseus.gpu.meter.energy import EnergyPoller
+    from perseus.gpu.control.notice import ClockNotice
     from perseus.gpu.sim.device import SimulatedGPU
-    from perseus.gpu.timing import InstructionTimer
+    from perseus.gpu.meter.timing import InstructionTimer
     from perseus.runtime.plane.collective import Collective, PairChannel
     from perseus.runtime.config import PerseusConfig
 
@@ -81,8 +81,8 @@ class GPUPort:
         and this process needs no privileges; with ``zeusd_socket`` (or ``$PERSEUS_ZEUSD_SOCKET``),
         the controller process makes them through Zeus's zeusd. ``clock_check_s``: how often the
         controller reads a held clock back (re-applying it if something else changed it)."""
-        from perseus.gpu.clockd_client import socket_path_from_env as clockd_socket_from_env
-        from perseus.gpu.controller import make_controller
+        from perseus.gpu.clockd.client import socket_path_from_env as clockd_socket_from_env
+        from perseus.gpu.control.controller import make_controller
         from perseus.gpu.factory import open_gpu
 
         device = open_gpu(backend, device_index, zeusd_socket=zeusd_socket, **sim_gpu)
@@ -253,7 +253,7 @@ class GPUPort:
     def instruction_timer(self) -> InstructionTimer:
         """CUDA-event timer on a real GPU (kernels are asynchronous), the simulated GPU's own
         kernel timing on a simulated one."""
-        from perseus.gpu.timing import SimulatedKernelTimer, make_instruction_timer
+        from perseus.gpu.meter.timing import SimulatedKernelTimer, make_instruction_timer
 
         if self.is_simulated:
             return SimulatedKernelTimer(self.sim_device)
@@ -273,7 +273,7 @@ class GPUPort:
         """The port's own energy poller, started on first use: every energy read is on its thread
         (a real read costs 2.4 ms on an H200), polling 20 times per counter period."""
         if self._poller is None:
-            from perseus.gpu.measurement import EnergyPoller, poll_interval_s
+            from perseus.gpu.meter.energy import EnergyPoller, poll_interval_s
 
             period = float(getattr(self.device, "energy_update_period_s", 0.1) or 0.1)
             self._poller_started_s = monotonic()
@@ -286,7 +286,7 @@ class GPUPort:
     def end_warmup_clocks(self) -> SustainedClock:
         """The clock the unlocked card sustained in the later half of warm-up (the poller's busy
         samples, snapped to a supported clock) and the reasons it reported; kept as ``sustained``."""
-        from perseus.gpu.clock_samples import nearest_clock, sustained_clock
+        from perseus.gpu.meter.clock_samples import nearest_clock, sustained_clock
 
         now = monotonic()
         since = self._poller_started_s + 0.5 * (now - self._poller_started_s)
@@ -298,15 +298,15 @@ class GPUPort:
 
     def clock_reasons_since(self, t_s: float) -> frozenset[ClockEventReason]:
         """The reasons busy clock samples reported since CLOCK_MONOTONIC ``t_s``."""
-        from perseus.gpu.clock_samples import busy_reasons
+        from perseus.gpu.meter.clock_samples import busy_reasons
 
         return busy_reasons(self.energy_source().clock_samples(t_s))
 
     def open_timeline(self, switch_latency_s: float, instructions: int) -> GPUTimeline | None:
         """The GPU timeline (``gpu_timeline.py``) where the GPU runs behind the host: a simulated GPU
         in asynchronous mode, a real GPU with CUDA; None where host time is GPU time."""
-        from perseus.gpu.gpu_time import CudaTimeline, SimTimeline
-        from perseus.gpu.timing import cuda_timing_available
+        from perseus.gpu.stream.gpu_time import CudaTimeline, SimTimeline
+        from perseus.gpu.meter.timing import cuda_timing_available
         from perseus.runtime.port.gpu_timeline import GPUTimeline
 
         sim = self.sim_device
@@ -316,7 +316,7 @@ class GPUPort:
             recorder: Any = sim.stream
             timeline: Any = SimTimeline()
         elif os.environ.get("PERSEUS_GPU_TIMELINE", "1") != "0" and cuda_timing_available():
-            from perseus.gpu.stream_follow import CudaEventRecorder
+            from perseus.gpu.stream.follow import CudaEventRecorder
 
             recorder, timeline = CudaEventRecorder(enable_timing=True), CudaTimeline()
         else:
@@ -328,14 +328,14 @@ class GPUPort:
 
     def energy_poller(self, interval_s: float) -> EnergyPoller:
         """Background thread recording when the coarse energy counter advances."""
-        from perseus.gpu.measurement import EnergyPoller
+        from perseus.gpu.meter.energy import EnergyPoller
 
         return EnergyPoller(self.device, interval_s).start()
 
     def measure_p_blocking(self, seconds: float, channel: PairChannel | None = None) -> float:
         """P_blocking as Perseus defines it: this GPU's power while its rank is blocked in a P2P
         receive and the partner sleeps (``channel``: the pair takes turns); alone, plain idle power."""
-        from perseus.gpu import measurement
+        from perseus.gpu.meter import energy as measurement
 
         if channel is not None:
             result = measurement.measure_blocking_power_pair(self.device, channel.send, channel.recv, channel.first,
@@ -430,8 +430,8 @@ def device_index(config: PerseusConfig, rank: int) -> int | None:
 def _clockd_controller(device: GPUDevice, device_index: int | None, clock_check_s: float) -> ClockController:
     """Claim ``device`` at the node's clock daemon, by UUID (container-safe) and CUDA index; the
     daemon reads a held clock back every ``clock_check_s``, as the local controller would."""
-    from perseus.gpu.clockd_client import ClockdController, socket_path_from_env
-    from perseus.gpu.cuda_visible import default_cuda_index
+    from perseus.gpu.clockd.client import ClockdController, socket_path_from_env
+    from perseus.gpu.nvml.cuda_visible import default_cuda_index
 
     simulated = device.simulated
     controller = ClockdController(

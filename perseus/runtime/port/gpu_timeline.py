@@ -32,11 +32,11 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from perseus.gpu.gpu_time import GPUStep, GPUStepTimer, StreamTimeline, non_instruction_work
-from perseus.gpu.measurement import CounterUpdate
-from perseus.gpu.stream_clocks import StreamClocks
-from perseus.gpu.stream_follow import BoundaryEvent, FollowMechanism, StreamFollower
-from perseus.gpu.timing import TimedInstruction
+from perseus.gpu.stream.gpu_time import GPUStep, GPUStepTimer, StreamTimeline, non_instruction_work
+from perseus.gpu.meter.energy import CounterUpdate
+from perseus.gpu.stream.clocks import StreamClocks
+from perseus.gpu.stream.follow import BoundaryEvent, FollowMechanism, StreamFollower
+from perseus.gpu.meter.timing import TimedInstruction
 
 RESET_MHZ = 0  # a stream request for default clocks (the controller's reset), not a locked clock
 SPAN = "__instructions__"  # the one mark of a step whose instructions are not timed one by one

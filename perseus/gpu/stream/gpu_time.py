@@ -1,0 +1,245 @@
+"""Steps and instructions timed as the GPU ran them, read without ever synchronizing.
+
+Why: host timestamps of an asynchronous GPU time the launches, not the work. On the measured H200
+the host's ``step()`` call lasted 241 ms of a 332 ms GPU step (ratio 0.73), and a CUDA timer
+anchored at ``resolve()`` after a sync shifted every timestamp late by the GPU work before the
+sync (31.6 ms of optimizer tail: forward power +22 %). ``GPUStepTimer`` records an event at each
+step's begin and end and at each instruction's begin and end (the training thread's only cost);
+a step *settles* once the GPU has passed its end event, read with ``query()`` later, never waited
+for. Each step is anchored on its own begin event, whose host time the stream follower saw
+(within ~0.1 ms) or, on the simulated GPU, the event's exact GPU timestamp; the rest are offsets
+from it on the GPU's clock, so nothing done on the host between the step and its reading shifts it.
+
+What a settled ``GPUStep`` holds (CLOCK_MONOTONIC seconds):
+
+- ``instruction_span_s``: first instruction begin to last instruction end, the step's time;
+- ``non_instruction_gpu_s``: the step's GPU work after its last instruction, up to its end event
+  (optimizer, gradient all-reduce); ``gpu_step_s`` is the two together;
+- ``energy_j`` / ``non_instruction_energy_j``: the energy counter interpolated at those GPU times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from perseus.gpu.errors import GPUError
+from perseus.gpu.meter.energy import CounterUpdate
+from perseus.gpu.stream.follow import BoundaryEvent, EventRecorder, StreamFollower
+from perseus.gpu.meter.timing import TimedInstruction
+
+
+class StreamTimeline(Protocol):
+    """Turns completed events into host times: ``anchor`` (a step's begin event, seen by the
+    follower at ``seen_s``) and offsets from it on the GPU's clock."""
+
+    def anchor_time(self, anchor: BoundaryEvent, seen_s: float) -> float: ...
+
+    def seconds_between(self, earlier: BoundaryEvent, later: BoundaryEvent) -> float: ...
+
+
+class SimTimeline:
+    """The simulated stream's events carry their exact GPU timestamp."""
+
+    def anchor_time(self, anchor: Any, seen_s: float) -> float:
+        return float(anchor.gpu_time_s)
+
+    def seconds_between(self, earlier: Any, later: Any) -> float:
+        return float(later.gpu_time_s - earlier.gpu_time_s)
+
+
+class CudaTimeline:
+    """``torch.cuda.Event(enable_timing=True)``: the follower's sighting anchors, ``elapsed_time``
+    (ms, on the GPU's clock) places the rest."""
+
+    def anchor_time(self, anchor: Any, seen_s: float) -> float:
+        return seen_s
+
+    def seconds_between(self, earlier: Any, later: Any) -> float:
+        return float(earlier.elapsed_time(later)) / 1e3
+
+
+@dataclass(frozen=True)
+class GPUStep:
+    """One step as the GPU ran it (see the module docstring)."""
+
+    index: int
+    begin_s: float
+    end_s: float
+    instructions: tuple[TimedInstruction, ...]
+    energy_j: float = math.nan
+    non_instruction_energy_j: float = math.nan
+
+    @property
+    def gpu_step_s(self) -> float:
+        """The step's GPU time: its first instruction's begin to its end event (a gap before the
+        first instruction is the GPU waiting for the host, idle, and not the step's)."""
+        if not self.instructions:
+            return self.end_s - self.begin_s
+        return self.end_s - self.instructions[0].start_s
+
+    @property
+    def instruction_span_s(self) -> float:
+        """First instruction begin to last instruction end: the step's time as the GPU spent it."""
+        if not self.instructions:
+            return 0.0
+        return self.instructions[-1].end_s - self.instructions[0].start_s
+
+    @property
+    def busy_s(self) -> float:
+        """Time inside instructions (the span less its bubbles)."""
+        return sum(i.duration_s for i in self.instructions)
+
+    @property
+    def non_instruction_gpu_s(self) -> float:
+        """GPU time of the step after its last instruction (optimizer, gradient all-reduce)."""
+        return max(0.0, self.gpu_step_s - self.instruction_span_s)
+
+
+@dataclass
+class _OpenStep:
+    index: int
+    begin: BoundaryEvent
+    seen_s: float = math.nan
+    marks: list[tuple[Hashable, BoundaryEvent, BoundaryEvent]] = field(default_factory=list)
+    end: BoundaryEvent | None = None
+
+
+class GPUStepTimer:
+    """Events at step and instruction boundaries; steps settle as the GPU passes them."""
+
+    def __init__(self, recorder: EventRecorder, follower: StreamFollower, timeline: StreamTimeline) -> None:
+        self.recorder = recorder
+        self.follower = follower
+        self.timeline = timeline
+        self._open: _OpenStep | None = None
+        self._key: tuple[Hashable, BoundaryEvent] | None = None
+        self._waiting: deque[_OpenStep] = deque()
+        self._index = 0
+        self._anchored = False
+
+    # ---------------------------------------------------------------- training thread
+    def step_begin(self) -> None:
+        if self._open is not None:
+            self.step_end()
+        self._open = _OpenStep(self._index, self.recorder.record())
+        self._index += 1
+        self._anchored = False
+
+    def _anchor(self, step: _OpenStep) -> None:
+        """The follower notes when it sees the step's begin event. Handed at the step's first
+        instruction, after that instruction's clock request, which may hang on an earlier event:
+        the follower takes its work in order."""
+
+        def anchor(seen: float) -> None:
+            step.seen_s = seen
+
+        self.follower.follow(step.begin, anchor)
+        self._anchored = True
+
+    def begin(self, key: Hashable, event: BoundaryEvent | None = None) -> None:
+        """Instruction begins; ``event``: a begin event already recorded here (``StreamClocks``)."""
+        if self._open is not None and not self._anchored:
+            self._anchor(self._open)
+        self._key = (key, event if event is not None else self.recorder.record())
+
+    def end(self) -> None:
+        if self._key is None or self._open is None:
+            raise GPUError("GPUStepTimer.end() without a matching begin() inside a step")
+        key, begin = self._key
+        self._key = None
+        self._open.marks.append((key, begin, self.recorder.record()))
+
+    def step_end(self) -> None:
+        step, self._open = self._open, None
+        if step is None:
+            return
+        if not self._anchored:
+            self._anchor(step)
+        step.end = self.recorder.record()
+        self._waiting.append(step)
+
+    # ---------------------------------------------------------------- reading (never blocks)
+    def waiting(self) -> int:
+        """Steps ended on the host that the GPU has not finished (or the follower not seen)."""
+        return len(self._waiting)
+
+    def settled(self, updates: Sequence[CounterUpdate] = ()) -> list[GPUStep]:
+        """The steps the GPU has finished, oldest first (each returned once). With energy-counter
+        ``updates``, a step settles only once an update after its end exists, and carries its
+        energy; without, its energy is NaN."""
+        out: list[GPUStep] = []
+        while self._waiting:
+            step = self._waiting[0]
+            assert step.end is not None
+            if not step.end.query() or math.isnan(step.seen_s):
+                break
+            timed = self._timed(step)
+            if updates:
+                if updates[-1].t_s < timed.end_s:
+                    break
+                timed = _with_energy(timed, updates)
+            out.append(timed)
+            self._waiting.popleft()
+        return out
+
+    def fence(self, timeout_s: float = 5.0) -> list[GPUStep]:
+        """Every step ended so far, waiting until the GPU has passed the last one's end event (and
+        the follower saw its anchor): the host waits for work already queued, never for a device
+        sync; a step still unsettled after ``timeout_s`` (a follower that stopped) stays waiting."""
+        if not self._waiting:
+            return []
+        last = self._waiting[-1]
+        assert last.end is not None
+        last.end.synchronize()
+        deadline = time.monotonic() + timeout_s
+        while any(math.isnan(s.seen_s) for s in self._waiting) and time.monotonic() < deadline:
+            time.sleep(self.follower.poll_s)
+        return self.settled()
+
+    def _timed(self, step: _OpenStep) -> GPUStep:
+        tl = self.timeline
+        base = tl.anchor_time(step.begin, step.seen_s)
+        inst = tuple(TimedInstruction(key, base + tl.seconds_between(step.begin, b),
+                                      base + tl.seconds_between(step.begin, e)) for key, b, e in step.marks)
+        assert step.end is not None
+        return GPUStep(step.index, base, base + tl.seconds_between(step.begin, step.end), inst)
+
+
+def energy_at(updates: Sequence[CounterUpdate], t: float) -> float:
+    """The energy counter at ``t``, linear between the updates around it (power constant within
+    one counter period: the finest the counter can say)."""
+    if not updates:
+        raise GPUError("no energy-counter updates to interpolate")
+    times = [u.t_s for u in updates]
+    i = bisect.bisect_right(times, t)
+    if i == 0:
+        return updates[0].energy_j
+    if i == len(updates):
+        return updates[-1].energy_j
+    a, b = updates[i - 1], updates[i]
+    return a.energy_j + (b.energy_j - a.energy_j) * (t - a.t_s) / (b.t_s - a.t_s)
+
+
+def _with_energy(step: GPUStep, updates: Sequence[CounterUpdate]) -> GPUStep:
+    first = step.instructions[0].start_s if step.instructions else step.begin_s
+    tail = step.instructions[-1].end_s if step.instructions else step.begin_s
+    e0, e_tail, e1 = energy_at(updates, first), energy_at(updates, tail), energy_at(updates, step.end_s)
+    return GPUStep(step.index, step.begin_s, step.end_s, step.instructions, e1 - e0, e1 - e_tail)
+
+
+NON_INSTRUCTION = "__non_instruction__"
+
+
+def non_instruction_work(step: GPUStep) -> list[TimedInstruction]:
+    """The step's GPU work outside its instructions' span as intervals keyed ``NON_INSTRUCTION``,
+    so attribution gives it its own power instead of billing it as idle or to the instructions."""
+    if not step.instructions:
+        return [TimedInstruction(NON_INSTRUCTION, step.begin_s, step.end_s)]
+    tail = step.instructions[-1].end_s
+    return [TimedInstruction(NON_INSTRUCTION, tail, step.end_s)] if step.end_s > tail else []
