@@ -43,9 +43,9 @@ def open_gpu(kind: str = "auto", index: int | None = None, *, zeusd_socket: str 
     through Zeus's daemon on that socket; ``None`` means ``$PERSEUS_ZEUSD_SOCKET`` (unset: no
     zeusd), ``""`` means no zeusd whatever the environment says.
     """
-    from perseus.gpu.zeusd.client import socket_path_from_env
+    from perseus.gpu.zeusd.client import zeusd_socket_from_env
 
-    socket_path = socket_path_from_env() if zeusd_socket is None else zeusd_socket.strip()
+    socket_path = zeusd_socket_from_env() if zeusd_socket is None else zeusd_socket.strip()
     device = _open_base(kind, index, **sim_kwargs)
     if not socket_path:
         return device

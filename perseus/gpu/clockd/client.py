@@ -47,7 +47,7 @@ _DEFAULT = -1  # "default clocks" in the trainer-side dedup
 _UNSET = object()
 
 
-def socket_path_from_env() -> str | None:
+def clockd_socket_from_env() -> str | None:
     """``$PERSEUS_CLOCKD_SOCKET``, or ``None`` when unset or empty."""
     value = os.environ.get(ENV_SOCKET, "").strip()
     return value or None

@@ -54,7 +54,7 @@ ROUTES = {
 }
 
 
-def socket_path_from_env() -> str | None:
+def zeusd_socket_from_env() -> str | None:
     """``$PERSEUS_ZEUSD_SOCKET``, or ``None`` when unset or empty."""
     value = os.environ.get(ENV_SOCKET, "").strip()
     return value or None

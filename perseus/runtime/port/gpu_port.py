@@ -81,7 +81,7 @@ class GPUPort:
         and this process needs no privileges; with ``zeusd_socket`` (or ``$PERSEUS_ZEUSD_SOCKET``),
         the controller process makes them through Zeus's zeusd. ``clock_check_s``: how often the
         controller reads a held clock back (re-applying it if something else changed it)."""
-        from perseus.gpu.clockd.client import socket_path_from_env as clockd_socket_from_env
+        from perseus.gpu.clockd.client import clockd_socket_from_env
         from perseus.gpu.control.controller import make_controller
         from perseus.gpu.factory import open_gpu
 
@@ -430,12 +430,12 @@ def device_index(config: PerseusConfig, rank: int) -> int | None:
 def _clockd_controller(device: GPUDevice, device_index: int | None, clock_check_s: float) -> ClockController:
     """Claim ``device`` at the node's clock daemon, by UUID (container-safe) and CUDA index; the
     daemon reads a held clock back every ``clock_check_s``, as the local controller would."""
-    from perseus.gpu.clockd.client import ClockdController, socket_path_from_env
+    from perseus.gpu.clockd.client import ClockdController, clockd_socket_from_env
     from perseus.gpu.nvml.cuda_visible import default_cuda_index
 
     simulated = device.simulated
     controller = ClockdController(
-        socket_path_from_env() or "", uuid=device.uuid,
+        clockd_socket_from_env() or "", uuid=device.uuid,
         device_index=device.index if simulated else (default_cuda_index() if device_index is None else device_index),
         cuda_visible_devices=None if simulated else os.environ.get("CUDA_VISIBLE_DEVICES"),
         clock_check_s=clock_check_s,
