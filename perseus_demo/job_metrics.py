@@ -18,9 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from perseus.atomic import write_atomic
 from perseus.errors import PerseusError
 from perseus.runtime.observe.metrics_file import RUN_ID_KEY, new_run_id
-from perseus.store.atomic import write_atomic
 
 FILE_NAME = "job-metrics.jsonl"
 

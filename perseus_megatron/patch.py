@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from perseus.atomic import write_atomic
 from perseus.errors import PerseusError
-from perseus.store.atomic import write_atomic
 from perseus_megatron.source_patch import PLANNERS, PRETRAIN_GPT, edit, is_patched, patched_text, revert
 
 OPTIONAL = (PRETRAIN_GPT,)  # an installed megatron-core (site-packages) has schedules.py only

@@ -21,10 +21,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from perseus.atomic import write_atomic
 from perseus.errors import FrontierError
-from perseus.frontier.v1 import decode_v1_points, document_head, document_provenance
-from perseus.store.atomic import write_atomic
 from perseus.frontier.model import Frontier, FrontierPoint, thin_points
+from perseus.frontier.v1 import decode_v1_points, document_head, document_provenance
 from perseus.schedules import Instruction, InstructionKind, Schedule, build_schedule
 
 FORMAT = "perseus-frontier"

@@ -20,7 +20,7 @@ from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from perseus.store.atomic import atomic_output
+from perseus.atomic import atomic_output
 from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
 from perseus.frontier import Frontier, FrontierPoint

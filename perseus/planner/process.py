@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from perseus.store.atomic import remove_temporaries
+from perseus.atomic import remove_temporaries
 from perseus.store.cache import RunCache
 from perseus.errors import FrontierError
 from perseus.frontier import Frontier

@@ -1,2 +1,2 @@
-"""Files that must survive a crash: the one atomic write (``atomic``) and the profile/frontier
-cache keyed by the job (``cache``)."""
+"""Files that must survive a crash: the profile/frontier cache keyed by the job (``cache``); its
+writes go through the one atomic write, ``perseus.atomic``."""

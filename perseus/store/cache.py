@@ -13,7 +13,7 @@ carries the hash, so a file copied between directories is caught, and a frontier
 version of the schedule-dependency model it was planned under, so a frontier planned under older
 rules is planned again. A cache entry that cannot be read, does not parse, or belongs to another
 key is reported as a warning naming the file and the problem, and is rebuilt; it is never used
-silently. Writes are atomic (``perseus.store.atomic``).
+silently. Writes are atomic (``perseus.atomic``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from perseus.store.atomic import write_atomic
+from perseus.atomic import write_atomic
 from perseus.errors import FrontierError, ProfileError
 from perseus.frontier import Frontier, encode_frontier_json, load_frontier
-from perseus.profile import Profile, load_json
+from perseus.profile import Profile, encode_profile_json, load_json
 from perseus.schedules import DAG_MODEL_VERSION, Schedule
 
 log = logging.getLogger("perseus.store.cache")
@@ -141,7 +141,7 @@ class RunCache:
         self._prepare()
         stamped = replace(profile, config={**dict(profile.config), CACHE_KEY_FIELD: self.hash},
                           source=str(self.profile_path))
-        write_json_atomic(self.profile_path, stamped.to_json_dict())
+        write_json_atomic(self.profile_path, encode_profile_json(stamped))
         return self.profile_path
 
     def save_partial(self, state: Mapping[str, Any]) -> Path:

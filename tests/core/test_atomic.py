@@ -9,12 +9,11 @@ import stat
 import numpy as np
 import pytest
 
-import perseus.store.atomic as atomic
-from perseus.store.atomic import atomic_output, remove_temporaries, write_atomic
-from perseus.frontier import Frontier, FrontierPoint, load_frontier
+import perseus.atomic as atomic
+from perseus.atomic import atomic_output, remove_temporaries, write_atomic
+from perseus.frontier import Frontier, FrontierPoint, load_frontier, save_frontier
 from perseus.profile import InstructionProfile, load_json, uniform_profile
 from perseus.schedules import build_schedule
-from perseus.frontier import save_frontier
 
 
 class _DiskFullAfter:

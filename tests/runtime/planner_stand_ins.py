@@ -53,7 +53,7 @@ def hang_while_writing(schedule, profile, options):
     (the cache entry's directory), as a planner stopped while saving would be."""
     from pathlib import Path
 
-    from perseus.store.atomic import atomic_output
+    from perseus.atomic import atomic_output
 
     directory = Path(os.environ[WRITE_DIR])
     directory.mkdir(parents=True, exist_ok=True)

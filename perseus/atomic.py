@@ -4,7 +4,8 @@ Every file perseus writes (frontiers, profiles, cache entries, figures) goes thr
 data goes to a temporary file in the target's directory (same file system, so the rename is
 atomic), is flushed and fsynced, and only then renamed over the target with ``os.replace``. On
 any error — including a full disk half way through — the temporary file is removed and the old
-target, if there was one, is left untouched.
+target, if there was one, is left untouched. It sits in the base layer, beside ``perseus.errors``,
+so every layer that writes a file can use it.
 """
 
 from __future__ import annotations

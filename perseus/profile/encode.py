@@ -1,0 +1,122 @@
+"""Writing a profile: its versioned JSON document and its Zeus-format CSV, saved atomically.
+
+Also the names that identify the file format (``PROFILE_FORMAT``, the versions, the CSV columns),
+which ``perseus.profile.decode`` reads back. JSON version 2 adds ``quality`` per measurement; a
+profile without quality is still written as version 1 so older readers take it. Clock notes go to
+JSON's top-level ``clock_notes`` and ``sustained_mhz``, and to CSV's optional ``reasons``
+(``;``-separated) and ``equal_to_mhz`` columns.
+
+Why this module never imports the model: ``Profile``'s save methods call it, so it reads a
+profile through the structural types below instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+from perseus.atomic import write_atomic
+
+PROFILE_FORMAT = "perseus-profile"
+PROFILE_VERSION = 2
+PROFILE_VERSIONS = (1, 2)  # readable; 2 adds "quality" per measurement
+CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+CSV_NOTE_COLUMNS = ("reasons", "equal_to_mhz")  # optional
+
+
+class MeasurementsData(Protocol):
+    """What writing reads of an ``InstructionProfile``."""
+
+    @property
+    def freqs_mhz(self) -> tuple[int, ...]: ...
+    @property
+    def times_s(self) -> tuple[float, ...]: ...
+    @property
+    def energies_j(self) -> tuple[float, ...]: ...
+
+
+class ClockNoteData(Protocol):
+    """What writing reads of a ``ClockNote``."""
+
+    @property
+    def reasons(self) -> frozenset[str]: ...
+    @property
+    def equal_to_mhz(self) -> int | None: ...
+
+
+class ProfileData(Protocol):
+    """What writing reads of a ``Profile``."""
+
+    @property
+    def entries(self) -> Mapping[tuple[int, int, str], MeasurementsData]: ...
+    @property
+    def p_blocking_w(self) -> float | None: ...
+    @property
+    def gpu_name(self) -> str: ...
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+    @property
+    def quality(self) -> Mapping[tuple[int, int, str], Mapping[str, list[Any]]]: ...
+    @property
+    def clock_notes(self) -> Mapping[tuple[int, int], ClockNoteData]: ...
+    @property
+    def sustained_mhz(self) -> Mapping[int, int]: ...
+
+
+def encode_profile_json(profile: ProfileData) -> dict[str, Any]:
+    """The JSON document of ``profile``: version 2 with quality, version 1 without."""
+    measurements = []
+    for key, p in sorted(profile.entries.items()):
+        stage, chunk, kind = key
+        item: dict[str, Any] = {"stage": stage, "chunk": chunk, "kind": kind, "freq_mhz": list(p.freqs_mhz),
+                                "time_s": list(p.times_s), "energy_j": list(p.energies_j)}
+        if key in profile.quality:
+            item["quality"] = {name: list(values) for name, values in profile.quality[key].items()}
+        measurements.append(item)
+    out: dict[str, Any] = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION if profile.quality else 1,
+        "gpu_name": profile.gpu_name,
+        "p_blocking_w": profile.p_blocking_w,
+        "config": dict(profile.config),
+        "measurements": measurements,
+    }
+    if profile.clock_notes:
+        out["clock_notes"] = [{"stage": stage, "freq_mhz": f, "reasons": sorted(note.reasons),
+                               "equal_to_mhz": note.equal_to_mhz}
+                              for (stage, f), note in sorted(profile.clock_notes.items())]
+    if profile.sustained_mhz:
+        out["sustained_mhz"] = {str(stage): f for stage, f in sorted(profile.sustained_mhz.items())}
+    return out
+
+
+def save_profile_json(profile: ProfileData, path: str | Path) -> None:
+    """Write atomically, so an interrupted save never leaves a truncated profile."""
+    write_atomic(path, json.dumps(encode_profile_json(profile), indent=1))
+
+
+def profile_csv_rows(profile: ProfileData) -> list[dict[str, Any]]:
+    """One row per (stage, chunk, kind, clock); with clock notes, their two optional columns."""
+    rows = []
+    for (stage, chunk, kind), p in sorted(profile.entries.items()):
+        for f, t, e in zip(p.freqs_mhz, p.times_s, p.energies_j):
+            row: dict[str, Any] = dict(stage=stage, chunk=chunk, instruction=kind, frequency=f, time=t, energy=e)
+            if profile.clock_notes:
+                note = profile.clock_notes.get((stage, f))
+                row["reasons"] = "" if note is None else ";".join(sorted(note.reasons))
+                row["equal_to_mhz"] = "" if note is None or note.equal_to_mhz is None else note.equal_to_mhz
+            rows.append(row)
+    return rows
+
+
+def save_profile_csv(profile: ProfileData, path: str | Path) -> None:
+    """The Zeus-format CSV (plus ``chunk`` and, with clock notes, ``reasons``/``equal_to_mhz``), atomically."""
+    columns = [*CSV_COLUMNS, "chunk", *(CSV_NOTE_COLUMNS if profile.clock_notes else ())]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(profile_csv_rows(profile))
+    write_atomic(path, buffer.getvalue())
