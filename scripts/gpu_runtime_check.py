@@ -137,7 +137,7 @@ def main() -> int:
     from gpu_check_cuda import Stage, StageConfig
 
     from perseus.gpu.stream.gpu_time import CudaTimeline, SimTimeline  # noqa: F401 - the runtime's timelines
-    from perseus.gpu.meter.energy import EnergyPoller, counter_period_s, poll_interval_s
+    from perseus.gpu.meter.energy import AfterLast, EnergyPoller, counter_period_s, energy_at, poll_interval_s
     from perseus.gpu.stream.follow import CudaEventRecorder
 
     gt = load_gpu_timeline()
@@ -240,7 +240,7 @@ def main() -> int:
                 continue
             ratios.append(n.time_s / (t0.elapsed_time(t1) / 1e3))
             rt_e += n.energy_j
-            nvml_e += gt.energy_at(updates, n.start_s + n.time_s) - gt.energy_at(updates, n.start_s)
+            nvml_e += energy_at(updates, n.start_s + n.time_s, AfterLast.EXTEND) - energy_at(updates, n.start_s, AfterLast.EXTEND)
         timeline.close()
         out["step_time_ratio"] = statistics.median(ratios) if ratios else None
         out["hook_split_us"] = {k: statistics.mean(v) * 1e6 for k, v in split.items() if v}

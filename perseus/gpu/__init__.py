@@ -1,10 +1,17 @@
-"""GPU layer: one device interface (``device``) with two backends (``nvml``, and the simulator in
-``sim/``), chosen in one place (``factory``); an asynchronous frequency controller process
-(``controller``, ``controller_proc``); per-instruction time/energy measurement (``measurement``,
-``timing``).
+"""The GPU layer: one device contract, its backends, clock control and measurement, in rooms.
 
-Nothing here imports torch or pynvml at import time (numpy/scipy only, scipy lazily), so planning code and CPU-only machines can
-import it freely.
+- ``device`` (``GPUDevice``), ``spec``, ``errors``; ``factory`` chooses and opens a backend;
+- backends: ``nvml/`` (a real NVIDIA GPU), ``sim/`` (the simulated GPU), ``zeusd/`` (clocks and
+  energy through Zeus's zeusd);
+- ``clock_service``: the one place that picks the clock path: local controller process, clockd,
+  zeusd or measure-only;
+- ``control/``: the clock controller process and its never-blocking request path;
+  ``clockd/``: the per-node clock daemon for unprivileged trainers;
+- ``meter/``: energy, timing and sustained-clock measurement; ``stream/``: acting and timing in
+  the GPU's own time on an asynchronous stream.
+
+Importing it imports neither torch nor pynvml (numpy only; scipy lazily), so planning code and
+CPU-only machines can import it freely.
 """
 
 from perseus.gpu.control.controller import (
@@ -36,6 +43,7 @@ from perseus.gpu.meter.energy import (
     measure_blocking_power,
     measure_blocking_power_p2p,
 )
+from perseus.gpu.nvml.device import NVMLGPU
 from perseus.gpu.sim import PRESETS, DVFSModel, SimState, SimulatedGPU, VirtualClock, get_preset, read_sim_state, state_path
 from perseus.gpu.spec import GPUSpec
 from perseus.gpu.meter.timing import (
@@ -62,6 +70,7 @@ __all__ = [
     "InstructionTimer",
     "KeyEnergy",
     "MeasurementError",
+    "NVMLGPU",
     "NullController",
     "TimedInstruction",
     "attribute_energy",

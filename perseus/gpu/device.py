@@ -1,8 +1,11 @@
-"""The one GPU interface the rest of Perseus talks to.
+"""``GPUDevice``: the one interface to a GPU's clocks, energy and power.
 
-The runtime, the controller process, the measurement code and ``scripts/gpu_check.py`` only see
-``GPUDevice``; whether it is backed by NVML or by the simulated GPU is decided once, in
-``open_gpu``. That keeps every code path testable on machines without a GPU.
+Its backends are NVML (``nvml/``), the simulated GPU (``sim/``) and ``ZeusdGPU`` (``zeusd/``), which
+wraps either one and sends the privileged calls and energy reads through Zeus's daemon. ``open_gpu``
+(``factory``) chooses the backend and ``open_clock_service`` (``clock_service``) the path its clocks
+change through. The frequency controller, clockd, the measurement code and the runtime's port read
+and change clocks only through this interface, so each runs on machines without a GPU. Only driving
+a simulated GPU's work (its kernels, its stream) needs the simulator itself (``GPUDevice.underlying``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import SupportsIndex
 
 from perseus.gpu.errors import GPUInvalidArgumentError
 from perseus.gpu.spec import GPUSpec
+
+ENERGY_UPDATE_PERIOD_S = 0.1  # how often NVML's energy counter advances on the measured cards (A100, H100, H200)
 
 
 @dataclass
@@ -154,6 +159,13 @@ class GPUDevice(ABC):
         None where only the reader's own clock says when it changed (real GPUs)."""
         return self.total_energy_j(), None
 
+    @property
+    def energy_update_period_s(self) -> float:
+        """How often ``total_energy_j`` advances (s), 0 for a continuous counter: the energy poller
+        polls at a rate matched to it. NVML's counter on the measured cards (``ENERGY_UPDATE_PERIOD_S``)
+        unless the backend says otherwise."""
+        return ENERGY_UPDATE_PERIOD_S
+
     @abstractmethod
     def power_w(self) -> float:
         """Instantaneous board power (W), for blocking-power checks and live reports."""
@@ -192,9 +204,12 @@ class GPUDevice(ABC):
     # -- running work and sharing ---------------------------------------------------------------
     @contextmanager
     def busy(self, activity: float = 1.0, compute_fraction: float = 0.8) -> Iterator[BusyResult]:
-        """Wrap one instruction's work. A no-op on real GPUs; the simulated GPU uses it to slow
-        the block down to the current clock and to account its energy. Lets the runtime run the
-        same code on both."""
+        """Wrap a block of work on this device, for code that drives a device itself (the GPU
+        layer's tests; ``ZeusdGPU`` forwards it to its base). A no-op on a real GPU,
+        whose work is its own busy time; the simulated GPU stretches the block to the clock in
+        force and accounts its energy. The runtime does not use it: it makes each instruction a
+        simulated kernel through the simulator's own ``begin_busy`` / ``end_busy`` or its stream
+        (``perseus/runtime/port/sim_kernels.py``)."""
         yield BusyResult()
 
     @abstractmethod

@@ -12,7 +12,8 @@ clocks when the trainer disappears, SIGKILL included (docs/gpu.md, "Clock safety
 
 A Perseus error nobody catches (a rank that cannot open its GPU, a bad setting) ends the process
 with one line instead of Python's chained tracebacks (``one_line_errors``): every rank of a job
-prints its own, so tens of lines per rank were the whole screen.
+prints its own, and tens of lines per rank would fill the screen. For an error that stops the whole
+job at start-up, rank 0 says it once for the job and the other ranks point at it (``job_error_line``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,27 @@ import signal
 import sys
 import threading
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from perseus.errors import PerseusError
 
 log = logging.getLogger("perseus.runtime")
 
 
 class Closable(Protocol):
     def close(self) -> None: ...
+
+
+class RankExchange(Protocol):
+    """The job's collective, as much of it as exchanging start-up errors needs."""
+
+    @property
+    def is_root(self) -> bool: ...
+
+    def gather_to_root(self, obj: Any) -> list[Any] | None: ...
+
+    def broadcast_object(self, obj: Any) -> Any: ...
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -105,6 +120,39 @@ def error_line(error: BaseException) -> str:
     text = " ".join(str(error).split()).removeprefix("perseus: ")
     rank = os.environ.get("RANK")
     return f"perseus: rank {rank}: {text}" if rank is not None else f"perseus: {text}"
+
+
+def job_error_line(collective: RankExchange, rank: int, error: PerseusError) -> str:
+    """The one line this rank prints for a start-up error (``one_line_errors``): rank 0 says it
+    once for the job, naming the ranks each distinct error came from; another rank whose error is
+    rank 0's says only that. If the ranks cannot exchange their errors, each its own."""
+    from perseus.gpu.errors import SIM_FIX
+
+    own = str(error)
+    text = own.removeprefix("perseus: ")
+    try:
+        gathered = collective.broadcast_object(collective.gather_to_root((rank, own)))
+    except Exception:  # noqa: BLE001 - a failed exchange must not hide the error itself
+        return f"perseus: rank {rank}: {text}"
+    by_message: dict[str, list[int]] = {}
+    for r, message in gathered:
+        if not message.startswith("perseus: another rank could not"):
+            by_message.setdefault(message, []).append(r)
+    root_message = gathered[0][1]  # in the group's rank order: rank 0's first
+    if collective.is_root:
+        size = len(gathered)
+        parts = [f"{_ranks(ranks, size)}: {message.removeprefix('perseus: ')}" for message, ranks in by_message.items()]
+        return "perseus: " + " | ".join(parts) if parts else f"perseus: rank {rank}: {text}"
+    if own == root_message or own.startswith("perseus: another rank could not"):
+        fix = f"; without a GPU: {SIM_FIX}" if SIM_FIX in root_message else ""
+        return f"perseus: rank {rank}: stopped by the error rank 0 reports for the job{fix}"
+    return f"perseus: rank {rank}: {text}"
+
+
+def _ranks(ranks: list[int], size: int) -> str:
+    if len(ranks) == size and size > 1:
+        return f"all {size} ranks"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def ensure_log_handler() -> None:

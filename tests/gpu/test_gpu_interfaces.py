@@ -11,14 +11,14 @@ import pytest
 from perseus.gpu import SimulatedGPU
 from perseus.gpu.clockd.client import ClockdController
 from perseus.gpu.control.controller import ClockController, FrequencyController, NullController
-from perseus.gpu.device import GPUDevice
+from perseus.gpu.device import ENERGY_UPDATE_PERIOD_S, GPUDevice
 from perseus.gpu.nvml.device import NVMLGPU
 from perseus.gpu.zeusd.client import ZeusdClient
 from perseus.gpu.zeusd.device import ZeusdGPU
 from perseus.runtime.port.gpu_port import GPUPort
 
 DEVICE_MEMBERS = ("driver_version", "simulated", "underlying", "control_problem", "minor_number",
-                  "energy_counter_reading")
+                  "energy_counter_reading", "energy_update_period_s")
 CONTROLLER_MEMBERS = tuple(sorted({*ClockController.__annotations__,
                                    *(n for n in vars(ClockController) if not n.startswith("_"))}))
 
@@ -47,6 +47,18 @@ def test_the_simulated_gpu_says_so_also_behind_zeusd(sim):
     assert wrapped.simulated and wrapped.underlying is sim and wrapped.driver_version == sim.driver_version
     value, stamp = sim.energy_counter_reading()
     assert value == pytest.approx(sim.total_energy_j()) and stamp is not None
+
+
+def test_each_backend_says_how_often_its_energy_counter_advances(sim_dir, fake_nvml):
+    fast = SimulatedGPU(1, preset="A100-SXM", energy_update_period_s=0.005, reset_state=True)
+    gpu = NVMLGPU(0)
+    try:
+        assert fast.energy_update_period_s == 0.005  # the simulated GPU's own, as configured
+        assert gpu.energy_update_period_s == ENERGY_UPDATE_PERIOD_S == 0.1  # NVML's on the measured cards
+        assert _wrapped(fast).energy_update_period_s == ENERGY_UPDATE_PERIOD_S  # zeusd's reads are NVML's counter
+    finally:
+        gpu.close()
+        fast.close()
 
 
 def test_an_nvml_gpu_is_not_simulated(fake_nvml):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perseus.errors import ConfigError
 from perseus.gpu.errors import SIM_FIX, GPULibraryMissingError
-from perseus.runtime.port.gpu_port import job_error_line
+from perseus.runtime.lifecycle import job_error_line
 
 
 class Exchange:

@@ -1,1 +1,3 @@
-"""Measuring instruments: the energy counter's poller and attribution, blocking power, instruction timers, and the clock a card sustains under load."""
+"""Measuring instruments: ``energy`` (``EnergyPoller`` on the coarse energy counter, per-key energy
+attribution, blocking power), ``timing`` (per-instruction timers: host clock, simulated kernels or
+CUDA events) and ``clock_samples`` (the SM clock a card sustains under a load)."""

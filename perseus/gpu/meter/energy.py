@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -186,6 +187,32 @@ def counter_period_s(updates: Sequence[CounterUpdate]) -> float | None:
         return None
     gaps = sorted(b.t_s - a.t_s for a, b in zip(updates, updates[1:]))
     return gaps[len(gaps) // 2]
+
+
+class AfterLast(Enum):
+    """What ``energy_at`` reads after the counter's last update."""
+
+    HOLD = "hold"  # the last update's value: nothing is claimed past what the counter said
+    EXTEND = "extend"  # the last interval's power carried on: a time read before the counter's next update
+
+
+def energy_at(updates: Sequence[CounterUpdate], t: float, after_last: AfterLast) -> float:
+    """The energy counter at ``t``: linear between the updates around it (power constant within
+    one counter period: the finest the counter can say); before the first update, its value;
+    after the last, as ``after_last`` says. NaN without updates."""
+    if not updates:
+        return math.nan
+    first, last = updates[0], updates[-1]
+    if t <= first.t_s or len(updates) == 1:
+        return first.energy_j if t <= first.t_s else last.energy_j
+    if t >= last.t_s:
+        if after_last is AfterLast.HOLD:
+            return last.energy_j
+        a, b = updates[-2], last
+    else:
+        i = bisect.bisect_right(updates, t, key=lambda u: u.t_s)
+        a, b = updates[i - 1], updates[i]
+    return a.energy_j + (b.energy_j - a.energy_j) * (t - a.t_s) / (b.t_s - a.t_s)
 
 
 def poll_interval_s(period_s: float) -> float:

@@ -15,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from perseus.gpu.errors import GPUError
 
@@ -77,6 +77,14 @@ class CPUInstructionTimer(InstructionTimer):
         return done
 
 
+class KernelTimes(Protocol):
+    """A device that times its own kernels (the simulated GPU)."""
+
+    def last_busy_interval(self) -> tuple[float, float]:
+        """(start, duration) of the last finished kernel; start is CLOCK_MONOTONIC."""
+        ...
+
+
 class SimulatedKernelTimer(CPUInstructionTimer):
     """Kernel times as a simulated GPU ran them, the way CUDA events time a real GPU's kernels.
 
@@ -87,7 +95,7 @@ class SimulatedKernelTimer(CPUInstructionTimer):
     ``CLOCK_MONOTONIC`` (``time.monotonic``), the energy poller's too on Linux.
     """
 
-    def __init__(self, device: Any, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, device: KernelTimes, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(clock)
         self._device = device
 

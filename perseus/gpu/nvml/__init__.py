@@ -1,1 +1,3 @@
-"""The NVML backend: ``NVMLGPU`` on a real NVIDIA GPU, a read-only NVML for checks on a GPU that is not yours, and CUDA_VISIBLE_DEVICES resolution."""
+"""The NVML backend: ``device`` (``NVMLGPU``, pynvml imported lazily, NVML errors typed at the edge),
+``readonly`` (an NVML that refuses every set/reset, for checks on a GPU that is not yours) and
+``cuda_visible`` (a process's CUDA device index mapped to the physical NVML device, by UUID)."""

@@ -30,7 +30,7 @@ DEFAULT_DEPTH = 8
 
 
 class _KernelRecord(Protocol):
-    """What the stream reads of a finished kernel (``sim.device.KernelRecord``, frozen)."""
+    """What the stream reads of a finished kernel (``sim.kernels.KernelRecord``, frozen)."""
 
     @property
     def start(self) -> float: ...

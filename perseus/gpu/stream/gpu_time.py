@@ -20,7 +20,6 @@ What a settled ``GPUStep`` holds (CLOCK_MONOTONIC seconds):
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections import deque
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from perseus.gpu.errors import GPUError
-from perseus.gpu.meter.energy import CounterUpdate
+from perseus.gpu.meter.energy import AfterLast, CounterUpdate, energy_at
 from perseus.gpu.stream.follow import BoundaryEvent, EventRecorder, StreamFollower
 from perseus.gpu.meter.timing import TimedInstruction
 
@@ -211,25 +210,10 @@ class GPUStepTimer:
         return GPUStep(step.index, base, base + tl.seconds_between(step.begin, step.end), inst)
 
 
-def energy_at(updates: Sequence[CounterUpdate], t: float) -> float:
-    """The energy counter at ``t``, linear between the updates around it (power constant within
-    one counter period: the finest the counter can say)."""
-    if not updates:
-        raise GPUError("no energy-counter updates to interpolate")
-    times = [u.t_s for u in updates]
-    i = bisect.bisect_right(times, t)
-    if i == 0:
-        return updates[0].energy_j
-    if i == len(updates):
-        return updates[-1].energy_j
-    a, b = updates[i - 1], updates[i]
-    return a.energy_j + (b.energy_j - a.energy_j) * (t - a.t_s) / (b.t_s - a.t_s)
-
-
 def _with_energy(step: GPUStep, updates: Sequence[CounterUpdate]) -> GPUStep:
     first = step.instructions[0].start_s if step.instructions else step.begin_s
     tail = step.instructions[-1].end_s if step.instructions else step.begin_s
-    e0, e_tail, e1 = energy_at(updates, first), energy_at(updates, tail), energy_at(updates, step.end_s)
+    e0, e_tail, e1 = (energy_at(updates, t, AfterLast.HOLD) for t in (first, tail, step.end_s))
     return GPUStep(step.index, step.begin_s, step.end_s, step.instructions, e1 - e0, e1 - e_tail)
 
 

@@ -1,12 +1,18 @@
-"""The runtime's narrow view of the GPU layer: clocks, energy, P_blocking, nothing else.
+"""``GPUPort``: where the runtime opens, controls and reads its GPU.
 
-The engine never talks to NVML or the simulated GPU directly. ``GPUPort`` wraps a
-``perseus.gpu`` device and its asynchronous frequency controller so that
+The GPU layer opens the device and chooses the path its clocks change through
+(``perseus.gpu.clock_service``); the port wraps the device and its clock controller so that
 
 - ``request`` (hot path, once per instruction whose clock differs from the last one) only
   hands a number to the controller and returns; ``request_at`` hands it a time to make it at,
 - ``apply`` (step boundary, profiling) waits until the clock is in effect,
 - ``reset`` always leaves the GPU at default clocks, whatever happened before.
+
+It also gives the runtime what reads the GPU off the training thread or on the GPU's own clock:
+the energy poller (every energy read on its thread) and the clock under load it samples, the GPU
+timeline (``gpu_timeline.py``), the instruction timer, P_blocking; on a simulated GPU, the simulator
+itself (``sim_device``), whose kernels the runtime runs (``sim_kernels.py``). ``open_port`` opens
+every rank's port or stops every rank at start-up together.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 from perseus.errors import ConfigError, PerseusError
+from perseus.gpu.device import ENERGY_UPDATE_PERIOD_S
+from perseus.gpu.errors import GPUError
 from perseus.gpu.meter.clock_samples import UNKNOWN, SustainedClock
-from perseus.gpu.errors import SIM_FIX, GPUError
+from perseus.runtime.lifecycle import job_error_line
 
 if TYPE_CHECKING:
     from perseus.runtime.port.clock_trace import ClockTrace
@@ -75,38 +83,13 @@ class GPUPort:
         cls, backend: str, device_index: int | None, sim_gpu: dict[str, Any], *, control: bool, clock_check_s: float = 0.0,
         zeusd_socket: str | None = None,
     ) -> GPUPort:
-        """Open the configured GPU with its controller: a process when clocks may change
-        (``control``), the measure-only ``NullController`` otherwise. With
-        ``$PERSEUS_CLOCKD_SOCKET`` set, clocks go through the node's ``perseus clockd`` instead,
-        and this process needs no privileges; with ``zeusd_socket`` (or ``$PERSEUS_ZEUSD_SOCKET``),
-        the controller process makes them through Zeus's zeusd. ``clock_check_s``: how often the
-        controller reads a held clock back (re-applying it if something else changed it)."""
-        from perseus.gpu.clockd.client import clockd_socket_from_env
-        from perseus.gpu.control.controller import make_controller
-        from perseus.gpu.factory import open_gpu
+        """The port of the configured GPU, its clocks changed through the path the GPU layer
+        chooses (``perseus.gpu.clock_service``: clockd, zeusd, the local controller process or,
+        unless ``control``, none)."""
+        from perseus.gpu.clock_service import open_clock_service
 
-        device = open_gpu(backend, device_index, zeusd_socket=zeusd_socket, **sim_gpu)
-        through_zeusd = bool(device.spec().zeusd_socket)
-        if through_zeusd and clockd_socket_from_env() is not None:
-            device.close()
-            raise ConfigError("perseus: both zeusd (zeusd_socket / PERSEUS_ZEUSD_SOCKET) and perseus clockd "
-                              "(PERSEUS_CLOCKD_SOCKET) are configured; choose one clock service")
-        if control and clockd_socket_from_env() is not None:
-            return cls(device, _clockd_controller(device, device_index, clock_check_s))
-        if control and not device.can_set_clocks():
-            problem = device.control_problem()
-            device.close()
-            raise ConfigError(f"perseus: {problem}" if problem else
-                              f"perseus: this process may not change the clocks of {device.name}; grant CAP_SYS_ADMIN "
-                              "(or use perseus clockd / zeusd: docs/gpu.md), or measure without changing clocks: "
-                              "\"mode\": \"measure-only\" in the config (--perseus-mode measure-only for Megatron); "
-                              f"without a GPU, {SIM_FIX}")
-        try:  # the controller process opens its own handle of the same device from the spec
-            extra = {"clock_check_s": clock_check_s} if control else {}
-            controller = make_controller(device.spec(), enabled=control, **extra).start()
-        except BaseException:
-            device.close()
-            raise
+        device, controller = open_clock_service(backend, device_index, sim_gpu, control=control,
+                                                clock_check_s=clock_check_s, zeusd_socket=zeusd_socket)
         return cls(device, controller)
 
     # ---------------------------------------------------------------- clocks
@@ -255,8 +238,9 @@ class GPUPort:
         kernel timing on a simulated one."""
         from perseus.gpu.meter.timing import SimulatedKernelTimer, make_instruction_timer
 
-        if self.is_simulated:
-            return SimulatedKernelTimer(self.sim_device)
+        sim = self.sim_device
+        if sim is not None:
+            return SimulatedKernelTimer(sim)
         return make_instruction_timer(prefer_cuda=True)
 
     def direct_energy_reader(self) -> Callable[[], float] | None:
@@ -275,7 +259,8 @@ class GPUPort:
         if self._poller is None:
             from perseus.gpu.meter.energy import EnergyPoller, poll_interval_s
 
-            period = float(getattr(self.device, "energy_update_period_s", 0.1) or 0.1)
+            # A continuous counter (period 0) is polled at the rate of NVML's.
+            period = self.device.energy_update_period_s or ENERGY_UPDATE_PERIOD_S
             self._poller_started_s = monotonic()
             self._poller = EnergyPoller(self.device, max(poll_interval_s(period), 0.002), clock=monotonic,
                                         clocks=True).start()
@@ -385,37 +370,6 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
     return port
 
 
-def job_error_line(collective: Collective, rank: int, error: PerseusError) -> str:
-    """The one line this rank prints for a start-up error (``lifecycle.one_line_errors``): rank 0
-    says it once for the job, naming the ranks each distinct error came from; another rank whose
-    error is rank 0's says only that. If the ranks cannot exchange their errors, each its own."""
-    own = str(error)
-    text = own.removeprefix("perseus: ")
-    try:
-        gathered = collective.broadcast_object(collective.gather_to_root((rank, own)))
-    except Exception:  # noqa: BLE001 - a failed exchange must not hide the error itself
-        return f"perseus: rank {rank}: {text}"
-    by_message: dict[str, list[int]] = {}
-    for r, message in gathered:
-        if not message.startswith("perseus: another rank could not"):
-            by_message.setdefault(message, []).append(r)
-    root_message = gathered[0][1]  # in the group's rank order: rank 0's first
-    if collective.is_root:
-        size = len(gathered)
-        parts = [f"{_ranks(ranks, size)}: {message.removeprefix('perseus: ')}" for message, ranks in by_message.items()]
-        return "perseus: " + " | ".join(parts) if parts else f"perseus: rank {rank}: {text}"
-    if own == root_message or own.startswith("perseus: another rank could not"):
-        fix = f"; without a GPU: {SIM_FIX}" if SIM_FIX in root_message else ""
-        return f"perseus: rank {rank}: stopped by the error rank 0 reports for the job{fix}"
-    return f"perseus: rank {rank}: {text}"
-
-
-def _ranks(ranks: list[int], size: int) -> str:
-    if len(ranks) == size and size > 1:
-        return f"all {size} ranks"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-
-
 def device_index(config: PerseusConfig, rank: int) -> int | None:
     """The configured index; simulated GPUs default to the global ``rank`` (they are files named by
     index, so every rank would otherwise share GPU 0). NVML's default, the current CUDA
@@ -425,26 +379,6 @@ def device_index(config: PerseusConfig, rank: int) -> int | None:
     if config.device_index is None and resolve_kind(config.gpu) == "sim":
         return rank
     return config.device_index
-
-
-def _clockd_controller(device: GPUDevice, device_index: int | None, clock_check_s: float) -> ClockController:
-    """Claim ``device`` at the node's clock daemon, by UUID (container-safe) and CUDA index; the
-    daemon reads a held clock back every ``clock_check_s``, as the local controller would."""
-    from perseus.gpu.clockd.client import ClockdController, clockd_socket_from_env
-    from perseus.gpu.nvml.cuda_visible import default_cuda_index
-
-    simulated = device.simulated
-    controller = ClockdController(
-        clockd_socket_from_env() or "", uuid=device.uuid,
-        device_index=device.index if simulated else (default_cuda_index() if device_index is None else device_index),
-        cuda_visible_devices=None if simulated else os.environ.get("CUDA_VISIBLE_DEVICES"),
-        clock_check_s=clock_check_s,
-    )
-    try:
-        return controller.start()
-    except BaseException:
-        device.close()
-        raise
 
 
 def _sample_idle_power(device: GPUDevice, seconds: float, period_s: float = 0.01) -> float:

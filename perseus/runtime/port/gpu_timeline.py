@@ -1,4 +1,13 @@
-"""``GPUTimeline``: the runtime's steps, instructions and clock requests in the GPU's own time.
+"""The runtime's step clock: each step's time, energy and instructions in the GPU's own time.
+
+``StepClock`` is what the engine's hooks call: ``GPUTimeline`` where the GPU runs behind the host,
+``HostSteps`` where host time is GPU time or no GPU timeline is available (the synchronous
+simulated GPU, a GPU without CUDA event timing), with the GPU layer's ``InstructionTimer`` for
+instructions profiled one by one; either way a step ends as one ``StepNumbers``. Energy is the
+poller thread's counter updates read at the step's times, past the last update at the last
+interval's power (``AfterLast.EXTEND``: a step's end comes before the counter's next update); the
+synchronous simulated GPU's counter is read at the step's boundaries instead
+(``GPUPort.direct_energy_reader``).
 
 Why: a GPU runs its work after the host launched it (the measured H200: 5 instructions behind in a
 1F1B step with no host sync). Whatever the hooks do at once (a clock request, a timestamp, an
@@ -28,15 +37,15 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from perseus.gpu.stream.gpu_time import GPUStep, GPUStepTimer, StreamTimeline, non_instruction_work
-from perseus.gpu.meter.energy import CounterUpdate
+from perseus.gpu.meter.energy import AfterLast, CounterUpdate, energy_at
 from perseus.gpu.stream.clocks import StreamClocks
 from perseus.gpu.stream.follow import BoundaryEvent, FollowMechanism, StreamFollower
-from perseus.gpu.meter.timing import TimedInstruction
+from perseus.gpu.meter.timing import InstructionTimer, TimedInstruction
 
 RESET_MHZ = 0  # a stream request for default clocks (the controller's reset), not a locked clock
 SPAN = "__instructions__"  # the one mark of a step whose instructions are not timed one by one
@@ -122,27 +131,6 @@ class StepNumbers:
     def span_energy_j(self) -> float:
         """Energy of the instructions' span (the step's less its non-instruction tail)."""
         return self.energy_j - self.non_instruction_energy_j
-
-
-def energy_at(updates: Sequence[CounterUpdate], t: float) -> float:
-    """The energy counter at ``t``: linear between the updates around it; past the last update, at
-    the last interval's power (a step's end is read before the counter's next update)."""
-    if not updates:
-        return math.nan
-    if t <= updates[0].t_s or len(updates) == 1:
-        return updates[0].energy_j if t <= updates[0].t_s else updates[-1].energy_j
-    lo, hi = 0, len(updates) - 1
-    if t >= updates[hi].t_s:
-        a, b = updates[hi - 1], updates[hi]
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if updates[mid].t_s <= t:
-                lo = mid
-            else:
-                hi = mid
-        a, b = updates[lo], updates[hi]
-    return a.energy_j + (b.energy_j - a.energy_j) * (t - a.t_s) / (b.t_s - a.t_s)
 
 
 class EnergySource(Protocol):
@@ -242,9 +230,9 @@ class GPUTimeline:
         tail = step.instructions[-1].end_s if step.instructions else step.begin_s
         last = self._read_end
         updates = self._energy.since(min(first, last[0]) if last is not None else first)
-        e0, e_tail, e1 = (energy_at(updates, t) for t in (first, tail, step.end_s))
+        e0, e_tail, e1 = (energy_at(updates, t, AfterLast.EXTEND) for t in (first, tail, step.end_s))
         if last is not None and not math.isnan(e0):
-            e0 -= energy_at(updates, last[0]) - last[1]
+            e0 -= energy_at(updates, last[0], AfterLast.EXTEND) - last[1]
         self._read_end = (step.end_s, e1)
         timed = tuple(i for i in step.instructions if i.key != SPAN)
         timed += tuple(non_instruction_work(step)) if timed else ()
@@ -291,21 +279,12 @@ class HostSteps:
             energy = self._read_now() - self._e0
         else:
             updates = self._energy.since(self._t0)
-            energy = energy_at(updates, t1) - energy_at(updates, self._t0)
+            energy = (energy_at(updates, t1, AfterLast.EXTEND)
+                      - energy_at(updates, self._t0, AfterLast.EXTEND))
             if math.isnan(energy):
                 energy = 0.0
         return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._first_begin, 1e-9),
                            until_last_end_s=max(self._last_end - self._t0, 1e-9))
-
-
-class InstructionTimerLike(Protocol):
-    """The GPU layer's ``InstructionTimer`` (profiling without a GPU timeline)."""
-
-    def begin(self, key: Hashable) -> None: ...
-
-    def end(self) -> None: ...
-
-    def resolve(self) -> list[TimedInstruction]: ...
 
 
 class StepClock:
@@ -313,7 +292,7 @@ class StepClock:
     (and the simulated GPU's kernel timer while profiling) otherwise; ``step_end`` gives the step's
     ``StepNumbers`` either way, its instructions timed one by one while ``profiling``."""
 
-    def __init__(self, timeline: GPUTimeline | None, host: HostSteps, timer: InstructionTimerLike) -> None:
+    def __init__(self, timeline: GPUTimeline | None, host: HostSteps, timer: InstructionTimer) -> None:
         self.timeline = timeline
         self.host = host
         self.timer = timer
@@ -372,7 +351,7 @@ class _NoEnergy:
         return []
 
 
-class _NoTimer:
+class _NoTimer(InstructionTimer):
     def begin(self, key: Hashable) -> None:
         pass
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -9,10 +10,12 @@ import pytest
 
 from perseus.gpu import GPUError, SimulatedGPU, VirtualClock, get_preset
 from perseus.gpu.meter.energy import (
+    AfterLast,
     CounterUpdate,
     EnergyPoller,
     MeasurementError,
     attribute_energy,
+    energy_at,
     measure_blocking_power,
 )
 from perseus.gpu.meter.timing import (
@@ -119,6 +122,22 @@ def test_attribution_reports_bad_input():
         attribute_energy(ups, same_mix)
     with pytest.raises(MeasurementError, match="outside"):
         attribute_energy(ups, [TimedInstruction("f", 0.1, 0.2), TimedInstruction("late", 10, 11)])
+
+
+@pytest.mark.parametrize("after_last", list(AfterLast))
+def test_the_counter_read_between_and_before_its_updates_is_the_same_either_way(after_last):
+    updates = [CounterUpdate(1.0, 10.0), CounterUpdate(1.1, 60.0), CounterUpdate(1.2, 80.0)]
+    assert energy_at(updates, 1.05, after_last) == pytest.approx(35.0)
+    assert energy_at(updates, 1.1, after_last) == 60.0
+    assert energy_at(updates, 0.5, after_last) == energy_at(updates, 1.0, after_last) == 10.0
+    assert energy_at(updates[:1], 3.0, after_last) == 10.0
+    assert math.isnan(energy_at([], 1.0, after_last))
+
+
+def test_after_the_last_update_the_counter_holds_or_goes_on_at_the_last_power():
+    updates = [CounterUpdate(1.0, 10.0), CounterUpdate(1.1, 60.0), CounterUpdate(1.2, 80.0)]
+    assert energy_at(updates, 1.25, AfterLast.HOLD) == 80.0
+    assert energy_at(updates, 1.25, AfterLast.EXTEND) == pytest.approx(90.0)  # 200 W, the last interval's
 
 
 def test_blocking_power_single_device(sim_dir):

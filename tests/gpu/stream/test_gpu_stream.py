@@ -15,14 +15,15 @@ from perseus.gpu.stream.gpu_time import (
     NON_INSTRUCTION,
     GPUStepTimer,
     SimTimeline,
-    energy_at,
     non_instruction_work,
 )
 from perseus.gpu.meter.energy import (
+    AfterLast,
     CounterUpdate,
     EnergyPoller,
     attribute_energy,
     counter_period_s,
+    energy_at,
 )
 from perseus.gpu.sim import SimulatedGPU
 from perseus.gpu.sim.dvfs import H200_MEMORY_BOUND_ACTIVITY, get_preset
@@ -291,8 +292,8 @@ def test_attribution_gives_non_instruction_work_its_own_power(h200: SimulatedGPU
 
 def test_energy_interpolates_between_counter_updates() -> None:
     updates = [CounterUpdate(0.0, 0.0), CounterUpdate(0.1, 50.0), CounterUpdate(0.2, 70.0)]
-    assert energy_at(updates, 0.05) == pytest.approx(25.0)
-    assert energy_at(updates, 0.15) == pytest.approx(60.0)
+    assert energy_at(updates, 0.05, AfterLast.HOLD) == pytest.approx(25.0)
+    assert energy_at(updates, 0.15, AfterLast.HOLD) == pytest.approx(60.0)
     assert counter_period_s(updates + [CounterUpdate(0.3, 80.0)]) == pytest.approx(0.1)
 
 
