@@ -6,6 +6,9 @@ almost always environmental (driver, privileges, device selection) rather than b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Self
+
 from perseus.errors import PerseusError
 
 PERMISSION_HINT = (
@@ -26,6 +29,16 @@ class GPUError(PerseusError):
     """Base class for every GPU-layer error."""
 
     what: str = ""  # the device or setting the error is about, where a subclass names one
+
+    @classmethod
+    def from_wire(cls, message: str) -> Self:
+        """This error as another process raised and sent it: ``message`` is its whole text, hint
+        included, so a subclass's ``__init__`` (which builds the text from ``what``) is not run
+        again; ``what`` is the message too, the subject alone did not come over the wire."""
+        err = cls.__new__(cls)
+        Exception.__init__(err, message)
+        err.what = message
+        return err
 
 
 class GPUNotSupportedError(GPUError):
@@ -54,3 +67,22 @@ class GPULibraryMissingError(GPUError):
 
 class GPUInvalidArgumentError(GPUError, ValueError):
     """A clock, power limit or other argument is outside what the device accepts."""
+
+
+# The classes a peer may name on a wire, by class name (``wire_kind``): what the trainer side rebuilds.
+WIRE_KINDS: Mapping[str, type[GPUError]] = {cls.__name__: cls for cls in (
+    GPUError, GPUNotSupportedError, GPUPermissionError, GPUNotFoundError, GPULibraryMissingError,
+    GPUInvalidArgumentError)}
+
+
+def wire_kind(exc: GPUError) -> str:
+    """The kind to send ``exc`` as: its nearest class in ``WIRE_KINDS`` (a zeusd refusal goes as the
+    ``GPUPermissionError`` it is, so the receiver may still fall back to measure-only)."""
+    return next(c.__name__ for c in type(exc).__mro__ if WIRE_KINDS.get(c.__name__) is c)
+
+
+def error_from_wire(kind: str, message: str, kinds: Mapping[str, type[GPUError]] = WIRE_KINDS) -> GPUError:
+    """The typed error a peer sent as ``kind`` and ``message``: the class ``kinds`` names for it
+    (``GPUError`` for a kind it does not name), built by that class's ``from_wire``, so callers can
+    catch e.g. ``GPUPermissionError`` and go measure-only."""
+    return kinds.get(kind, GPUError).from_wire(message)

@@ -8,35 +8,36 @@ busy or rate-limiting), the request is kept and replaced by later ones, i.e. coa
 latest, and goes out at the next call or ``flush()``.
 
 Faults arrive as the local controller's do: the daemon reads a held clock back every
-``clock_check_s`` and sends ``override`` and ``failed`` notices (``clock_keeper``), which
+``clock_check_s`` and sends ``override`` and ``failed`` notices (``ClockKeeper``), which
 ``notices()`` drains without blocking at step ends; a daemon that closes the connection is a
 ``failed`` notice too (it reset the GPU as it went).
 
 Clock safety is the daemon's job: it resets the GPU when this connection closes, which the kernel
 does for us on any exit, SIGKILL included. So there are no signal handlers here; an at-fork hook
-closes a forked child's copy of the socket (a DataLoader worker must not keep the connection, and
-with it the clock lock, alive after the trainer dies).
+(``ControllerHandle``, shared with ``FrequencyController``) closes a forked child's copy of the
+socket (a DataLoader worker must not keep the connection, and with it the clock lock, alive after
+the trainer dies).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import select
 import socket
 import time
 import warnings
-import weakref
-from typing import Any
+from typing import Any, Self
 
 from perseus.gpu.clockd import wire
 from perseus.gpu.control.controller import ControllerDiedWarning, ControllerStats, caller_stacklevel
+from perseus.gpu.control.handle import ControllerHandle
 from perseus.gpu.errors import (
     GPUError,
     GPUInvalidArgumentError,
     GPUNotFoundError,
     GPUPermissionError,
+    error_from_wire,
 )
 from perseus.gpu.control.latest_writer import LatestWriter
 from perseus.gpu.control.notice import ClockNotice
@@ -61,19 +62,18 @@ class ClockdRefusedError(GPUPermissionError):
         GPUError.__init__(self, f"{what}. Ask the node administrator to allow your uid/gid in "
                                 "`perseus clockd` (--allow-uid/--allow-gid), or run in measure-only mode.")
 
-
-def _typed_error(code: str, message: str, path: str) -> GPUError:
-    text = f"perseus clockd at {path}: {message}"
-    if code == wire.E_FORBIDDEN:
-        return ClockdRefusedError(text)
-    if code == wire.E_NOT_FOUND:
-        return GPUNotFoundError(text)
-    if code == wire.E_BAD_CLOCK:
-        return GPUInvalidArgumentError(text)
-    return GPUError(text)
+    @classmethod
+    def from_wire(cls, message: str) -> Self:
+        """The daemon's refusal says why; what to do about it is this side's to add."""
+        return cls(message)
 
 
-class ClockdController:
+# The error classes of the daemon's error codes (``GPUError`` for the others).
+ERROR_CLASSES: dict[str, type[GPUError]] = {wire.E_FORBIDDEN: ClockdRefusedError, wire.E_NOT_FOUND: GPUNotFoundError,
+                                            wire.E_BAD_CLOCK: GPUInvalidArgumentError}
+
+
+class ClockdController(ControllerHandle):
     """Clock requests for this process's GPU(s), served by ``perseus clockd``.
 
     ``uuid`` (the GPU's UUID as this process sees it: ``device.uuid``) identifies the GPU even in a
@@ -99,12 +99,12 @@ class ClockdController:
         start_timeout_s: float = 30.0,
         clock_check_s: float = 0.0,
     ) -> None:
+        super().__init__(start_timeout_s)
         self.socket_path = str(socket_path)
         self.uuid = uuid
         self.device_index = int(device_index)
         self.cuda_visible_devices: str | None = (os.environ.get("CUDA_VISIBLE_DEVICES")
                                                  if cuda_visible_devices is _UNSET else cuda_visible_devices)
-        self._start_timeout = start_timeout_s
         self.clock_check_s = float(clock_check_s)
         self._sock: socket.socket | None = None
         self._rbuf = bytearray()
@@ -114,11 +114,8 @@ class ClockdController:
         self._reset_frame = wire.frame({"op": "reset", "gpu": 0})
         self._last = _DEFAULT
         self._dead = False
-        self._closed = False
         self._closing = False
-        self._owner_pid = os.getpid()
         self._sync_seq = 0
-        self.clocks: frozenset[int] = frozenset()
         self.default_mhz = 0
         self.info: dict[str, Any] = {}
         self.errors: list[str] = []  # asynchronous error replies seen so far (capped)
@@ -130,7 +127,7 @@ class ClockdController:
         """None: the clocks are changed by the node's daemon, not a child of this process."""
         return None
 
-    def start(self) -> ClockdController:
+    def start(self) -> Self:
         """Connect, claim the GPU, wait for the daemon's OK (raises a typed ``GPUError``)."""
         if self._sock is not None:
             return self
@@ -158,9 +155,8 @@ class ClockdController:
         if reply is None:
             reply = {"op": "error", "code": "io", "message": failure}
         if reply.get("op") != "ok":
-            self._close_socket()
-            self._closed = True
-            raise _typed_error(str(reply.get("code")), str(reply.get("message")), self.socket_path)
+            text = f"perseus clockd at {self.socket_path}: {reply.get('message')}"
+            self._abort_start(error_from_wire(str(reply.get("code")), text, ERROR_CLASSES))
         gpu = reply["gpus"][0]
         self.info = gpu
         self.clocks = frozenset(int(c) for c in gpu["clocks"])
@@ -168,25 +164,8 @@ class ClockdController:
         self._frames = {c: wire.frame({"op": "set", "gpu": 0, "mhz": c}) for c in self.clocks}
         sock.setblocking(False)
         self._writer = LatestWriter(lambda data: sock.send(data, socket.MSG_NOSIGNAL), sock.fileno(), self._on_dead)
-        self._owner_pid = os.getpid()
-        atexit.register(self.close)
-        ref = weakref.ref(self)
-
-        def forget_in_child() -> None:
-            if (c := ref()) is not None:
-                c._forget_in_forked_child()
-        os.register_at_fork(after_in_child=forget_in_child)
+        self._started()
         return self
-
-    def _forget_in_forked_child(self) -> None:
-        self._closed = True
-        self._close_socket()
-
-    def __enter__(self) -> ClockdController:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def alive(self) -> bool:
@@ -201,12 +180,7 @@ class ClockdController:
             return
         frame = self._frames.get(mhz)
         if frame is None:
-            if self._sock is None:
-                raise GPUError("ClockdController.set_frequency() before start()")
-            raise GPUInvalidArgumentError(
-                f"{mhz} MHz is not a supported SM clock of this GPU "
-                f"({min(self.clocks)}–{max(self.clocks)} MHz)"
-            )
+            raise self._unsupported_clock(mhz, started=self._sock is not None)
         self._last = mhz
         self._send(frame)
 
@@ -345,10 +319,7 @@ class ClockdController:
 
     def close(self, timeout_s: float = 5.0) -> bool:
         """Ask the daemon to reset and release the GPU; True if the reset was confirmed. Idempotent."""
-        if self._closed or self._sock is None:
-            return False
-        if os.getpid() != self._owner_pid:
-            self._forget_in_forked_child()
+        if self._closed or self._sock is None or self._forked():
             return False
         confirmed = False
         self._closing = True
@@ -366,12 +337,10 @@ class ClockdController:
                             confirmed = bool(reply.get("reset"))
                             break
         finally:
-            self._closed = True
-            self._close_socket()
-            atexit.unregister(self.close)
+            self._closed_now()
         return confirmed
 
-    def _close_socket(self) -> None:
+    def _drop_connection(self) -> None:
         if self._sock is not None:
             try:
                 self._sock.close()

@@ -1,24 +1,30 @@
 """Asynchronous SM-frequency control from the training thread.
 
 Why: Perseus changes the clock before every forward/backward instruction, so the request must
-cost microseconds and never block. The training thread only writes an 8-byte request into a
-non-blocking pipe; a separate controller process (``controller_proc.main``, started with
-``subprocess`` — fork+exec, never a bare fork of a process with torch threads) owns the device
-and applies requests.
+cost microseconds and never block. A clock controller (``ClockController``) takes requests from
+the training thread; there are three:
 
-Safety: clocks return to default on ``close()``, on leaving a ``with`` block (also by exception),
-on SIGTERM/SIGINT to the trainer (handlers chain to the previous ones), at interpreter exit, and
-when the trainer is SIGKILLed (the controller sees pipe EOF / a new parent pid and resets). If
-the controller dies, the next request emits one ``ControllerDiedWarning``, a background thread
-resets the clocks, and training continues at default clocks. If the device refuses a clock
-(NVML ``GPU is lost``, ``not supported``) or something else keeps changing the clocks under us, the
-controller process says so with a notice (``notices()``, drained without blocking at step ends)
-and stays at default clocks.
+- ``FrequencyController`` (here): the training thread only writes an 8-byte request into a
+  non-blocking pipe; a separate controller process (``perseus.gpu.control.process.main``, started
+  with ``subprocess`` — fork+exec, never a bare fork of a process with torch threads) owns the
+  device and applies requests. With Zeus's zeusd configured, that process's device is a
+  ``ZeusdGPU``: the same process makes the changes, through zeusd's socket instead of NVML.
+- ``NullController`` (here): measure-only mode; it records requests and never touches clocks.
+- ``ClockdController`` (``perseus.gpu.clockd.client``): requests go to the node's
+  ``perseus clockd``, which changes the clocks for unprivileged trainers.
+
+Safety (``FrequencyController``): clocks return to default on ``close()``, on leaving a ``with``
+block (also by exception), on SIGTERM/SIGINT to the trainer (handlers chain to the previous ones),
+at interpreter exit, and when the trainer is SIGKILLed (the controller sees pipe EOF / a new
+parent pid and resets). If the controller dies, the next request emits one
+``ControllerDiedWarning``, a background thread resets the clocks, and training continues at
+default clocks. If the device refuses a clock (NVML ``GPU is lost``, ``not supported``) or
+something else keeps changing the clocks under us, the controller process says so with a notice
+(``notices()``, drained without blocking at step ends) and stays at default clocks.
 """
 
 from __future__ import annotations
 
-import atexit
 import errno
 import functools
 import json
@@ -31,15 +37,14 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, Self
 
-from perseus.gpu import errors as gpu_errors
+from perseus.gpu.control.handle import ControllerHandle
 from perseus.gpu.control.process import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
-from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
+from perseus.gpu.errors import GPUError, error_from_wire
 from perseus.gpu.factory import open_spec
 from perseus.gpu.control.latest_writer import LatestWriter
 from perseus.gpu.control.notice import ClockNotice
@@ -82,8 +87,9 @@ class ControllerStats:
 class ClockController(Protocol):
     """What the runtime asks of a clock controller: fire-and-forget requests, a wait, a close.
 
-    Two implementations: ``FrequencyController`` (a process that changes clocks) and
-    ``NullController`` (measure-only mode: records requests, never touches clocks).
+    Three implementations: ``FrequencyController`` (a child process that changes clocks, itself
+    or through zeusd), ``NullController`` (measure-only mode: records requests, never touches
+    clocks) and ``ClockdController`` (the node's ``perseus clockd`` changes them).
     ``timed_requests``: whether ``set_frequency`` takes an ``at`` (CLOCK_MONOTONIC seconds) to
     make the request then rather than at once (a switch latency's hiding needs it).
     """
@@ -157,7 +163,7 @@ class NullController:
         self.close()
 
 
-class FrequencyController:
+class FrequencyController(ControllerHandle):
     """Trainer-side handle of the controller process.
 
     ``FrequencyController(spec).start()`` (or ``with FrequencyController(spec) as c:``) spawns
@@ -178,11 +184,11 @@ class FrequencyController:
         parent_poll_s: float = 0.1,
         clock_check_s: float = 0.0,
     ) -> None:
+        super().__init__(start_timeout_s)
         self.spec = spec
         self._check_s = clock_check_s
         self._notices: list[ClockNotice] = []
         self._install_handlers = install_signal_handlers
-        self._start_timeout = start_timeout_s
         self._parent_poll = parent_poll_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._req_w = -1
@@ -192,18 +198,15 @@ class FrequencyController:
         self._writer: LatestWriter | None = None
         self._timed_sent = False  # a timed request went out since the last one without a time
         self._dead = False
-        self._closed = False
         self._closing = False
-        self._owner_pid = os.getpid()
         self._sync_seq = 0
         self._prev_handlers: dict[int, Any] = {}
-        self.clocks: frozenset[int] = frozenset()
         self.default_mhz = 0
         self.info: dict[str, Any] = {}
         self.died_warning_emitted = False
 
     # -- lifecycle --------------------------------------------------------------------------
-    def start(self) -> FrequencyController:
+    def start(self) -> Self:
         """Spawn the controller process and wait for it to be ready (raises its typed error)."""
         if self._proc is not None:
             return self
@@ -221,62 +224,34 @@ class FrequencyController:
             os.close(req_r)  # only the child may hold the read end: its death must give EPIPE
             os.close(status_w)  # only the child may hold the write end: its death must give EOF
         self._req_w, self._status_r = req_w, status_r
-        self._owner_pid = os.getpid()
         os.set_blocking(req_w, False)
         self._writer = LatestWriter(functools.partial(os.write, req_w), req_w, self._on_dead)
         event = self._read_event(self._start_timeout)
         if event is None or event.get("event") != "ready":
-            self._abort_start(event)
+            self._fail_start(event)
         self.info = event
         self.clocks = frozenset(event["clocks"])
         self.default_mhz = int(event["default_mhz"])
         if self._install_handlers:
             self._install_signal_handlers()
-        atexit.register(self.close)
-        ref = weakref.ref(self)
-
-        def forget_in_child() -> None:
-            if (c := ref()) is not None:
-                c._forget_in_forked_child()
-        os.register_at_fork(after_in_child=forget_in_child)
+        self._started()
         return self
 
-    def _forget_in_forked_child(self) -> None:
-        """A forked child (e.g. a DataLoader worker) must neither keep the pipe open — that
-        would hide the trainer's death from the controller — nor reset the parent's clocks."""
-        self._closed = True  # close() and our signal handler become pure chaining no-ops
-        self._close_fds()
-
-    def _abort_start(self, event: dict[str, Any] | None) -> NoReturn:
+    def _fail_start(self, event: dict[str, Any] | None) -> NoReturn:
+        """The process exited (or never said ready): raise its typed error, whose message already
+        says how to fix it, or say that it did not start."""
         assert self._proc is not None
         try:
             self._proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._close_fds()
-        self._closed = True
         if event is not None and event.get("event") == "error":
-            # Re-raise the controller's typed error here, with its message (which already says
-            # how to fix it), so callers can catch e.g. GPUPermissionError and go measure-only.
-            cls = getattr(gpu_errors, str(event.get("type")), None)
-            if not (isinstance(cls, type) and issubclass(cls, GPUError)):
-                cls = GPUError
-            message = str(event.get("message", "controller failed"))
-            err = cls.__new__(cls)
-            Exception.__init__(err, message)
-            err.what = message
-            raise err
-        raise GPUError(
+            self._abort_start(error_from_wire(str(event.get("type")), str(event.get("message", "controller failed"))))
+        self._abort_start(GPUError(
             f"The frequency controller process did not start (exit code {self._proc.returncode}); "
             "see its stderr above"
-        )
-
-    def __enter__(self) -> FrequencyController:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        ))
 
     @property
     def pid(self) -> int | None:
@@ -295,12 +270,7 @@ class FrequencyController:
         if mhz == self._last and at is None and not self._timed_sent:
             return
         if mhz not in self.clocks:
-            if self._proc is None:
-                raise GPUError("FrequencyController.set_frequency() before start()")
-            raise GPUInvalidArgumentError(
-                f"{mhz} MHz is not a supported SM clock of this GPU "
-                f"({min(self.clocks)}–{max(self.clocks)} MHz)"
-            )
+            raise self._unsupported_clock(mhz, started=self._proc is not None)
         self._last = mhz
         self._timed_sent = at is not None
         self._send(MSG.pack(OP_SET, mhz, float(at) if at is not None and at > 0 else 0.0))
@@ -419,8 +389,7 @@ class FrequencyController:
         """Reset clocks and stop the controller; True if the reset was confirmed. Idempotent."""
         if self._closed or self._closing or self._proc is None:
             return False
-        if os.getpid() != self._owner_pid:  # a forked child: the controller belongs to the parent
-            self._forget_in_forked_child()
+        if self._forked():
             return False
         self._closing = True
         confirmed = False
@@ -445,14 +414,12 @@ class FrequencyController:
                     self._proc.kill()
                     self._proc.wait()
         finally:
-            self._closed = True
+            self._closed_now()  # before ``_closing`` clears: a signal in between finds it closed
             self._closing = False
-            self._close_fds()
             self._restore_signal_handlers()
-            atexit.unregister(self.close)
         return confirmed
 
-    def _close_fds(self) -> None:
+    def _drop_connection(self) -> None:
         for fd in (self._req_w, self._status_r):
             if fd >= 0:
                 try:

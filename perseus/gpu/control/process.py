@@ -42,10 +42,9 @@ import time
 from typing import Any
 
 from perseus.errors import write_line
-from perseus.gpu import errors as gpu_errors
 from perseus.gpu.control.keeper import MAX_OVERRIDES, ClockKeeper  # noqa: F401 - MAX_OVERRIDES re-exported
 from perseus.gpu.device import GPUDevice
-from perseus.gpu.errors import GPUError
+from perseus.gpu.errors import GPUError, wire_kind
 from perseus.gpu.factory import open_spec
 from perseus.gpu.spec import GPUSpec
 
@@ -208,10 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         if not dev.can_set_clocks():
             dev.set_locked_sm_clock(dev.default_sm_clock_mhz())  # raises the typed permission error
     except GPUError as exc:
-        # The nearest class the trainer side can rebuild (perseus.gpu.errors): a zeusd refusal
+        # The nearest class the trainer side rebuilds (``error_from_wire``): a zeusd refusal
         # arrives as the GPUPermissionError it is, so a caller may still fall back to measure-only.
-        known = next(c for c in type(exc).__mro__ if getattr(gpu_errors, c.__name__, None) is c)
-        os.write(status_fd, (json.dumps({"event": "error", "type": known.__name__,
+        os.write(status_fd, (json.dumps({"event": "error", "type": wire_kind(exc),
                                          "message": str(exc)}) + "\n").encode())
         return 3
     why = "error"

@@ -522,9 +522,9 @@ def test_require_open_device_checks_the_peers_device_files(clockd):
         with _client(daemon, 0) as c:
             c.set_frequency(1005)
             assert c.flush().current == 1005
-        from perseus.gpu.clockd.daemon import _open_char_devices
+        from perseus.gpu.clockd.peers import open_char_devices
 
-        if daemon.gpus[1].rdev not in _open_char_devices(os.getpid()):  # pytest itself has no /dev/zero open
+        if daemon.gpus[1].rdev not in open_char_devices(os.getpid()):  # pytest itself has no /dev/zero open
             with pytest.raises(ClockdRefusedError, match="device file"):
                 _client(daemon, 1)
     finally:
@@ -532,10 +532,10 @@ def test_require_open_device_checks_the_peers_device_files(clockd):
 
 
 def test_verify_environ_compares_with_the_peers_exec_environment(clockd):
-    from perseus.gpu.clockd.daemon import _proc_environ_cvd
+    from perseus.gpu.clockd.peers import proc_environ_cvd
 
     daemon = clockd(1, verify_environ=True)
-    readable, actual = _proc_environ_cvd(os.getpid())
+    readable, actual = proc_environ_cvd(os.getpid())
     assert readable
     uuid = SimulatedGPU(0).uuid
     with ClockdController(daemon.options.socket_path, uuid=uuid, cuda_visible_devices=actual).start():
