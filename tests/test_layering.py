@@ -30,7 +30,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("perseus.timeline", "perseus.store", "perseus.carbon"),
     ("perseus.planner", "perseus.timeline.emulator"),
     ("perseus.output",),
-    ("perseus.gpu",),
+    # the GPU layer's rooms, lowest first: the device contract; instruments and the stream, which
+    # need only the contract; the backends; the one device chooser; the controller; clockd; the one
+    # clock-path chooser and the package's re-exports on top
+    ("perseus.gpu.errors", "perseus.gpu.spec", "perseus.gpu.device"),
+    ("perseus.gpu.meter",),
+    ("perseus.gpu.stream",),
+    ("perseus.gpu.nvml", "perseus.gpu.sim", "perseus.gpu.zeusd"),
+    ("perseus.gpu.factory",),
+    ("perseus.gpu.control",),
+    ("perseus.gpu.clockd",),
+    ("perseus.gpu.clock_service", "perseus.gpu"),
     # the runtime's rooms, lowest first; its top (engine, attachment, the package) sits above them all
     ("perseus.runtime.errors", "perseus.runtime.job", "perseus.runtime.config", "perseus.runtime.phases",
      "perseus.runtime.lifecycle"),
@@ -200,9 +210,9 @@ def test_adapters_use_only_the_runtimes_public_names():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("def f():\n    from perseus.runtime.engine import PerseusRuntime\n", ["perseus.schedules.x:2 imports perseus.runtime.engine (layer 15 above its own 1)"]),
+    ("def f():\n    from perseus.runtime.engine import PerseusRuntime\n", [(2, "perseus.runtime.engine")]),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from perseus.gpu.device import GPUDevice\n",
-     ["perseus.schedules.x:3 imports perseus.gpu.device (layer 6 above its own 1)"]),
+     [(3, "perseus.gpu.device")]),
     ("from perseus.errors import ScheduleError\n", []),
 ])
 def test_the_layer_checker_sees_local_and_type_checking_imports(tmp_path, monkeypatch, source, expected):
@@ -210,7 +220,9 @@ def test_the_layer_checker_sees_local_and_type_checking_imports(tmp_path, monkey
     for module in ("perseus/schedules/x.py", "perseus/runtime/engine.py", "perseus/gpu/device.py", "perseus/errors.py"):
         (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / module).write_text(source if module.endswith("x.py") else "")
-    assert _layer_violations(["perseus"]) == expected
+    own = _layer("perseus.schedules.x")
+    assert _layer_violations(["perseus"]) == [f"perseus.schedules.x:{line} imports {target} (layer {_layer(target)} above "
+                                              f"its own {own})" for line, target in expected]
 
 
 def test_the_cycle_finder_sees_a_cycle_through_a_function_local_import():
@@ -231,3 +243,41 @@ def test_the_runtime_s_rooms_stay_small():
     assert crowded == {}, f"more than {MAX_MODULES_PER_ROOM} modules in a room: {crowded}"
     lines = len((runtime / "engine.py").read_text().splitlines())
     assert lines <= ENGINE_MAX_LINES, f"perseus/runtime/engine.py has {lines} lines (at most {ENGINE_MAX_LINES})"
+
+
+GPU_TOP_MAX_MODULES = 6  # the device contract, its spec and errors, the device chooser, the clock-path chooser
+MAX_MODULE_LINES = 500
+
+
+def _rooms(package: Path) -> dict[Path, list[Path]]:
+    """The package's own modules, and each sub-package's, by folder."""
+    rooms = {package: sorted(package.glob("*.py"))}
+    rooms.update({d: sorted(d.glob("*.py")) for d in sorted(package.rglob("*")) if (d / "__init__.py").is_file()})
+    return rooms
+
+
+def test_the_gpu_layer_s_rooms_stay_small():
+    gpu = ROOT / "perseus" / "gpu"
+    rooms = _rooms(gpu)
+    top = len(rooms.pop(gpu))
+    assert top <= GPU_TOP_MAX_MODULES, f"perseus/gpu/ has {top} modules directly inside (at most {GPU_TOP_MAX_MODULES})"
+    crowded = {str(d.relative_to(ROOT)): len(m) for d, m in rooms.items() if len(m) > MAX_MODULES_PER_ROOM}
+    assert crowded == {}, f"more than {MAX_MODULES_PER_ROOM} modules in a room: {crowded}"
+    long = {str(p.relative_to(ROOT)): n for p in gpu.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"GPU-layer modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+PROFILE_MODEL_MAX_LINES = 350  # the data model only: reading, writing and transforms have modules of their own
+
+
+def test_the_profile_model_holds_the_model_only():
+    lines = len((ROOT / "perseus" / "profile" / "model.py").read_text().splitlines())
+    assert lines <= PROFILE_MODEL_MAX_LINES, f"perseus/profile/model.py has {lines} lines (at most {PROFILE_MODEL_MAX_LINES})"
+
+
+def test_the_runtime_leaves_the_choice_of_clock_service_to_the_gpu_layer():
+    services = ("perseus.gpu.clockd", "perseus.gpu.zeusd")
+    problems = [f"{p.relative_to(ROOT)}:{line} imports {module}" for p in _files(["perseus/runtime"])
+                for line, module, names in _imports(p)
+                for target in [module] + [f"{module}.{n}" for n in names] if any(_is_under(target, s) for s in services)]
+    assert problems == [], "the runtime reaches clockd or zeusd (perseus.gpu.clock_service chooses)"

@@ -59,7 +59,7 @@ class EnergyPoller:
     (virtual-time tests). Polling costs one counter read per ``interval_s``.
 
     With ``clocks``, each poll also samples the SM clock and clock-event reasons, at most every
-    ``clock_every_s`` (``clock_samples.py``): this thread is the only one that reads the device
+    ``clock_every_s`` (``meter/clock_samples.py``): this thread is the only one that reads the device
     after start-up, so the training thread never pays for it. The newest ``clock_keep`` are kept.
     """
 

@@ -1,9 +1,9 @@
-"""``GPUPort.open`` takes the GPU and its clock path from the GPU layer (``perseus.gpu.clock_service``):
-the runtime names no clock service itself, and the GPU layer's errors reach it unchanged."""
+"""``GPUPort.open`` takes the GPU and its clock path from the GPU layer (``perseus.gpu.clock_service``),
+and the GPU layer's errors reach it unchanged (that the runtime names no clock service itself is
+checked on the source in ``tests/test_layering.py``)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -11,8 +11,6 @@ import pytest
 from perseus.errors import ConfigError
 from perseus.gpu.control.controller import NullController
 from perseus.runtime.port.gpu_port import GPUPort
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _sim(tmp_path: Path, **kw: object) -> dict[str, object]:
@@ -33,18 +31,3 @@ def test_a_process_that_may_not_change_clocks_is_told_how_to_go_on(tmp_path, mon
     monkeypatch.delenv("PERSEUS_ZEUSD_SOCKET", raising=False)
     with pytest.raises(ConfigError, match="this process may not change the clocks of .*measure-only"):
         GPUPort.open("sim", 0, _sim(tmp_path, allow_clock_setting=False), control=True)
-
-
-def test_the_runtime_imports_no_clock_service():
-    found = []
-    for path in sorted((ROOT / "perseus" / "runtime").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:  # ``from perseus.gpu import clockd`` too
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            else:
-                continue
-            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
-                      if n.startswith(("perseus.gpu.clockd", "perseus.gpu.zeusd"))]
-    assert found == []
