@@ -24,8 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from perseus.gpu.device import BusyResult, ClockEventReason, GPUDevice, check_sm_clock
-from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUPermissionError
+from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUNotSupportedError, GPUPermissionError
 from perseus.gpu.sim.dvfs import DVFSModel
+from perseus.gpu.sim.faults import SimFaults
 from perseus.gpu.sim.integrator import StateIntegrator
 from perseus.gpu.sim.kernels import KernelRecord, KernelRunner
 from perseus.gpu.sim.params import check_params, explicit_params, open_state_file
@@ -37,6 +38,8 @@ from perseus.gpu.spec import GPUSpec
 __all__ = ["SimulatedGPU", "VirtualClock"]
 
 SIM_DRIVER_VERSION = "perseus-sim-1"
+MIG_PROBLEM = ("MIG mode is enabled, and a clock change would change every MIG instance's clock; "
+               "measure-only works, or disable MIG (`sudo nvidia-smi -i <index> -mig 0`)")
 
 
 class SimulatedGPU(GPUDevice):
@@ -58,6 +61,7 @@ class SimulatedGPU(GPUDevice):
         noise: float | None = None,
         seed: int | None = None,
         switch_latency_s: float | None = None,
+        faults: SimFaults | None = None,
         stream_depth: int = 0,
         allow_clock_setting: bool = True,
         reset_state: bool = False,
@@ -78,10 +82,12 @@ class SimulatedGPU(GPUDevice):
         self._allow_clocks = allow_clock_setting
         self._state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         explicit = explicit_params(preset=preset, model=model, energy_update_period_s=energy_update_period_s,
-                                   noise=noise, seed=seed, switch_latency_s=switch_latency_s)
+                                   noise=noise, seed=seed, switch_latency_s=switch_latency_s, faults=faults)
         self._file = open_state_file(index, state_path(index, self._state_dir), explicit, reset=reset_state,
                                      now=self._clock())
         self._physics = StateIntegrator.from_params(self._file.params)
+        self.faults = SimFaults.from_dict(self._file.params.get("faults"))
+        self._created_s = float(self._file.params.get("created_s", 0.0))
         self._clocks = self.model.supported_sm_clocks()
         self._rng = random.Random(self.seed * 7919 + index)
         self._uuid = "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"perseus-sim/{self.model.name}/{index}"))
@@ -141,7 +147,7 @@ class SimulatedGPU(GPUDevice):
             if not self.asynchronous:
                 raise GPUError(f"simulated GPU {self._index} is synchronous; open it with stream_depth >= 1")
             self._stream = SimStream(self, self.stream_depth, self._clock, event_new_s=self.model.event_new_s,
-                                     event_record_s=self.model.event_record_s)
+                                     event_record_s=self.model.event_record_s, fails=self.faults.event_fails)
         return self._stream
 
     @property
@@ -180,20 +186,31 @@ class SimulatedGPU(GPUDevice):
     def max_memory_clock_mhz(self) -> int:
         return self.model.memory_clock_mhz
 
+    def _since_created_s(self) -> float:
+        return self._clock() - self._created_s
+
     def _check_allowed(self, what: str) -> None:
-        if not self._allow_clocks:
+        if self.faults.mig:
+            raise GPUNotSupportedError(f"{what} on simulated GPU {self._index}: {MIG_PROBLEM}")
+        if not self._allow_clocks or self.faults.no_cap_sys_admin:
             raise GPUPermissionError(f"{what} on simulated GPU {self._index}")
+
+    def _check_clock_lock(self, what: str) -> None:
+        """A clock lock or reset: allowed, and not refused by a fault right now."""
+        self._check_allowed(what)
+        if self.faults.lock_refused(self._since_created_s()):
+            raise GPUPermissionError(f"{what} on simulated GPU {self._index} (refused by an injected fault)")
 
     def set_locked_sm_clock(self, mhz: int) -> None:
         """Lock to ``mhz`` snapped to the supported grid (hardware rounds the same way)."""
-        self._check_allowed("Locking the SM clock")
+        self._check_clock_lock("Locking the SM clock")
         target = self.model.nearest_clock(check_sm_clock(mhz, self._clocks))
         with self._file.update() as st:
             self._physics.request_clock(st, 1, target, self._clock())
             st.n_lock += 1
 
     def reset_locked_sm_clock(self) -> None:
-        self._check_allowed("Resetting the SM clock")
+        self._check_clock_lock("Resetting the SM clock")
         with self._file.update() as st:
             self._physics.request_clock(st, 0, 0, self._clock())
             st.n_reset += 1
@@ -249,6 +266,8 @@ class SimulatedGPU(GPUDevice):
         self.energy_reads[threading.get_ident()] += 1
         if self.model.energy_read_s > 0:
             self._sleep(self.model.energy_read_s)
+        if self.faults.energy_fails(self._since_created_s()):
+            raise GPUError(f"Reading energy of simulated GPU {self._index} failed: Unknown Error (an injected fault)")
 
     def total_energy_j(self) -> float:
         """The coarse counter: advances only at update-period boundaries (0 = continuous)."""
@@ -291,7 +310,16 @@ class SimulatedGPU(GPUDevice):
             self._physics.refresh_power(st)
 
     def can_set_clocks(self) -> bool:
-        return self._allow_clocks
+        return self._allow_clocks and not self.faults.no_cap_sys_admin and not self.faults.mig
+
+    def control_problem(self) -> str | None:
+        if self.faults.mig:
+            return f"simulated GPU {self._index}: {MIG_PROBLEM}"
+        if self.faults.no_cap_sys_admin:
+            return (f"simulated GPU {self._index}: this process is root in a user namespace without CAP_SYS_ADMIN, "
+                    "so it may not change clocks; grant the capability (docker --cap-add SYS_ADMIN, Kubernetes "
+                    "securityContext.capabilities.add: [SYS_ADMIN]), or use perseus clockd or zeusd")
+        return None
 
     # -- running instructions ---------------------------------------------------------------
     def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *, start_at: float | None = None) -> None:

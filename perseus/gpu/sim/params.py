@@ -14,6 +14,7 @@ from pathlib import Path
 
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError
 from perseus.gpu.sim.dvfs import PRESETS, DVFSModel, get_preset
+from perseus.gpu.sim.faults import SimFaults
 from perseus.gpu.sim.state import SimParams, SimState, SimStateFile
 
 DEFAULT_PRESET = "A100-SXM"
@@ -34,7 +35,8 @@ def check_params(*, preset: str | None, model: DVFSModel | None, energy_update_p
 
 
 def explicit_params(*, preset: str | None, model: DVFSModel | None, energy_update_period_s: float | None,
-                    noise: float | None, seed: int | None, switch_latency_s: float | None) -> SimParams:
+                    noise: float | None, seed: int | None, switch_latency_s: float | None,
+                    faults: SimFaults | None = None) -> SimParams:
     """The parameters the caller stated (``None`` ones are left to the file or the defaults)."""
     explicit: SimParams = {}
     if preset is not None or model is not None:
@@ -47,6 +49,8 @@ def explicit_params(*, preset: str | None, model: DVFSModel | None, energy_updat
         explicit["seed"] = int(seed)
     if switch_latency_s is not None:
         explicit["switch_latency_s"] = float(switch_latency_s)
+    if faults is not None:
+        explicit["faults"] = faults.to_dict()
     return explicit
 
 
@@ -59,13 +63,18 @@ def open_state_file(index: int, path: Path, explicit: SimParams, *, reset: bool,
         "noise": 0.0,
         "seed": 0,
         "switch_latency_s": 0.0,
+        "faults": {},
         **explicit,
+        "created_s": now,
     }
     period = float(params["energy_update_period_s"])
     params["counter_phase_s"] = random.Random(int(params["seed"])).uniform(0, period)
     m = DVFSModel(**params["model"])
     init = SimState(power_limit_w=m.tdp_w, t_ref=now, power_w=m.p_blocking_w,
                     counter_k=math.floor((now - params["counter_phase_s"]) / period) if period > 0 else 0)
+    foreign = SimFaults.from_dict(params["faults"]).foreign_lock_mhz
+    if foreign is not None:  # someone else's lock, in force before this GPU's first user came
+        init.locked, init.locked_mhz, init.applied_at = 1, m.nearest_clock(foreign), now
     file = SimStateFile(path, params, reset=reset, init_state=init)
     mismatched = [k for k, v in explicit.items() if file.params.get(k) != v]
     if mismatched:

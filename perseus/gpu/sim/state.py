@@ -113,6 +113,8 @@ class SimParams(TypedDict, total=False):
     seed: int
     switch_latency_s: float
     counter_phase_s: float
+    faults: dict[str, Any]  # SimFaults.to_dict()
+    created_s: float  # CLOCK_MONOTONIC time the file was created: the faults' time origin
 
 
 class SimStateFile:

@@ -95,6 +95,23 @@ class SimEvent:
         self._gate.release()
 
 
+class FailingEvent(SimEvent):
+    """An event whose ``query`` and ``synchronize`` raise as a CUDA error does (an injected fault):
+    the GPU still reaches it, the host cannot ask."""
+
+    __slots__ = ()
+
+    def query(self) -> bool:
+        raise RuntimeError(EVENT_FAULT)
+
+    def synchronize(self) -> None:
+        raise RuntimeError(EVENT_FAULT)
+
+
+EVENT_FAULT = ("CUDA error: operation not permitted when stream is capturing "
+               "(an injected fault of the simulated GPU's stream)")
+
+
 @dataclass(frozen=True)
 class StreamKernel:
     """One kernel the device thread ran: its tag, GPU start and end, its max-clock work, the SM
@@ -166,7 +183,7 @@ class SimStream:
 
     def __init__(self, device: StreamDevice, depth: int = DEFAULT_DEPTH,
                  clock: Callable[[], float] = time.monotonic, *, event_new_s: float = 0.0,
-                 event_record_s: float = 0.0) -> None:
+                 event_record_s: float = 0.0, fails: Callable[[int], bool] | None = None) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise GPUInvalidArgumentError(f"stream depth is how many kernels may wait (>= 1), got {depth!r}")
         self.device = device
@@ -189,6 +206,8 @@ class SimStream:
         self.event_cost_s: defaultdict[int, float] = defaultdict(float)
         self._pool: list[SimEvent] = []
         self.events_created = 0
+        self.events_recorded = 0
+        self._fails = fails  # whether the n-th recorded event raises (an injected fault)
         self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-stream", daemon=True)
         self._thread.start()
 
@@ -225,7 +244,11 @@ class SimStream:
     def record(self) -> SimEvent:
         """An event at the current end of the stream (never blocks): a recycled one when the pool
         has one (``event_record_s`` of host CPU), else a new one (``event_new_s``)."""
-        if self._pool:
+        self.events_recorded += 1
+        if self._fails is not None and self._fails(self.events_recorded):
+            event: SimEvent = FailingEvent()
+            self.events_created += 1
+        elif self._pool:
             event = self._pool.pop()
             event._rearm()
             self.event_cost_s[threading.get_ident()] += self.event_record_s
@@ -243,7 +266,8 @@ class SimStream:
 
     def recycle(self, event: SimEvent) -> None:
         """A completed event nobody reads any more may be recorded again (``record`` takes it)."""
-        self._pool.append(event)
+        if not isinstance(event, FailingEvent):
+            self._pool.append(event)
 
     def ahead(self) -> int:
         """Kernels launched and not finished: how far the host runs ahead of the GPU."""
