@@ -8,7 +8,8 @@ without a GPU (tests, demos, CI).
 - ``state``: the shared, crash-safe state file every process of one simulated GPU sees;
 - ``dvfs``: the frequency → time, power, energy model and the GPU presets;
 - ``stream``: the asynchronous mode, a bounded stream a device thread runs, events with GPU timestamps;
-- ``virtual_clock``: ``VirtualClock``, time that passes only when slept, for deterministic tests.
+- ``virtual_clock``: ``VirtualClock``, time that passes only when slept, for deterministic tests;
+- ``faults``: ``SimFaults``, the faults real cards show, on demand (stored in the state file).
 
 In the GPU layer only ``perseus.gpu`` (its re-exports) and ``perseus.gpu.factory`` (which opens one
 by kind) import it. Above it, the runtime's ``port`` room reaches the simulated GPU under a device
