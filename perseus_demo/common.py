@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -289,13 +290,15 @@ def phase_table(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         for rec in result["steps"]:
             row = by_step.setdefault(rec["step"], {"phase": rec["phase"], "time_s": 0.0, "energy_j": 0.0})
             row["time_s"] = max(row["time_s"], rec["time_s"])
-            row["energy_j"] += rec["energy_j"]
+            # a step one rank could not measure (its energy counter failed) has no job energy
+            row["energy_j"] = None if row["energy_j"] is None or rec["energy_j"] is None else row["energy_j"] + rec["energy_j"]
     phases: dict[str, list[dict[str, Any]]] = {}
     for row in by_step.values():
         phases.setdefault(row["phase"], []).append(row)
     return {
         phase: {"iterations": len(rows), "time_s": median(r["time_s"] for r in rows),
-                "energy_j": median(r["energy_j"] for r in rows)}
+                "energy_j": median(energies) if (energies := [r["energy_j"] for r in rows if r["energy_j"] is not None])
+                else math.nan}
         for phase, rows in phases.items()
     }
 

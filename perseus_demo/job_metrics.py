@@ -34,7 +34,10 @@ def job_records(results: list[dict[str, Any]], run_id: str) -> list[dict[str, An
                                                    "time_s": 0.0, "energy_j": 0.0, "freq_mhz": None,
                                                    "energy_ranks": 0})
             row["time_s"] = max(row["time_s"], rec["time_s"])
-            row["energy_j"] += rec["energy_j"]
+            if rec["energy_j"] is None or row["energy_j"] is None:  # a rank's counter failed: unmeasured
+                row["energy_j"] = None
+            else:
+                row["energy_j"] += rec["energy_j"]
             row["energy_ranks"] += 1
             clocks = [inst[3] for inst in rec.get("instructions") or []
                       if isinstance(inst, list) and len(inst) == 4 and isinstance(inst[3], int)]

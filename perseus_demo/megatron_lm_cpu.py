@@ -433,7 +433,8 @@ def format_summaries(summaries: list[dict[str, Any]]) -> str:
         rows = [s["phases"][phase] for s in summaries if phase in s.get("phases", {})]
         if phase in phases and rows:
             lines.append(f"{phase:<12}{phases[phase]['steps']:>11}{max(r['time_s'] for r in rows) * 1e3:>10.1f}ms"
-                         f"{sum(r['energy_j'] for r in rows):>12.2f} J")
+                         + (f"{sum(r['energy_j'] for r in rows):>12.2f} J"
+                            if all(r["energy_j"] is not None for r in rows) else f"{'unmeasured':>14}"))
     history = " -> ".join(f"{phase}@{step}" for step, phase in summaries[0].get("phase_history", []))
     lines.append(f"phases (rank 0): {history}")
     fallbacks = [s["fallback"] for s in summaries if s.get("fallback")]

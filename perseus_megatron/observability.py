@@ -102,13 +102,16 @@ class IterationLogText:
         new, self._seen = records[self._seen:], len(records)
         if not new:
             return ""
-        energy = sum(r.energy_j for r in new)
-        seconds = sum(r.time_s for r in new)
-        text = (f" perseus phase: {new[-1].phase.value} | perseus energy this GPU (J/iter): {energy / len(new):.1f} |"
-                f" perseus power this GPU (W): {energy / seconds if seconds > 0 else 0.0:.1f} |")
+        measured = [r for r in new if r.energy_j is not None]  # a counter outage leaves steps unmeasured
+        text = f" perseus phase: {new[-1].phase.value} |"
+        if measured:
+            energy = sum(r.energy_j for r in measured)
+            seconds = sum(r.time_s for r in measured)
+            text += (f" perseus energy this GPU (J/iter): {energy / len(measured):.1f} |"
+                     f" perseus power this GPU (W): {energy / seconds if seconds > 0 else 0.0:.1f} |")
         baseline = runtime.reporter.baseline_energy_j
         if baseline:
-            saved = sum(baseline - r.energy_j for r in records if r.phase is not Phase.WARMUP)
+            saved = sum(baseline - r.energy_j for r in records if r.phase is not Phase.WARMUP and r.energy_j is not None)
             text += f" perseus saved this GPU (J): {saved:.1f} |"
         job = getattr(runtime, "job_numbers", {}) or {}
         if job.get("energy_per_iteration_j") is not None:

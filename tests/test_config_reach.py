@@ -16,7 +16,7 @@ from perseus_megatron.args import FLAGS, SHORT_OPTIONS, SWITCH_FIELD, add_perseu
 # A value other than the default for every field, in two groups because some fields exclude each
 # other (a fixed power cap or its source; a profile or a frontier).
 GROUP_A: dict[str, Any] = {
-    "enabled": False, "mode": "measure-only", "gpu": "sim", "device_index": 3, "sim_gpu": {"preset": "A40"},
+    "enabled": False, "mode": "measure-only", "without_clock_access": "fail", "gpu": "sim", "device_index": 3, "sim_gpu": {"preset": "A40"},
     "zeusd_socket": "/run/zeusd.sock", "freq_max_mhz": 1410, "freq_min_mhz": 900, "freq_step_mhz": 30,
     "warmup_steps": 4, "iters_per_freq": 5, "early_stop_patience": 3, "coarse_step_mhz": 120,
     "refine_max_clocks": 4, "remeasure_max": 1, "noise_k": 1.5, "spread_k": 0.5, "p_blocking_w": 75.0, "p_blocking_seconds": 0.5,

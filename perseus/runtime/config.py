@@ -76,6 +76,18 @@ class ControlPlaneDesign(Choice):
     FLAT = "flat"  # one gloo group over every rank
 
 
+class WithoutClockAccess(Choice):
+    """What a run that should change clocks does where a rank may not (no privilege, MIG, another
+    Perseus process's claim on the GPU, someone else's lock on it): decided for the whole job."""
+
+    FAIL = "fail"  # stop before training, one line for the job
+    MEASURE_ONLY = "measure-only"  # every rank trains on without changing a clock, measuring; rank 0 says why
+
+    @property
+    def measures(self) -> bool:
+        return self is WithoutClockAccess.MEASURE_ONLY
+
+
 # Also perseus.gpu.factory.KINDS (which this module does not import: it loads the GPU layer); a test keeps them equal.
 GPUBackend = Literal["auto", "nvml", "sim"]
 
@@ -113,6 +125,15 @@ class PerseusConfig(BaseModel):
         description="turn Perseus on (Megatron: --perseus; a DeepSpeed config without the section: off)",
     )
     mode: Mode = Field(default=Mode.RUN, description=_MODE_HELP)
+    # measure-only by default: Perseus never stalls a training job, and the loss of savings is not
+    # silent (rank 0's one line at start-up names the ranks, the reason and the fix; the run's mode
+    # reads measure-only). "fail" where a run without savings is not worth running (an energy benchmark).
+    without_clock_access: WithoutClockAccess = Field(
+        default=WithoutClockAccess.MEASURE_ONLY,
+        description=("where a rank may not change its GPU's clocks (no privilege, MIG, a GPU another Perseus "
+                     "process claimed, a lock someone else holds): measure-only (default: the whole job trains "
+                     "on without changing a clock, measuring, and rank 0 says why) or fail (stop before training)"),
+    )
     gpu: GPUBackend = Field(default="auto", description="GPU backend: auto (NVML, or $PERSEUS_GPU), nvml, sim")
     device_index: int | None = Field(
         default=None, ge=0,

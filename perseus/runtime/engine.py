@@ -28,7 +28,7 @@ from perseus.runtime.clocks.grid import GridControl
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.clocks.deploy import Deployment, PlanFollower, SwitchTiming
 from perseus.runtime.job import FusedBackward, PipelineJob
-from perseus.runtime.port.gpu_port import GPUPort, open_port
+from perseus.runtime.port.gpu_port import FALLBACK_EVENTS, GPUPort, open_port
 from perseus.runtime.port.gpu_timeline import HostSteps, InertSteps, StepClock, StepNumbers
 from perseus.runtime.lifecycle import ensure_log_handler, track
 from perseus.runtime.observe.metrics import MetricsSink, StepMetrics
@@ -71,7 +71,8 @@ class PerseusRuntime:
         self.is_root = self.collective.is_root
         if self.is_root:
             ensure_log_handler()
-        self.gpu = open_port(c, self.collective, job.rank, gpu)
+        self.gpu, c = open_port(c, self.collective, job.rank, gpu)  # measure-only where a rank may not change clocks
+        self.config = c
         if (sim := self.gpu.sim_device) is not None:
             sends = sending_instructions(self.schedule, job.stage)  # waited for before a send (asynchronous)
             self.sim_kernels = SimulatedKernels(sim, sends=sends)
@@ -201,7 +202,7 @@ class PerseusRuntime:
             if self.phases.phase in (Phase.DEPLOYED, Phase.FALLBACK) and phase in (Phase.DEPLOYED, Phase.FALLBACK):
                 assert self.frontier is not None  # deployed (or fallen back from it): a plan was taken
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
-                                          energy)
+                                          float("nan") if energy is None else energy)  # unmeasured: NaN (job check)
                 # every rank that deployed, fallen back or not: a window's decision is a collective
                 decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
@@ -232,8 +233,8 @@ class PerseusRuntime:
         """What the clock controller reported since the last step (``GPUPort.take_notices``)."""
         for what, data in self.gpu.take_notices(self.rank):
             self._event(what, data)
-            if what == "clock_failed":  # a deployed plan falls back (every rank follows at the next job
-                self._fall_back(f"clock control failed on rank {self.rank}")  # check); profiling is discarded
+            if what in FALLBACK_EVENTS:  # a deployed plan falls back (every rank follows at the next job check)
+                self._fall_back(f"{FALLBACK_EVENTS[what]} on rank {self.rank}")
 
     def _fall_back(self, problem: str) -> None:
         """Default clocks from the next step on (in its records too), if a plan runs and did not fall

@@ -112,7 +112,8 @@ def test_plan_wait_must_stay_below_the_collective_timeout():
 
 def test_run_mode_without_clock_privilege_is_config_error(tmp_path):
     sim(tmp_path, allow_clock_setting=False).close()
-    cfg = config(tmp_path, sim_gpu={"state_dir": str(tmp_path / "sim"), "allow_clock_setting": False})
+    cfg = config(tmp_path, sim_gpu={"state_dir": str(tmp_path / "sim"), "allow_clock_setting": False},
+                 without_clock_access="fail")  # the default measures only (tests/runtime/port/test_clock_access.py)
     with pytest.raises(ConfigError, match="measure-only"):
         PerseusRuntime(JOB, cfg)
 

@@ -95,18 +95,25 @@ class ManagedGPU:
         while True:
             with self.cond:
                 while self.done_seq == self.want_seq and not self.stopping:
-                    due = self.keeper.next_check_in(self.claim.check_s)
+                    dues = [d for d in (self.keeper.next_check_in(self.claim.check_s), self.keeper.retry_in())
+                            if d is not None]
+                    due = min(dues) if dues else None
                     if due is not None and due <= 0:
                         break
                     self.cond.wait(due)
                 if self.done_seq == self.want_seq:
                     if self.stopping:
                         return  # stopping, and nothing left to apply
-                    request = None  # a read-back is due
+                    request = None  # a read-back or the retry of a refused call is due
                 else:
                     request = (self.want, self.want_tag, self.want_seq, self.want_force, self.want_claim)
                     self.want_force, self.want_claim = False, None
             if request is None:
+                retried = self.keeper.maybe_retry()
+                if retried is not None and retried[0] != "retrying":  # for the holder, as its request's result
+                    with self.cond:
+                        self.results.append((self.claim.holder, retried[0], retried[1],
+                                             {"message": self.keeper.last_error}))
                 self.keeper.maybe_check(self.claim.check_s)
                 wake()
                 continue
@@ -115,14 +122,17 @@ class ManagedGPU:
                 self.claim = claim
                 self.keeper.restart()
             outcome = self.keeper.apply(target, force=force)
+            if outcome == "retrying" and claim is not None:  # the GPU changes hands: its reset settles first
+                outcome = self.keeper.settle() or outcome
             with self.cond:
                 self.done_seq = seq
-                self.results.append((tag, outcome, target, {"message": self.keeper.last_error}))
+                if outcome != "retrying":  # a retried call's result comes when it is made (above)
+                    self.results.append((tag, outcome, target, {"message": self.keeper.last_error}))
             wake()
 
     def reset(self) -> bool:
         """Reset the clocks here, on the calling thread (the applier is stopped); False if refused."""
-        if self.keeper.apply(None, force=True) == "error":
+        if not self.keeper.reset_now():  # a refusal is retried first (``ClockKeeper.reset_now``)
             log.error("perseus clockd: resetting GPU %d failed: %s", self.index, self.keeper.last_error)
             return False
         return True

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, Protocol, Self
 
+from perseus.gpu.control.claim import GPUClaim
 from perseus.gpu.control.handle import ControllerHandle
 from perseus.gpu.control.process import MSG, OP_CLOSE, OP_RESET, OP_SET, OP_SYNC
 from perseus.gpu.errors import GPUError, error_from_wire
@@ -183,9 +184,13 @@ class FrequencyController(ControllerHandle):
         start_timeout_s: float = 60.0,
         parent_poll_s: float = 0.1,
         clock_check_s: float = 0.0,
+        claim: GPUClaim | None = None,
     ) -> None:
         super().__init__(start_timeout_s)
         self.spec = spec
+        # The GPU's claim (``claim.py``), released with the connection; the controller process
+        # inherits it, so it lasts until that process has reset the clocks, whenever the trainer goes.
+        self._claim = claim
         self._check_s = clock_check_s
         self._notices: list[ClockNotice] = []
         self._install_handlers = install_signal_handlers
@@ -218,8 +223,10 @@ class FrequencyController(ControllerHandle):
         cmd = [sys.executable, "-c", _CONTROLLER_MAIN, "--spec", self.spec.to_json(),
                "--req-fd", str(req_r), "--status-fd", str(status_w), "--parent-pid", str(os.getpid()),
                "--poll-s", str(self._parent_poll), "--check-s", str(self._check_s)]
+        claim_fds = (self._claim.fd,) if self._claim is not None and self._claim.fd >= 0 else ()
         try:
-            self._proc = subprocess.Popen(cmd, pass_fds=(req_r, status_w), stdin=subprocess.DEVNULL, env=env)
+            self._proc = subprocess.Popen(cmd, pass_fds=(req_r, status_w, *claim_fds), stdin=subprocess.DEVNULL,
+                                          env=env)
         finally:
             os.close(req_r)  # only the child may hold the read end: its death must give EPIPE
             os.close(status_w)  # only the child may hold the write end: its death must give EOF
@@ -428,6 +435,13 @@ class FrequencyController(ControllerHandle):
                     if exc.errno != errno.EBADF:
                         raise
         self._req_w = self._status_r = -1
+        if self._claim is not None:
+            self._claim.release()
+
+    def _forget_in_forked_child(self) -> None:
+        if self._claim is not None:
+            self._claim.forget()  # the parent's claim stays in force
+        super()._forget_in_forked_child()
 
     # -- signals ----------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:

@@ -9,8 +9,10 @@ its parent pid changes, on SIGTERM, and on any error.
 
 Faults it reports on its own (JSON lines the trainer drains at step ends, ``notices``):
 
-- ``failed``: the device refused a clock change (NVML ``GPU is lost``, ``not supported``, ...).
-  The process resets what it can and ignores further clock requests: default clocks from then on.
+- ``failed``: the device refused a clock change (NVML ``GPU is lost``, ``not supported``, ...),
+  or kept refusing it through the keeper's retries (``RETRY_DELAYS_S``: a refusal that may pass is
+  retried between requests, never blocking the pipe). The process resets what it can and ignores
+  further clock requests: default clocks from then on.
 - ``override``: something else changed the clock under us (an admin's ``nvidia-smi -rgc``). While
   it holds a lock it reads the applied clock back every ``--check-s`` seconds (one device read,
   in this process, never on the training thread) and re-applies the lock; after
@@ -42,7 +44,7 @@ import time
 from typing import Any
 
 from perseus.errors import write_line
-from perseus.gpu.control.keeper import MAX_OVERRIDES, ClockKeeper  # noqa: F401 - MAX_OVERRIDES re-exported
+from perseus.gpu.control.keeper import MAX_OVERRIDES, ClockKeeper, Outcome  # noqa: F401 - MAX_OVERRIDES re-exported
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError, wire_kind
 from perseus.gpu.factory import open_spec
@@ -108,18 +110,26 @@ class _Worker:
 
     def apply(self, target: int | None) -> None:
         """Bring the device to ``target`` (None = reset), skipping if it is already there."""
-        outcome = self.keeper.apply(target)
+        self._count(self.keeper.apply(target))
+
+    def retry(self) -> None:
+        """Retry a refused clock call once it is due (``ClockKeeper.maybe_retry``)."""
+        retried = self.keeper.maybe_retry()
+        if retried is not None:
+            self._count(retried[0])
+
+    def _count(self, outcome: Outcome) -> None:
         if outcome == "skipped":
             self.skipped += 1
-        elif outcome == "error":
+        elif outcome in ("error", "retrying"):  # a refused call; said only once the retries are spent
             self.errors += 1
             key = self.keeper.last_error.split(":", 1)[0]
-            if key not in self._reported_errors:  # one line per error type, not one per request
+            if outcome == "error" and key not in self._reported_errors:  # one line per error type
                 self._reported_errors.add(key)
                 write_line(sys.stderr, f"perseus controller: {self.keeper.last_error.split(': ', 1)[-1]}")
         else:
             self.applied += 1
-            self.history.append(target)
+            self.history.append(self.keeper.current)
 
     def stats(self) -> dict[str, Any]:
         return {"applied": self.applied, "skipped": self.skipped, "errors": self.errors,
@@ -136,14 +146,18 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
         stop["why"] = "SIGTERM"
 
     signal.signal(signal.SIGTERM, on_term)
-    dev.reset_locked_sm_clock()  # start from a known state: undo whatever a crashed job left
+    # Start from a known state: undo whatever a crashed job left (not counted; a refusal is retried).
+    if worker.keeper.apply(None, force=True) == "error":  # a lost GPU: nothing to serve
+        raise GPUError(f"resetting the clocks failed: {worker.keeper.last_error}")
     worker.send({"event": "ready", "pid": os.getpid(), "name": dev.name, "uuid": dev.uuid,
                  "clocks": dev.supported_sm_clocks_mhz(), "default_mhz": dev.default_sm_clock_mhz()})
     buf = b""
     wait_s = min(poll_s, check_s) if check_s > 0 else poll_s
     timed = TimedRequests()
     while not stop["why"]:
-        readable, _, _ = select.select([req_fd], [], [], timed.wait_s(time.monotonic(), wait_s))
+        retry_s = worker.keeper.retry_in()  # a refused call waits for its retry here, not in a sleep
+        longest = wait_s if retry_s is None else min(wait_s, max(retry_s, 0.0))
+        readable, _, _ = select.select([req_fd], [], [], timed.wait_s(time.monotonic(), longest))
         if os.getppid() != parent_pid:
             return "parent exited"
         if not len(timed):  # a held switch is a change on its way: read back between them only
@@ -186,6 +200,7 @@ def serve(dev: GPUDevice, req_fd: int, status_fd: int, parent_pid: int, poll_s: 
         due = timed.due(time.monotonic())
         if due is not None:
             worker.apply(due)
+        worker.retry()
     return stop["why"]
 
 
@@ -216,12 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         why = serve(dev, args.req_fd, status_fd, args.parent_pid, args.poll_s, args.check_s)
     finally:
-        reset_ok = True
-        try:
-            dev.reset_locked_sm_clock()
-        except GPUError as exc:
-            reset_ok = False
-            write_line(sys.stderr, f"perseus controller: resetting clocks failed: {exc}")
+        closing = ClockKeeper(dev, lambda event: None)  # a refused reset is retried: never leave a lock behind
+        reset_ok = closing.reset_now()
+        if not reset_ok:
+            why_not = closing.last_error.split(": ", 1)[-1]
+            write_line(sys.stderr, f"perseus controller: resetting clocks failed: {why_not}")
         try:
             os.write(status_fd, (json.dumps({"event": "closed", "why": why, "reset": reset_ok,
                                              "time": time.time()}) + "\n").encode())

@@ -33,11 +33,13 @@ from typing import Any
 import numpy as np
 
 from perseus.gpu.meter.clock_samples import ClockSample
-from perseus.gpu.device import GPUDevice
+from perseus.gpu.device import ENERGY_UPDATE_PERIOD_S, GPUDevice
 from perseus.gpu.errors import GPUError
+from perseus.gpu.meter.read_failures import GAP_PERIODS, ReadFailures
 from perseus.gpu.meter.timing import TimedInstruction
 
 IDLE = "__idle__"
+
 
 
 class MeasurementError(GPUError):
@@ -55,8 +57,9 @@ class CounterUpdate:
 class EnergyPoller:
     """Records the instants a (coarse) energy counter changes.
 
-    Run it as a background thread (``start``/``stop``, or ``with``) or call ``poll_once`` yourself
-    (virtual-time tests). Polling costs one counter read per ``interval_s``.
+    Run it as a background thread (``start``/``stop``, or ``with``) or call ``poll_once`` or ``tick``
+    yourself (virtual-time tests). Polling costs one counter read per ``interval_s``; a failed one is
+    retried with backoff, the gap it leaves in the updates is known (``covers``; ``read_failures.py``).
 
     With ``clocks``, each poll also samples the SM clock and clock-event reasons, at most every
     ``clock_every_s`` (``meter/clock_samples.py``): this thread is the only one that reads the device
@@ -82,6 +85,7 @@ class EnergyPoller:
         self._next_clock_t = -math.inf
         self._clock_samples: deque[ClockSample] = deque(maxlen=clock_keep)
         self.error: str | None = None  # why the thread stopped reading (a device error), once it did
+        self.read_failures = ReadFailures(interval_s)
 
     def poll_once(self) -> CounterUpdate | None:
         e, stamp = self.device.energy_counter_reading()  # a stamp: the device knows when it advanced (the simulator)
@@ -101,6 +105,8 @@ class EnergyPoller:
         if update is not None:
             with self._lock:
                 self._updates.append(update)
+            if self.read_failures.gap_open:
+                self.read_failures.updated(update.t_s, self.gap_s())
         self._last_t, self._last_e = t, e
         if self._clocks and t >= self._next_clock_t:
             self._next_clock_t = t + self._clock_every_s
@@ -125,16 +131,38 @@ class EnergyPoller:
         with self._lock:
             return [s for s in self._clock_samples if s.t_s >= since_s]
 
+    def tick(self) -> float | None:
+        """One read as the thread makes it: the wait before the next (backing off while reads fail),
+        None once the counter is dead (``error`` set; ``ReadFailures.failed``)."""
+        try:
+            self.poll_once()
+        except GPUError as exc:
+            if not self.read_failures.failing:  # without device stamps the next good read is a baseline:
+                self._last_e = None  # when the counter changed while reads failed is unknown
+            last = self.latest()
+            wait = self.read_failures.failed(exc, self._clock(), last.t_s if last is not None else None)
+            if wait is None and self.error is None:
+                self.error = str(exc)
+            return wait
+        return self.read_failures.answered()
+
+    def gap_s(self) -> float:
+        """The longest gap in the updates that still measures: ``GAP_PERIODS`` counter periods."""
+        period = self.counter_period_s() or self.device.energy_update_period_s or ENERGY_UPDATE_PERIOD_S
+        return GAP_PERIODS * period
+
+    def covers(self, t0: float, t1: float) -> bool:
+        """Whether the updates measure [t0, t1]: no gap failed reads left overlaps it (``gap_s``)."""
+        return self.read_failures.covers(t0, t1, self.gap_s())
+
     def _run(self) -> None:
         # The first (baseline) read happens here too: every read is on this thread, none on the
         # caller's (a training thread must not pay 2.4 ms per read).
         while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except GPUError as exc:  # a lost GPU: no more updates; the owner reports it once (``error``)
-                self.error = str(exc)
+            wait = self.tick()
+            if wait is None:  # the counter is dead: no more updates; the owner reports it once (``error``)
                 return
-            self._stop.wait(self.interval_s)
+            self._stop.wait(wait)
 
     def start(self) -> EnergyPoller:
         if self._thread is None:

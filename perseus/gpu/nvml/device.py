@@ -90,18 +90,35 @@ def translate_nvml_error(exc: Exception, what: str, *, lookup: bool = False) -> 
     return GPUError(f"{what}: NVML error {code} ({exc})")
 
 
-def has_cap_sys_admin() -> bool:
-    """Whether this process is root or holds CAP_SYS_ADMIN (bit 21 of CapEff)."""
-    if os.geteuid() == 0:
-        return True
+_CAP_SYS_ADMIN = 21  # bit of the effective capability set (linux/capability.h)
+
+
+def proc_status() -> str:
+    """``/proc/self/status`` ("" where it cannot be read); tests replace it."""
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> 21 & 1)
+            return f.read()
     except OSError:
-        pass
+        return ""
+
+
+def has_cap_sys_admin() -> bool:
+    """Whether this process's effective capabilities hold CAP_SYS_ADMIN (bit 21 of ``CapEff``).
+
+    The capability decides, not the uid: root in a user namespace (enroot/pyxis
+    ``--container-remap-root``, rootless docker, most pods) is uid 0 without it, and NVML refuses
+    its clock changes."""
+    for line in proc_status().splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1)
+            except (IndexError, ValueError):
+                return False
     return False
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
 
 
 def _text(value: str | bytes) -> str:
@@ -186,7 +203,8 @@ class NVMLGPU(GPUDevice):
         self._handle = self._call(nv.nvmlDeviceGetHandleByIndex, self._index,
                                   what=f"Opening GPU {self._index}", lookup=True)
         self._name = _text(self._call(nv.nvmlDeviceGetName, self._handle, what="Reading GPU name"))
-        self._reject_mig()
+        self._mig = self._mig_enabled()
+        self._probe_error: str | None = None  # why the last privilege probe failed, if not for permission
         self._sm_clocks: list[int] | None = None
         self._mem_clocks: list[int] | None = None
         self._instant_power = self._probe_instant_power()
@@ -197,17 +215,13 @@ class NVMLGPU(GPUDevice):
             self._has_energy_counter = False
             self._integrator = _PowerIntegrator(self.power_w, power_poll_s)
 
-    def _reject_mig(self) -> None:
+    def _mig_enabled(self) -> bool:
+        """MIG mode is on: measuring works (the counters are the whole GPU's), clock control does not."""
         try:
             current, _pending = self._call(self._nvml.nvmlDeviceGetMigMode, self._handle, what="Reading MIG mode")
         except GPUNotSupportedError:
-            return  # pre-Ampere: no MIG
-        if current == _MIG_ENABLE:
-            raise GPUNotSupportedError(
-                f"GPU {self._index} ({self._name}, {self._uuid}) has MIG mode enabled. Perseus "
-                "changes the clock of the whole GPU, which would affect every MIG instance; "
-                f"disable MIG (`sudo nvidia-smi -i {self._index} -mig 0`) or run in measure-only mode."
-            )
+            return False  # pre-Ampere: no MIG
+        return bool(current == _MIG_ENABLE)
 
     def _probe_instant_power(self) -> bool:
         fv = getattr(self._nvml, "nvmlDeviceGetFieldValues", None)
@@ -377,19 +391,52 @@ class NVMLGPU(GPUDevice):
 
     # -- privileges -------------------------------------------------------------------------
     def can_set_clocks(self) -> bool:
-        """Root/CAP_SYS_ADMIN → True without touching the GPU; otherwise probe a lock + reset.
+        """CAP_SYS_ADMIN → True without touching the GPU; MIG mode → False; otherwise probe a lock +
+        reset (root without the capability too: ``has_cap_sys_admin``).
 
         The probe locks at the default (max) clock, so even a partial failure leaves the GPU at
-        its normal speed.
+        its normal speed. Every failure is False, and ``control_problem`` says why.
         """
+        self._probe_error = None
+        if self._mig:
+            return False
         if has_cap_sys_admin():
             return True
         try:
             self.set_locked_sm_clock(self.default_sm_clock_mhz())
+            self.reset_locked_sm_clock()
         except GPUPermissionError:
             return False
-        self.reset_locked_sm_clock()
+        except GPUError as exc:
+            self._probe_error = str(exc)
+            return False
         return True
+
+    def control_problem(self) -> str | None:
+        """One line naming the fix for MIG mode, root without CAP_SYS_ADMIN and a probe that failed
+        for another reason; None for a plain unprivileged user (the caller's generic advice fits)."""
+        gpu = f"GPU {self._index} ({self._name})"
+        if self._mig:
+            return (f"{gpu} has MIG mode enabled, and a clock change would change every MIG instance's clock; "
+                    "measure-only works (its energy is the whole GPU's, every instance's work included), or "
+                    f"disable MIG (`sudo nvidia-smi -i {self._index} -mig 0`)")
+        if self._probe_error is not None:
+            return f"{gpu}: this process may not change clocks: {self._probe_error}"
+        if is_root() and not has_cap_sys_admin():
+            return (f"{gpu}: this process is root but lacks CAP_SYS_ADMIN (root in a user namespace: enroot/pyxis "
+                    "--container-remap-root, rootless docker, a pod), so NVML refuses clock changes; grant it "
+                    "(`docker run --cap-add SYS_ADMIN`; Kubernetes securityContext.capabilities.add: [SYS_ADMIN]), "
+                    "or let perseus clockd or zeusd change the clocks (docs/gpu.md)")
+        return None
+
+    def is_clock_locked(self) -> bool:
+        """Best effort, for a lock someone else holds when Perseus starts: NVML has no getter for
+        locked clocks, but a lock below the default clock holds the clock down, which NVML reports
+        as the ``applications_clocks_setting`` clock-event reason, busy or idle (the lock's floor
+        keeps an idle card at the locked clock). A lock at the default clock does not show (and
+        slows nothing). The clock alone would not do: an idle, unlocked card runs at its idle clock,
+        far below the default."""
+        return ClockEventReason.APPLICATIONS_CLOCKS in self.clock_event_reasons()
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from perseus.gpu.device import BusyResult, ClockEventReason, GPUDevice, check_sm_clock
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUNotSupportedError, GPUPermissionError
@@ -61,7 +62,7 @@ class SimulatedGPU(GPUDevice):
         noise: float | None = None,
         seed: int | None = None,
         switch_latency_s: float | None = None,
-        faults: SimFaults | None = None,
+        faults: SimFaults | dict[str, Any] | None = None,
         stream_depth: int = 0,
         allow_clock_setting: bool = True,
         reset_state: bool = False,
@@ -74,6 +75,8 @@ class SimulatedGPU(GPUDevice):
                      switch_latency_s=switch_latency_s)
         if not isinstance(stream_depth, int) or stream_depth < 0:
             raise GPUInvalidArgumentError("stream_depth is how many kernels the host may run ahead (0 = synchronous)")
+        if isinstance(faults, dict):  # a JSON config's ``sim_gpu`` (the runtime's) cannot hold a SimFaults
+            faults = SimFaults.from_dict(faults)
         self._index = index
         self.stream_depth = stream_depth
         self._stream: SimStream | None = None

@@ -16,6 +16,13 @@ spinning sync (0.9 core) or 267 µs with blocking-sync events. Host functions on
 it, and a device sync before each instruction costs 1.5 % step time: neither is offered.
 
 The training thread's cost is one event record and one deque append; it never synchronizes.
+
+A follower fails on the first exception on its thread (an event's ``query``/``synchronize`` raising a
+CUDA error, e.g. a graph captured in the global capture mode while it polls; an action raising): it
+keeps the error (``error``, ``failed``) and from then on drops every action, pending or handed later,
+without touching its event: a clock request whose boundary cannot be observed would land late, on
+whatever the GPU runs then. Its owner reads ``failed`` and stops relying on it (the runtime: default
+clocks, host-timed steps); the thread lives on, idle, until ``close``.
 """
 
 from __future__ import annotations
@@ -65,9 +72,16 @@ class CudaEventRecorder:
 
         if not torch.cuda.is_available():
             raise GPUError("CudaEventRecorder needs a CUDA build of torch and a visible GPU")
+        self._torch = torch
         self._event_cls = torch.cuda.Event
         self.enable_timing = enable_timing
+        self.device = int(torch.cuda.current_device())  # the events' device, the training thread's
         self._pool: deque[Any] = deque()
+
+    def bind_thread(self) -> None:
+        """Make the events' device current on the calling thread (the follower's, at its start): a
+        thread's first CUDA call otherwise creates a context on GPU 0, memory on a GPU not its rank's."""
+        self._torch.cuda.set_device(self.device)
 
     def record(self) -> BoundaryEvent:
         try:
@@ -103,18 +117,21 @@ class StreamFollower:
 
     ``follow`` is the training thread's whole cost. Actions run on the follower's thread, get the
     time the GPU was seen at the boundary, and must not block (a clock request is a pipe write).
-    An action's exception is kept (``error``) and stops nothing else.
+    Any exception on the thread fails the follower (the module docstring): ``error`` keeps it and
+    every action from then on is dropped. ``on_start`` runs first on the thread (binding its CUDA
+    device: ``CudaEventRecorder.bind_thread``); its exception fails the follower too.
     """
 
     def __init__(self, mechanism: FollowMechanism = FollowMechanism.POLL, poll_s: float = DEFAULT_POLL_S,
                  clock: Callable[[], float] = time.monotonic, on_done: Callable[[BoundaryEvent], None] | None = None,
-                 keep_log: bool = False) -> None:
+                 keep_log: bool = False, on_start: Callable[[], None] | None = None) -> None:
         if not 0 < poll_s <= 0.01:
             raise GPUInvalidArgumentError(f"poll_s is the event poll period in seconds, in (0, 0.01], got {poll_s!r}")
         self.mechanism = mechanism
         self.poll_s = poll_s
         self._clock = clock
         self._on_done = on_done
+        self._on_start = on_start
         self._items: deque[_Item] = deque()
         self._wake = threading.Event()
         self._stop = False
@@ -127,21 +144,30 @@ class StreamFollower:
         self._thread.start()
 
     def follow(self, event: BoundaryEvent, action: Callable[[float], None], after_s: float = 0.0) -> None:
-        """Run ``action(seen_s)`` when the GPU reaches ``event`` (+ ``after_s`` of GPU time)."""
+        """Run ``action(seen_s)`` when the GPU reaches ``event`` (+ ``after_s`` of GPU time); dropped
+        once the follower failed."""
+        if self.error is not None:
+            return
         self._items.append(_Item(event, action, after_s))
         self.handed += 1
         if not self._wake.is_set():
             self._wake.set()
 
+    @property
+    def failed(self) -> bool:
+        """Whether an exception stopped the following (``error``): no action runs any more."""
+        return self.error is not None
+
     def pending(self) -> int:
         return len(self._items)
 
     def drain(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every handed action ran (shutdown, tests; never on the hot path)."""
+        """Wait until every handed action ran (shutdown, tests; never on the hot path); False when
+        some did not (timeout, or the follower failed and dropped them)."""
         deadline = self._clock() + timeout_s
-        while self._items and self._clock() < deadline:
+        while self._items and self.error is None and self._clock() < deadline:
             time.sleep(max(self.poll_s, 1e-4))
-        return not self._items
+        return not self._items and self.error is None
 
     def close(self) -> None:
         """Stop the thread; actions not yet due are dropped."""
@@ -153,6 +179,11 @@ class StreamFollower:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         items, clock, poll = self._items, self._clock, self.poll_s
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except BaseException as exc:  # noqa: BLE001 - the owner reads ``failed``
+                self._fail(exc)
         while not self._stop:
             if not items:
                 self._wake.clear()
@@ -160,25 +191,39 @@ class StreamFollower:
                     self._wake.wait(0.005)
                 self.cpu_s = time.thread_time() - cpu0
                 continue
-            item = items[0]
-            if self.mechanism is FollowMechanism.BLOCK:
-                item.event.synchronize()
-            elif not item.event.query():
-                time.sleep(poll)
+            if self.error is not None:  # failed: an item handed in the race with ``_fail`` is dropped
+                items.clear()
                 continue
-            seen = clock()
-            due = seen + item.after_s
-            while not self._stop and clock() < due - poll:
-                time.sleep(min(poll, due - clock()))
-            items.popleft()
             try:
+                item = items[0]
+                if self.mechanism is FollowMechanism.BLOCK:
+                    item.event.synchronize()
+                elif not item.event.query():
+                    time.sleep(poll)
+                    continue
+                seen = clock()
+                due = seen + item.after_s
+                while not self._stop and clock() < due - poll:
+                    time.sleep(min(poll, due - clock()))
+                items.popleft()
                 item.action(seen)
-            except BaseException as exc:  # noqa: BLE001 - kept for the owner; the stream goes on
-                self.error = exc
-            acted = clock()
-            self.followed += 1
-            if self.log is not None:
-                self.log.append(Followed(seen, acted))
-            if self._on_done is not None:
-                self._on_done(item.event)
+                acted = clock()
+                self.followed += 1
+                if self.log is not None:
+                    self.log.append(Followed(seen, acted))
+                if self._on_done is not None:
+                    self._on_done(item.event)
+            except BaseException as exc:  # noqa: BLE001 - a CUDA error included: the owner reads ``failed``
+                self._fail(exc)
         self.cpu_s = time.thread_time() - cpu0
+
+    def fail(self, exc: BaseException) -> None:
+        """The owner saw the stream fail elsewhere (reading a followed event's time): fail as if
+        this thread had."""
+        self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Keep the first error and drop everything pending: none of it may run late."""
+        if self.error is None:
+            self.error = exc
+        self._items.clear()

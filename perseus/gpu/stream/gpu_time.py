@@ -5,10 +5,13 @@ the host's ``step()`` call lasted 241 ms of a 332 ms GPU step (ratio 0.73), and 
 anchored at ``resolve()`` after a sync shifted every timestamp late by the GPU work before the
 sync (31.6 ms of optimizer tail: forward power +22 %). ``GPUStepTimer`` records an event at each
 step's begin and end and at each instruction's begin and end (the training thread's only cost);
-a step *settles* once the GPU has passed its end event, read with ``query()`` later, never waited
-for. Each step is anchored on its own begin event, whose host time the stream follower saw
-(within ~0.1 ms) or, on the simulated GPU, the event's exact GPU timestamp; the rest are offsets
-from it on the GPU's clock, so nothing done on the host between the step and its reading shifts it.
+a step *settles* once the stream follower has seen the GPU pass its end event, read later, never
+waited for: only the follower's thread queries or waits on events, so a CUDA error one raises fails
+the follower (``StreamFollower.failed``), never the training thread (an error reading a settled
+step's event times fails it too). Each step is anchored on its own begin event, whose host time the
+stream follower saw (within ~0.1 ms) or, on the simulated GPU, the event's exact GPU timestamp; the
+rest are offsets from it on the GPU's clock, so nothing done on the host between the step and its
+reading shifts it.
 
 What a settled ``GPUStep`` holds (CLOCK_MONOTONIC seconds):
 
@@ -21,6 +24,7 @@ What a settled ``GPUStep`` holds (CLOCK_MONOTONIC seconds):
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
@@ -31,6 +35,19 @@ from perseus.gpu.errors import GPUError
 from perseus.gpu.meter.energy import AfterLast, CounterUpdate, energy_at
 from perseus.gpu.stream.follow import BoundaryEvent, EventRecorder, StreamFollower
 from perseus.gpu.meter.timing import TimedInstruction
+
+# How long ``fence`` waits for a step's end (a failed follower: not at all). The GPU may still have
+# the whole step queued when the host ends it, and a step may be longer than the ones before (a
+# lower clock, a slower plan, a peer's wait), so FENCE_FACTOR × the longest of the last
+# FENCE_HISTORY settled steps (GPU time, begin event to end event), plus FENCE_FLOOR_S for the
+# follower's delay and a busy host: 0.25 s steps wait 0.85 s at most. Before any step settled
+# (the first steps: lazy initialization, autotuning), FIRST_FENCE_S. A step not settled by then is
+# host-timed, and settles later.
+FENCE_FACTOR = 3.0
+FENCE_FLOOR_S = 0.1
+FENCE_HISTORY = 8
+FIRST_FENCE_S = 5.0
+_FENCE_SLICE_S = 0.005  # the fence looks at the follower's ``failed`` this often while it waits
 
 
 class StreamTimeline(Protocol):
@@ -107,6 +124,7 @@ class _OpenStep:
     seen_s: float = math.nan
     marks: list[tuple[Hashable, BoundaryEvent, BoundaryEvent]] = field(default_factory=list)
     end: BoundaryEvent | None = None
+    ended: threading.Event = field(default_factory=threading.Event)  # the follower saw the GPU pass ``end``
 
 
 class GPUStepTimer:
@@ -121,6 +139,7 @@ class GPUStepTimer:
         self._waiting: deque[_OpenStep] = deque()
         self._index = 0
         self._anchored = False
+        self._lengths: deque[float] = deque(maxlen=FENCE_HISTORY)  # settled steps' GPU time (fence bound)
 
     # ---------------------------------------------------------------- training thread
     def step_begin(self) -> None:
@@ -161,12 +180,18 @@ class GPUStepTimer:
         if not self._anchored:
             self._anchor(step)
         step.end = self.recorder.record()
+        self.follower.follow(step.end, lambda seen: step.ended.set())
         self._waiting.append(step)
 
     # ---------------------------------------------------------------- reading (never blocks)
     def waiting(self) -> int:
         """Steps ended on the host that the GPU has not finished (or the follower not seen)."""
         return len(self._waiting)
+
+    @property
+    def last_index(self) -> int:
+        """The index of the step begun last (-1: none yet)."""
+        return self._index - 1
 
     def settled(self, updates: Sequence[CounterUpdate] = ()) -> list[GPUStep]:
         """The steps the GPU has finished, oldest first (each returned once). With energy-counter
@@ -175,31 +200,42 @@ class GPUStepTimer:
         out: list[GPUStep] = []
         while self._waiting:
             step = self._waiting[0]
-            assert step.end is not None
-            if not step.end.query() or math.isnan(step.seen_s):
+            if not step.ended.is_set() or math.isnan(step.seen_s):
                 break
-            timed = self._timed(step)
+            try:
+                timed = self._timed(step)
+            except Exception as exc:  # noqa: BLE001 - a CUDA error reading the events' times
+                self.follower.fail(exc)  # the owner reacts as to any failure of the stream
+                break
             if updates:
                 if updates[-1].t_s < timed.end_s:
                     break
                 timed = _with_energy(timed, updates)
             out.append(timed)
+            self._lengths.append(timed.end_s - timed.begin_s)
             self._waiting.popleft()
         return out
 
-    def fence(self, timeout_s: float = 5.0) -> list[GPUStep]:
-        """Every step ended so far, waiting until the GPU has passed the last one's end event (and
-        the follower saw its anchor): the host waits for work already queued, never for a device
-        sync; a step still unsettled after ``timeout_s`` (a follower that stopped) stays waiting."""
+    def fence(self, timeout_s: float | None = None) -> list[GPUStep]:
+        """Every step ended so far, waiting until the follower saw the GPU pass the last one's end
+        event (it follows in order: every anchor before it too): the host waits for work already
+        queued, never for a device sync. At most ``timeout_s`` (default ``fence_bound_s``: about a
+        step), not at all once the follower failed; a step unsettled then stays waiting. Never raises."""
         if not self._waiting:
             return []
-        last = self._waiting[-1]
-        assert last.end is not None
-        last.end.synchronize()
-        deadline = time.monotonic() + timeout_s
-        while any(math.isnan(s.seen_s) for s in self._waiting) and time.monotonic() < deadline:
-            time.sleep(self.follower.poll_s)
+        last, follower = self._waiting[-1], self.follower
+        deadline = time.monotonic() + (self.fence_bound_s() if timeout_s is None else timeout_s)
+        while not follower.failed:
+            left = deadline - time.monotonic()
+            if left <= 0 or last.ended.wait(min(left, _FENCE_SLICE_S)):
+                break
         return self.settled()
+
+    def fence_bound_s(self) -> float:
+        """How long ``fence`` waits: about a step (the constants above say how)."""
+        if not self._lengths:
+            return FIRST_FENCE_S
+        return FENCE_FACTOR * max(self._lengths) + FENCE_FLOOR_S
 
     def _timed(self, step: _OpenStep) -> GPUStep:
         tl = self.timeline

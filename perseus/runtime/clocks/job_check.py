@@ -12,6 +12,7 @@ instructions diverged from the plan (then every rank falls back together).
 from __future__ import annotations
 
 import logging
+import math
 from concurrent.futures import Future
 from dataclasses import dataclass
 from statistics import median
@@ -36,8 +37,10 @@ class JobCheck:
 def window_row(window: list[tuple[float, float]]) -> tuple[float, float]:
     """This rank's (natural time, energy per iteration) over the steps since the last check.
     Median, not mean: one iteration slowed by something else on the node (a checkpoint, a noisy
-    neighbour) must not look like a straggler or hide a recovery."""
-    return median(t for t, _ in window), sum(e for _, e in window) / max(len(window), 1)
+    neighbour) must not look like a straggler or hide a recovery. Energy is the mean over the
+    measured steps (an unmeasured one is NaN: the counter's reads failed); NaN when none was."""
+    measured = [e for _, e in window if not math.isnan(e)]
+    return median(t for t, _ in window), sum(measured) / len(measured) if measured else math.nan
 
 
 def start_check(collective: Collective, job: PipelineJob, window: list[tuple[float, float]],

@@ -87,7 +87,13 @@ def step_figure(time_s: float, energy_j: float, probe_time_s: Sequence[float], p
     return ab_figure([time_s], [energy_j], probe_time_s, probe_energy_j)
 
 
-def step_line(step: int, phase: str, time_s: float, energy_j: float, clocks: str, run: ABFigure | None) -> str:
+def energy_text(energy_j: float | None) -> str:
+    """A step's energy in a log line: ``energy 780.00 J``, or ``energy unmeasured`` (the counter's
+    reads failed over the step: no number rather than a wrong one)."""
+    return "energy unmeasured" if energy_j is None else f"energy {energy_j:.2f} J"
+
+
+def step_line(step: int, phase: str, time_s: float, energy_j: float | None, clocks: str, run: ABFigure | None) -> str:
     """The rank-0 per-step log line: the step's own time and energy, and the run's A/B with its 95 %
     interval ("not yet measurable" while it spans zero). One step is never compared with one probe
     in a log line: on a loaded machine that figure is mostly noise (issue 34).
@@ -96,7 +102,7 @@ def step_line(step: int, phase: str, time_s: float, energy_j: float, clocks: str
     plan steps vs 4 probes): saves 5.1% ± 0.8% energy (95 % interval +3.5..+6.7% saved), time change
     not yet measurable (-0.8..+1.2% time, 95 % interval)``
     """
-    line = f"perseus step {step} [{phase}, {clocks} clocks], time {1e3 * time_s:.1f} ms, energy {energy_j:.2f} J"
+    line = f"perseus step {step} [{phase}, {clocks} clocks], time {1e3 * time_s:.1f} ms, {energy_text(energy_j)}"
     if run is not None:
         line += (f"; run (median of {run.n_plan} plan steps vs {run.n_probe} probe"
                  f"{'s' if run.n_probe != 1 else ''}): {measured_saving_phrase(run.saving, run.saving_stderr)}, "

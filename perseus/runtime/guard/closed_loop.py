@@ -68,15 +68,17 @@ DECISIONS_KEPT = 50  # acting decisions the summary lists (every window's is in 
 
 @dataclass
 class Samples:
-    """(time, energy) of counted steps of one kind, newest last, at most ``AB_WINDOW``."""
+    """(time, energy) of counted steps of one kind, newest last, at most ``AB_WINDOW``; an
+    unmeasured step's energy (None) is left out, its time kept."""
 
     time_s: deque[float] = field(default_factory=lambda: deque(maxlen=AB_WINDOW))
     energy_j: deque[float] = field(default_factory=lambda: deque(maxlen=AB_WINDOW))
     changes: int = 0  # bumped by every add and clear: what a figure computed from them depends on
 
-    def add(self, time_s: float, energy_j: float) -> None:
+    def add(self, time_s: float, energy_j: float | None) -> None:
         self.time_s.append(time_s)
-        self.energy_j.append(energy_j)
+        if energy_j is not None:
+            self.energy_j.append(energy_j)
         self.changes += 1
 
     def clear(self) -> None:
@@ -193,7 +195,7 @@ class ClosedLoop:
         (None: default clocks; ``reference_point``)."""
         return self.reference_point(targeting, plan) if self.probing else targeting.point
 
-    def end_step(self, span_s: float, energy_j: float, targeting: Targeting, plan: StagePlan,
+    def end_step(self, span_s: float, energy_j: float | None, targeting: Targeting, plan: StagePlan,
                  step_s: float | None = None) -> JobDecision | None:
         """Count the step that ended, judged on its instructions' span (``StepNumbers.span_s``: the
         GPU's first instruction begin to last end where the GPU runs behind the host, the host's
@@ -294,21 +296,21 @@ class ClosedLoop:
     def _comparable(self) -> bool:
         """Probes to compare with: at least one, with energy measured (a step shorter than the
         energy counter's update period can read 0 J; medians of such steps say nothing)."""
-        return bool(self.probes.time_s) and median(self.probes.energy_j) > 0
+        return bool(self.probes.energy_j) and median(self.probes.energy_j) > 0
 
     def figure(self) -> ABFigure | None:
         """The run's A/B: counted plan steps against counted probes (None until both)."""
         at = (self.plan.changes, self.probes.changes)
         if self._figure is None or self._figure[0] != at:
             figure = None
-            if self.plan.time_s and self._comparable():
+            if self.plan.energy_j and self._comparable():
                 figure = ab_figure(self.plan.time_s, self.plan.energy_j, self.probes.time_s, self.probes.energy_j)
             self._figure = (at, figure)
         return self._figure[1]
 
-    def step_figure(self, time_s: float, energy_j: float) -> ABFigure | None:
-        """One plan step against the probes' medians (None before the first probe)."""
-        if self.probing or not self._comparable():
+    def step_figure(self, time_s: float, energy_j: float | None) -> ABFigure | None:
+        """One plan step against the probes' medians (None before the first probe, or unmeasured)."""
+        if self.probing or energy_j is None or not self._comparable():
             return None
         return step_figure(time_s, energy_j, self.probes.time_s, self.probes.energy_j)
 

@@ -165,23 +165,25 @@ class RankGuard:
         self.cost = ProbeCost()
         self.step = 0
         self.role = StepRole.PLAN_SETTLE
-        self._plan: list[tuple[float, float]] = []
-        self._probe: list[tuple[float, float]] = []
+        self._plan: list[tuple[float, float | None]] = []  # (judged time, energy; None: unmeasured)
+        self._probe: list[tuple[float, float | None]] = []
         self._default_energy: list[float] = []
 
     def begin_step(self) -> StepRole:
         self.role = self.timeline.role(self.step)
         return self.role
 
-    def end_step(self, judged_s: float, energy_j: float, target_ratio: float = 1.0) -> WindowEnd | None:
+    def end_step(self, judged_s: float, energy_j: float | None, target_ratio: float = 1.0) -> WindowEnd | None:
         """Count the step; at a window's last step this rank's ``WindowEnd`` (every rank closes
-        windows at the same steps, so the all-gather it calls for happens on every rank), else None."""
+        windows at the same steps, so the all-gather it calls for happens on every rank), else None.
+        An unmeasured step (``energy_j`` None) is judged on its time; the probes' cost leaves it out."""
         role, step = self.role, self.step
         self.step += 1
         self.cost.deployed_steps += 1
         if role.default_clocks:
             self.cost.default_steps += 1
-            self._default_energy.append(energy_j)
+            if energy_j is not None:
+                self._default_energy.append(energy_j)
         if role.counted:
             (self._probe if role.default_clocks else self._plan).append((judged_s, energy_j))
         if step < self.placement.settle or not self.timeline.closes_window(step):
@@ -189,8 +191,10 @@ class RankGuard:
         verdict = None
         if self._plan and self._probe:
             verdict = self.test.observe([t for t, _ in self._plan], [t for t, _ in self._probe], target_ratio)
-            plan_e = sorted(e for _, e in self._plan)[len(self._plan) // 2]
-            self.cost.extra_energy_j += sum(e - plan_e for e in self._default_energy)
+            measured = sorted(e for _, e in self._plan if e is not None)
+            if measured:
+                plan_e = measured[len(measured) // 2]
+                self.cost.extra_energy_j += sum(e - plan_e for e in self._default_energy)
         self._plan, self._probe, self._default_energy = [], [], []
         return WindowEnd(self.timeline.window.length, verdict)
 

@@ -61,13 +61,14 @@ class SweepRecorder:
         self.measurements: Measurements = {key: {} for key in keys}
         self.fallback_reasons: list[str] = []
         self.first_dropped: list[int] = []  # clocks whose first iteration was dropped as slow
-        self._steps: list[tuple[list[TimedInstruction], float, float]] = []  # (timed, step time, step energy)
+        # (timed, step time, step energy; None: unmeasured, ``StepNumbers.energy_j``)
+        self._steps: list[tuple[list[TimedInstruction], float, float | None]] = []
         self._first_steps: set[int] = set()  # indices in _steps that were first after a clock change
         # the regression's standard error of each key's energy per instruction, per clock (J)
         self.energy_se: dict[tuple[Key, int], float] = {}
 
-    def add_step(self, timed: list[TimedInstruction], step_time_s: float, step_energy_j: float, p_blocking_w: float,
-                 first: bool = False) -> None:
+    def add_step(self, timed: list[TimedInstruction], step_time_s: float, step_energy_j: float | None,
+                 p_blocking_w: float, first: bool = False) -> None:
         """One iteration at the current clock (its instructions and step-boundary energy);
         ``first``: the first iteration after the clock was changed."""
         if first:
@@ -78,7 +79,7 @@ class SweepRecorder:
         """Time the current clock's iterations have spanned so far (GPU time where measured so)."""
         return sum(t for _, t, _ in self._steps)
 
-    def _kept_steps(self) -> tuple[list[tuple[list[TimedInstruction], float, float]], bool]:
+    def _kept_steps(self) -> tuple[list[tuple[list[TimedInstruction], float, float | None]], bool]:
         """This clock's iterations without a systematically slow first one; True if it was dropped."""
         steps = self._steps
         firsts = [i for i in self._first_steps if i < len(steps)]
@@ -119,7 +120,7 @@ class SweepRecorder:
         step_sums: dict[Key, list[float]] = {}
         for step_timed, step_time_s, step_energy_j in steps:
             busy = sum(t.duration_s for t in step_timed)
-            if busy <= 0:
+            if busy <= 0 or step_energy_j is None:  # an unmeasured step says nothing of energy, not 0 J
                 continue
             busy_energy = max(step_energy_j - p_blocking_w * max(step_time_s - busy, 0.0), 0.0)
             for t in step_timed:

@@ -130,9 +130,10 @@ class ProfilingRun:
         self._gpu.apply(self.sweep.current_mhz)
         self._clock_since = monotonic()
 
-    def step(self, timed: list[Any], step_time_s: float, energy_j: float) -> bool:
+    def step(self, timed: list[Any], step_time_s: float, energy_j: float | None) -> bool:
         """One profiled iteration (collectives at the end of each clock); True once the sweep is
-        over, with the clocks back at default and the poller stopped."""
+        over, with the clocks back at default and the poller stopped. ``energy_j`` None: unmeasured
+        (its times still count; its energy is left out of the per-step attribution)."""
         sweep, recorder, is_root = self.sweep, self.recorder, self._collective.is_root
         freq = sweep.current_mhz
         recorder.add_step(timed, step_time_s, energy_j, self.p_blocking_w, first=sweep.first_iteration)

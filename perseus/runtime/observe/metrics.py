@@ -78,7 +78,7 @@ class StepMetrics:
     rank: int
     phase: Phase
     time_s: float
-    energy_j: float
+    energy_j: float | None  # None: unmeasured (``StepNumbers.energy_j``): null in the file, left out of totals
     clock_mhz: int = 0  # requested at the end of the step
     energy_j_total: float = 0.0
     saving_j_total: float = 0.0
@@ -112,7 +112,9 @@ class StepMetrics:
             object.__setattr__(self, "phase", Phase(self.phase))
 
     @property
-    def power_w(self) -> float:
+    def power_w(self) -> float | None:
+        if self.energy_j is None:
+            return None
         return self.energy_j / self.time_s if self.time_s > 0 else 0.0
 
     def file_row(self) -> dict[str, Any]:
@@ -131,8 +133,11 @@ class StepMetrics:
 
     def scalars(self) -> dict[str, float]:
         """``{"perseus/energy_j": 12.3, ...}``: what scalar writers (TensorBoard, wandb, DeepSpeed) get."""
-        out: dict[str, float] = {
-            "energy_j": self.energy_j, "power_w": self.power_w, "time_s": self.time_s,
+        out: dict[str, float] = {}
+        if self.energy_j is not None:  # an unmeasured step has no energy_j or power_w (a gap in the chart)
+            out.update(energy_j=self.energy_j, power_w=self.energy_j / self.time_s if self.time_s > 0 else 0.0)
+        out |= {
+            "time_s": self.time_s,
             "phase": float(PHASE_CODES.index(self.phase.value)) if self.phase.value in PHASE_CODES else -1.0,
             "clock_mhz": float(self.clock_mhz), "energy_j_total": self.energy_j_total,
             "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
@@ -174,10 +179,12 @@ class MetricsBuilder:
                  baseline_energy_j: float | None, straggler_ratio: float, point_slowdown: float | None = None,
                  point_energy_j: float | None = None, job_energy_j: float | None = None) -> StepMetrics:
         """``record`` with what holds at step end and the running totals (instruction counts only
-        when ``instructions`` is given: they are counted for sinks, not kept for every step)."""
-        self.energy_j_total += record.energy_j
+        when ``instructions`` is given: they are counted for sinks, not kept for every step). An
+        unmeasured step adds nothing to the energy totals and has no saving."""
         saving_ratio = None
-        if baseline_energy_j and record.phase is not Phase.WARMUP:
+        if record.energy_j is not None:
+            self.energy_j_total += record.energy_j
+        if baseline_energy_j and record.energy_j is not None and record.phase is not Phase.WARMUP:
             self.saving_j_total += baseline_energy_j - record.energy_j
             saving_ratio = 1.0 - record.energy_j / baseline_energy_j
         counted: dict[str, Any] = {}

@@ -171,16 +171,16 @@ class Observer:
         self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
         return record
 
-    def _grid_fields(self, targeting: Targeting, energy_j: float) -> GridFields:
-        """The step's carbon (this GPU's energy at the intensity in force) and the job's planned
-        power against the cap, while a grid target is set (``grid.py``)."""
+    def _grid_fields(self, targeting: Targeting, energy_j: float | None) -> GridFields:
+        """The step's carbon (this GPU's energy at the intensity in force; None when unmeasured) and
+        the job's planned power against the cap, while a grid target is set (``grid.py``)."""
         grid = targeting.grid
         if grid is None:
             return GridFields()
         if grid.intensity is None:
             return GridFields(job_power_w=grid.job_power_w, power_cap_w=grid.power_cap_w)
-        carbon = energy_j * grid.intensity / J_PER_KWH
-        self.carbon_g_total += carbon
+        carbon = None if energy_j is None else energy_j * grid.intensity / J_PER_KWH
+        self.carbon_g_total += carbon or 0.0
         return GridFields(grid.intensity, carbon, self.carbon_g_total, grid.job_power_w, grid.power_cap_w)
 
     def publish(self, record: StepMetrics, end: StepEnd) -> StepMetrics:

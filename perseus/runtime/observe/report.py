@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import TYPE_CHECKING, Any, Sequence
 
-from perseus.runtime.guard.ab import ABFigure, step_line
+from perseus.runtime.guard.ab import ABFigure, energy_text, step_line
 from perseus.runtime.observe.metrics import StepMetrics
 from perseus.runtime.observe.metrics_file import MetricsFile
 from perseus.runtime.phases import Phase
@@ -46,13 +46,13 @@ class Reporter:
             self._metrics = MetricsFile(self.metrics_path)
 
     def set_baseline(self, records: list[StepMetrics]) -> None:
-        """Median of the warm-up steps: robust to the slow first iteration."""
+        """Median of the warm-up steps: robust to the slow first iteration (energy: of the measured ones)."""
         if records:
             self.baseline_time_s = median(r.time_s for r in records)
-            self.baseline_energy_j = median(r.energy_j for r in records)
+            self.baseline_energy_j = median_energy(records)
 
-    def saving(self, energy_j: float) -> float | None:
-        if not self.baseline_energy_j:
+    def saving(self, energy_j: float | None) -> float | None:
+        if not self.baseline_energy_j or energy_j is None:
             return None
         return 1.0 - energy_j / self.baseline_energy_j
 
@@ -80,7 +80,7 @@ class Reporter:
             line = step_line(record.step, record.phase.value, record.time_s, record.energy_j, record.clocks, run)
             return line + (f", slowdown x{record.slowdown:.3f}" if record.slowdown != 1.0 else "")
         parts = [f"perseus step {record.step} [{record.phase.value}]", f"time {record.time_s * 1e3:.1f} ms",
-                 f"energy {record.energy_j:.2f} J"]
+                 energy_text(record.energy_j)]
         if record.freq_mhz is not None:
             parts.append(f"clock {record.freq_mhz} MHz")
         return ", ".join(parts)
@@ -95,23 +95,26 @@ class Reporter:
         if self._metrics is not None:
             self._metrics.write_line(json.dumps({"event": event, **data}, default=str))
 
-    def running_deployed(self) -> tuple[float, float] | None:
-        """Mean (time, energy) of the steps run with a deployed plan so far."""
+    def running_deployed(self) -> tuple[float, float | None] | None:
+        """Mean (time, energy) of the steps run with a deployed plan so far (energy: of the measured ones)."""
         deployed = [r for r in self.records if r.phase is Phase.DEPLOYED]
         if not deployed:
             return None
-        return fmean(r.time_s for r in deployed), fmean(r.energy_j for r in deployed)
+        return fmean(r.time_s for r in deployed), mean_energy(deployed)
 
-    def phase_means(self) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
+    def phase_means(self) -> dict[str, dict[str, float | None]]:
+        """Per phase: steps, mean and median time and energy; energies of the measured steps only
+        (``unmeasured_steps`` says how many were left out; None when none was measured)."""
+        out: dict[str, dict[str, float | None]] = {}
         for phase in sorted({r.phase.value for r in self.records}):
             rows = [r for r in self.records if r.phase.value == phase]
             out[phase] = {
                 "steps": len(rows),
                 "time_s": fmean(r.time_s for r in rows),
-                "energy_j": fmean(r.energy_j for r in rows),
+                "energy_j": mean_energy(rows),
                 "median_time_s": median(r.time_s for r in rows),
-                "median_energy_j": median(r.energy_j for r in rows),
+                "median_energy_j": median_energy(rows),
+                "unmeasured_steps": sum(r.energy_j is None for r in rows),
             }
         return out
 
@@ -163,7 +166,7 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         "baseline": {"time_s": reporter.baseline_time_s, "energy_j": reporter.baseline_energy_j},
         "current": {
             "time_s": fmean(r.time_s for r in recent) if recent else None,
-            "energy_j": fmean(r.energy_j for r in recent) if recent else None,
+            "energy_j": mean_energy(recent),
         },
         "phases": means,
         "saving": reporter.saving(deployed["energy_j"]) if deployed else None,
@@ -218,7 +221,23 @@ def _guard(loop: dict[str, Any] | None) -> str:
 def _fmt(d: dict[str, Any] | None) -> str:
     if not d or d.get("time_s") is None:
         return "n/a"
-    return f"{d['time_s'] * 1e3:.1f} ms / {d['energy_j']:.2f} J"
+    energy = "energy unmeasured" if d.get("energy_j") is None else f"{d['energy_j']:.2f} J"
+    return f"{d['time_s'] * 1e3:.1f} ms / {energy}"
+
+
+def measured_energies(records: Sequence[StepMetrics]) -> list[float]:
+    """The energies of the measured steps: an unmeasured one (None) is left out, never counted as 0 J."""
+    return [r.energy_j for r in records if r.energy_j is not None]
+
+
+def mean_energy(records: Sequence[StepMetrics]) -> float | None:
+    energies = measured_energies(records)
+    return fmean(energies) if energies else None
+
+
+def median_energy(records: Sequence[StepMetrics]) -> float | None:
+    energies = measured_energies(records)
+    return median(energies) if energies else None
 
 
 def profiling_overhead(records: Sequence[StepMetrics]) -> dict[str, Any] | None:
@@ -235,23 +254,27 @@ def profiling_overhead(records: Sequence[StepMetrics]) -> dict[str, Any] | None:
         reference = [r for r in records if r.phase is Phase.WARMUP][1:]
         basis = "warm-up steps after the first (start-up left out)"
     base_t = median(r.time_s for r in reference) if reference else 0.0
-    base_e = median(r.energy_j for r in reference) if reference else 0.0
+    base_e = median_energy(reference) or 0.0
     if not rows or base_t <= 0:
         return None
     n = len(rows)
     time_s = sum(r.time_s for r in rows)
-    energy_j = sum(r.energy_j for r in rows)
-    measured = base_e > 0  # steps shorter than the energy counter's update period can read 0 J
+    energies = measured_energies(rows)  # the energy of the steps measured, against as many reference steps
+    n_e, energy_j = len(energies), sum(energies)
+    measured = base_e > 0 and n_e > 0  # steps shorter than the energy counter's update period can read 0 J
     out: dict[str, Any] = {
         "iterations": n, "time_s": time_s, "energy_j": energy_j, "reference": basis,
         "reference_steps": len(reference),
         "extra_time_s": time_s - n * base_t,
-        "extra_energy_j": energy_j - n * base_e if measured else None,
+        "extra_energy_j": energy_j - n_e * base_e if measured else None,
         "extra_time_ratio": time_s / (n * base_t) - 1.0,
-        "extra_energy_ratio": energy_j / (n * base_e) - 1.0 if measured else None,
+        "extra_energy_ratio": energy_j / (n_e * base_e) - 1.0 if measured else None,
     }
-    notes = [] if measured else [f"energy not measured: {basis} read 0 J (steps shorter than the energy "
-                                 "counter's update period)"]
+    notes = [] if measured else [f"energy not measured: {basis} read 0 J (steps shorter than the energy counter's "
+                                 "update period)" if n_e else "energy not measured: the counter's reads failed"]
+    if measured and n_e < n:
+        notes.append(f"{n - n_e} of the {n} profiling steps unmeasured (the counter's reads failed): energy over the "
+                     f"other {n_e}")
     if measured and out["extra_energy_j"] < 0:  # real: a lower clock draws less power for longer
         notes.append(f"energy below zero: the {n} profiling steps at lower clocks used less energy than {basis}; "
                      "profiling costs time here, not energy")

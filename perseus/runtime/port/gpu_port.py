@@ -44,6 +44,20 @@ if TYPE_CHECKING:
     from perseus.runtime.config import PerseusConfig
 
 log = logging.getLogger("perseus.runtime")
+# The likely cause of a failed stream follower on a real GPU, and its fix.
+# What to do about an energy counter that stopped answering (``take_notices``).
+ENERGY_FIX = ("check the GPU's health (nvidia-smi -q, the kernel log for Xid errors); energy savings resume "
+              "when the job restarts on a GPU whose counter answers")
+# The run events after which this rank keeps default clocks for the rest of the run, and how the
+# engine names the cause when a deployed plan falls back on one.
+FALLBACK_EVENTS = {
+    "clock_failed": "clock control failed",
+    "follower_failed": "following the GPU stream failed",
+    "energy_failed": "the GPU's energy counter stopped answering",
+}
+
+FOLLOWER_FIX = ("if this job captures CUDA graphs, capture them with torch.cuda.graph(..., "
+                "capture_error_mode=\"thread_local\") so the follower thread may poll events meanwhile")
 
 
 class GPUPort:
@@ -64,8 +78,7 @@ class GPUPort:
         # Whether the controller can hold a request until a given time (switch latency hiding).
         self.timed_requests: bool = controller.timed_requests
         self._closed = False
-        self._last_energy_j = 0.0
-        self.energy_error: str | None = None  # set once reading the energy counter failed
+        self.energy_error: str | None = None  # set once the energy counter died (its poller's ``error``)
         self.clock_failure: str | None = None  # set by the first ``failed`` notice: default clocks for good
         self.trace: ClockTrace | None = None  # the per-instruction clock trace, which notes each request
         # With a GPU timeline (``open_timeline``) requests follow the stream, and the host's own
@@ -190,14 +203,9 @@ class GPUPort:
     def take_notices(self, rank: int) -> list[tuple[str, Any]]:
         """The notices since the last call (step ends) as the run's events, each logged once: an
         ``override`` as ``clock_override``; the first ``failed`` as ``clock_failed``, which sets
-        ``clock_failure`` (later ones add nothing)."""
+        ``clock_failure`` (later ones add nothing); a failed stream follower as ``follower_failed``
+        (``_follower_failed``); a dead energy counter as ``energy_failed`` (``_energy_failed``)."""
         events: list[tuple[str, Any]] = []
-        poller = self._poller
-        if poller is not None and poller.error is not None and self.energy_error is None:
-            self.energy_error = poller.error
-            log.warning("perseus: reading the GPU's energy failed (%s); energy is reported as unchanged "
-                        "from now on", poller.error)
-            events.append(("energy_failed", poller.error))
         for notice in self.notices():
             if notice.kind == "override":
                 log.warning("perseus: rank %d: %s", rank, notice.describe())
@@ -207,18 +215,67 @@ class GPUPort:
                 log.warning("perseus: rank %d: clock control failed (%s); continuing at default clocks for the rest "
                             "of the run", rank, self.clock_failure)
                 events.append(("clock_failed", self.clock_failure))
-        return events
+        # after the notices: these retire the controller, whose last notices would be lost
+        return events + self._follower_failed(rank) + self._energy_failed(rank)
 
-    def energy_j(self) -> float:
-        """The energy counter; after a device error (a lost GPU) the last value, with one warning."""
-        if self.energy_error is None:
-            try:
-                self._last_energy_j = float(self.device.total_energy_j())
-            except GPUError as exc:
-                self.energy_error = str(exc)
-                log.warning("perseus: reading the GPU's energy failed (%s); energy is reported as unchanged "
-                            "from now on", exc)
-        return self._last_energy_j
+    def _to_measure_only(self) -> None:
+        """Default clocks now and no clock change for the rest of the run: the controller becomes
+        the measure-only one (the closed one leaves the GPU unlocked)."""
+        from perseus.gpu.control.controller import NullController
+
+        if not self.controller.enabled:
+            return
+        try:
+            self.reset()
+        finally:
+            retired, self.controller = self.controller, NullController()
+            retired.close()
+
+    def _follower_failed(self, rank: int) -> list[tuple[str, Any]]:
+        """A GPU timeline whose stream follower failed (``GPUTimeline.failure``): no clock request
+        would go out again, so the GPU is reset from the host at once (requests on their way
+        dropped) and the port changes no clock for the rest of the run (its controller becomes the
+        measure-only one; the closed one leaves the GPU unlocked); steps are host-timed from now on
+        (``StepClock``). One line and one ``follower_failed`` event; ``clock_failure`` is set, so a
+        plan falls back and a profile is discarded as after a failed clock controller."""
+        timeline = self.timeline
+        if timeline is None or timeline.failure is None:
+            return []
+        problem = str(timeline.failure) or type(timeline.failure).__name__
+        try:
+            self._to_measure_only()  # its reset drops the requests still on their way
+        finally:
+            self.timeline = None
+            timeline.close()
+        self.clock_failure = self.clock_failure or f"following the GPU stream failed ({problem})"
+        log.warning("perseus: rank %d: following the GPU stream failed (%s); continuing at default clocks for the "
+                    "rest of the run; %s", rank, problem, FOLLOWER_FIX)
+        return [("follower_failed", problem)]
+
+    def _energy_failed(self, rank: int) -> list[tuple[str, Any]]:
+        """The energy counter died (its poller's reads failed for ``read_failures.DEAD_AFTER_S``, or
+        the GPU is lost): the run measures time only (its steps' energy is None from here) at default
+        clocks for the rest of it, since a plan or a sweep is judged on energy. The port resets the clocks
+        and its controller becomes the measure-only one; ``clock_failure`` is set, so a plan falls
+        back and a profile is discarded as after a failed clock controller. One line, one
+        ``energy_failed`` event."""
+        poller = self._poller
+        if poller is None or poller.error is None or self.energy_error is not None:
+            return []
+        self.energy_error = poller.error
+        self._to_measure_only()
+        self.clock_failure = self.clock_failure or f"the GPU's energy counter stopped answering ({poller.error})"
+        log.warning("perseus: rank %d: the GPU's energy counter stopped answering (%s); continuing at default clocks, "
+                    "measuring time only; %s", rank, poller.error, ENERGY_FIX)
+        return [("energy_failed", poller.error)]
+
+    def energy_j(self) -> float | None:
+        """The energy counter now, read on the calling thread (2.4 ms on an H200); None when the
+        read fails (never an earlier value: a step would read 0 J)."""
+        try:
+            return float(self.device.total_energy_j())
+        except GPUError:
+            return None
 
     @property
     def is_simulated(self) -> bool:
@@ -232,6 +289,19 @@ class GPUPort:
 
         device = self.device.underlying
         return device if isinstance(device, SimulatedGPU) else None
+
+    def key_settings(self) -> dict[str, Any]:
+        """The settings of this GPU that change what a clock does, for the profile cache key
+        (``sources.stage_gpus``): the power limit caps the clock the card sustains, the memory clock
+        sets memory-bound kernels' time. A reading that fails is None (that key never matches a read one)."""
+        def read(what: Callable[[], float]) -> int | None:
+            try:
+                return round(float(what()))
+            except (GPUError, OSError, ValueError):
+                return None
+
+        return {"name": self.name, "power_limit_w": read(self.device.power_limit_w),
+                "memory_clock_mhz": read(self.device.max_memory_clock_mhz)}
 
     def instruction_timer(self) -> InstructionTimer:
         """CUDA-event timer on a real GPU (kernels are asynchronous), the simulated GPU's own
@@ -348,16 +418,34 @@ class GPUPort:
             self.device.close()
 
 
-def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPUPort | None = None) -> GPUPort:
-    """This rank's port (``gpu`` when the caller brings one), or an error on every rank: a rank
-    that cannot open its GPU or control its clocks stops them all at start-up, together."""
+def open_port(config: PerseusConfig, collective: Collective, rank: int,
+              gpu: GPUPort | None = None) -> tuple[GPUPort, PerseusConfig]:
+    """This rank's port (``gpu`` when the caller brings one) and the run's config, or an error on
+    every rank: a rank that cannot open its GPU stops them all at start-up, together. Where a rank
+    may not change its clocks (``NoClockAccess``), ``without_clock_access`` decides for the job:
+    ``fail`` stops every rank the same way; ``measure-only`` makes every rank measure only (a plan
+    is the whole job's: the ranks' clocks change together or not at all) and the config returned
+    says ``mode = measure-only``, with one line from rank 0 naming ranks and reasons."""
+    from perseus.gpu.clock_service import NoClockAccess
+
     error: PerseusError | None = None
+    denied: str | None = None  # why this rank may not change its clocks, where it measures only instead
     port = gpu
     if port is None:
+        index = device_index(config, rank)
+
+        def open_gpu(control: bool) -> GPUPort:
+            return GPUPort.open(config.gpu, index, config.sim_gpu, control=control,
+                                clock_check_s=config.clock_check_s, zeusd_socket=config.zeusd_socket)
+
         try:
-            port = GPUPort.open(config.gpu, device_index(config, rank), config.sim_gpu,
-                                control=config.mode.controls_clocks, clock_check_s=config.clock_check_s,
-                                zeusd_socket=config.zeusd_socket)
+            try:
+                port = open_gpu(config.mode.controls_clocks)
+            except NoClockAccess as exc:
+                if not config.without_clock_access.measures:
+                    raise
+                denied = str(exc)
+                port = open_gpu(False)
         except PerseusError as exc:
             error = exc
     if not collective.all_true(error is None):
@@ -367,7 +455,36 @@ def open_port(config: PerseusConfig, collective: Collective, rank: int, gpu: GPU
         error.line = job_error_line(collective, rank, error)
         raise error
     assert port is not None
-    return port
+    if not config.mode.controls_clocks or collective.all_true(denied is None):
+        return port, config
+    if port.controller.enabled:  # this rank may; the job may not: its clocks stay at default too
+        from perseus.gpu.control.controller import NullController
+
+        port.controller.close()
+        port.controller, port.timed_requests = NullController(), NullController.timed_requests
+    _say_measure_only(collective, rank, denied)
+    from perseus.runtime.config import Mode
+
+    return port, config.replace(mode=Mode.MEASURE_ONLY)
+
+
+def _say_measure_only(collective: Collective, rank: int, denied: str | None) -> None:
+    """Rank 0's one line for the job: which ranks may not change clocks, why, and that all measure only."""
+    try:
+        gathered = collective.gather_to_root((rank, denied))
+    except Exception as exc:  # noqa: BLE001 - the fallback stands; only its explanation is lost
+        log.warning("perseus: rank %d: %s; the job measures only", rank, denied or f"(could not gather why: {exc})")
+        return
+    if gathered is None:
+        return
+    by_reason: dict[str, list[int]] = {}
+    for r, reason in gathered:
+        if reason is not None:
+            by_reason.setdefault(reason, []).append(r)
+    parts = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {reason.removeprefix('perseus: ')}"
+             for reason, ranks in by_reason.items()]
+    log.warning("perseus: %s; so the whole job trains on without changing clocks, measuring only (mode measure-only, "
+                "as without_clock_access: measure-only says; \"fail\" would stop it instead)", " | ".join(parts))
 
 
 def device_index(config: PerseusConfig, rank: int) -> int | None:

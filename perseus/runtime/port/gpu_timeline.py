@@ -7,7 +7,8 @@ instructions profiled one by one; either way a step ends as one ``StepNumbers``.
 poller thread's counter updates read at the step's times, past the last update at the last
 interval's power (``AfterLast.EXTEND``: a step's end comes before the counter's next update); the
 synchronous simulated GPU's counter is read at the step's boundaries instead
-(``GPUPort.direct_energy_reader``).
+(``GPUPort.direct_energy_reader``). A step the counter did not measure (failed reads left a gap in
+the updates over it, ``EnergyPoller.covers``, or a boundary read failed) has no energy (None).
 
 Why: a GPU runs its work after the host launched it (the measured H200: 5 instructions behind in a
 1F1B step with no host sync). Whatever the hooks do at once (a clock request, a timestamp, an
@@ -29,7 +30,9 @@ instruction hangs on this step's last begin event).
 
 At step end the engine waits for that step's end event (``GPUStepTimer.fence``): work already
 queued, no device sync; so a step's numbers are known at its own end, every rank at the same step,
-and a clock set at a step boundary lands exactly between two steps.
+and a clock set at a step boundary lands exactly between two steps. The wait is about a step at
+most, none once the follower failed (a CUDA error from an event): then ``StepClock`` times steps on
+the host and the port resets the clocks for the rest of the run (``GPUPort.take_notices``).
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any, Protocol
 
 from perseus.gpu.stream.gpu_time import GPUStep, GPUStepTimer, StreamTimeline, non_instruction_work
+from perseus.gpu.errors import GPUError
 from perseus.gpu.meter.energy import AfterLast, CounterUpdate, energy_at
 from perseus.gpu.stream.clocks import StreamClocks
 from perseus.gpu.stream.follow import BoundaryEvent, FollowMechanism, StreamFollower
-from perseus.gpu.meter.timing import InstructionTimer, TimedInstruction
+from perseus.gpu.meter.timing import CPUInstructionTimer, InstructionTimer, TimedInstruction
 
 RESET_MHZ = 0  # a stream request for default clocks (the controller's reset), not a locked clock
 SPAN = "__instructions__"  # the one mark of a step whose instructions are not timed one by one
@@ -106,17 +111,19 @@ class _Requests:
 class StepNumbers:
     """One step as the runtime reports it (seconds, joules). ``time_s``: the GPU's step (first
     instruction begin to the step's end event) where there is a GPU timeline, host time otherwise;
-    ``span_s``: its instructions' span; ``instructions``: what profiling attributes energy to."""
+    ``span_s``: its instructions' span; ``instructions``: what profiling attributes energy to.
+    ``energy_j`` None: unmeasured (the counter's reads failed over the step, ``EnergySource.covers``),
+    never 0 J or the counter's last value: every consumer leaves such a step out of its energies."""
 
     time_s: float
-    energy_j: float
+    energy_j: float | None
     span_s: float
     # The step's begin to its last instruction's end: the straggler check's natural time, where a
     # pipeline slowed before its first instruction (its data) counts. Without a timeline the host's;
     # NaN: the span (on the GPU's clock the step begins at its first instruction).
     until_last_end_s: float = math.nan
     non_instruction_s: float = 0.0
-    non_instruction_energy_j: float = 0.0
+    non_instruction_energy_j: float | None = 0.0
     instructions: tuple[TimedInstruction, ...] = ()
     gpu_time: bool = False
     host_s: float | None = None  # the step on the host (begin hook to end hook)
@@ -128,15 +135,20 @@ class StepNumbers:
         return self.span_s if math.isnan(self.until_last_end_s) else self.until_last_end_s
 
     @property
-    def span_energy_j(self) -> float:
-        """Energy of the instructions' span (the step's less its non-instruction tail)."""
+    def span_energy_j(self) -> float | None:
+        """Energy of the instructions' span (the step's less its non-instruction tail); None: unmeasured."""
+        if self.energy_j is None or self.non_instruction_energy_j is None:
+            return None
         return self.energy_j - self.non_instruction_energy_j
 
 
 class EnergySource(Protocol):
-    """The poller thread's counter updates (``EnergyPoller.since``)."""
+    """The poller thread's counter updates (``EnergyPoller.since``) and whether they measure a
+    span (``EnergyPoller.covers``: no gap left by failed reads)."""
 
     def since(self, t_s: float) -> list[CounterUpdate]: ...
+
+    def covers(self, t0: float, t1: float) -> bool: ...
 
 
 class GPUTimeline:
@@ -145,7 +157,8 @@ class GPUTimeline:
     def __init__(self, recorder: RecyclingRecorder, timeline: StreamTimeline, energy: EnergySource,
                  send: Callable[[int, float | None], None], *, instructions: int = 0, switch_latency_s: float = 0.0,
                  timed: bool = False, mechanism: FollowMechanism = FollowMechanism.POLL) -> None:
-        self.follower = StreamFollower(mechanism)
+        # On a real GPU the follower's thread makes the events' device its own (``bind_thread``).
+        self.follower = StreamFollower(mechanism, on_start=getattr(recorder, "bind_thread", None))
         self._recorder = _PooledRecorder(recorder)
         self._energy = energy
         self._send = send
@@ -210,17 +223,26 @@ class GPUTimeline:
         self._requests = _Requests(self._send, self.lock)
         self.clocks = self._new_clocks()
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What failed the stream follower (``StreamFollower.error``): nothing of this timeline
+        works any more (no clock request goes out, no step settles); None while it follows."""
+        return self.follower.error
+
     def step_end(self) -> StepNumbers | None:
-        """The step's numbers, once the GPU passed its end (``GPUStepTimer.fence``); None when
-        it did not settle (a follower that stopped)."""
+        """The step's numbers, once the GPU passed its end (``GPUStepTimer.fence``: about a step at
+        most); None when it did not settle in time or the follower failed."""
         if self._open:  # fewer instructions than the stage has: the span ends here
             self.timer.end()
             self._open = False
+        if self.follower.failed:
+            return None
         self.timer.step_end()
         steps = self.timer.fence()
         self._recorder.close_generation(self.follower.handed)
         self._recorder.recycle(self.follower.followed)
-        return self._numbers(steps[-1]) if steps else None
+        # an older step settling late is not this one
+        return self._numbers(steps[-1]) if steps and steps[-1].index == self.timer.last_index else None
 
     def _numbers(self, step: GPUStep) -> StepNumbers:
         """The step's time and energy; its end is read before the counter's next update (at the last
@@ -233,11 +255,13 @@ class GPUTimeline:
         e0, e_tail, e1 = (energy_at(updates, t, AfterLast.EXTEND) for t in (first, tail, step.end_s))
         if last is not None and not math.isnan(e0):
             e0 -= energy_at(updates, last[0], AfterLast.EXTEND) - last[1]
-        self._read_end = (step.end_s, e1)
+        measured = not math.isnan(e1 - e0) and self._energy.covers(first, step.end_s)
+        self._read_end = (step.end_s, e1) if measured else None  # nothing to correct after an unmeasured step
         timed = tuple(i for i in step.instructions if i.key != SPAN)
         timed += tuple(non_instruction_work(step)) if timed else ()
-        return StepNumbers(step.gpu_step_s, e1 - e0, step.instruction_span_s,
-                           non_instruction_s=step.non_instruction_gpu_s, non_instruction_energy_j=e1 - e_tail,
+        return StepNumbers(step.gpu_step_s, e1 - e0 if measured else None, step.instruction_span_s,
+                           non_instruction_s=step.non_instruction_gpu_s,
+                           non_instruction_energy_j=e1 - e_tail if measured else None,
                            instructions=timed, gpu_time=True, start_s=first)
 
     def close(self) -> None:
@@ -261,8 +285,16 @@ class HostSteps:
     def step_begin(self) -> None:
         self._t0 = self._first_begin = self._last_end = self._clock()
         if self._read_now is not None:
-            self._e0 = self._read_now()
+            self._e0 = self._read(self._read_now)
         self._begun = False
+
+    @staticmethod
+    def _read(read: Callable[[], float]) -> float:
+        """The direct counter read; NaN when it fails (the step is unmeasured, training goes on)."""
+        try:
+            return read()
+        except GPUError:
+            return math.nan
 
     def begin(self) -> None:
         """An instruction begins: the first one starts the span (host work before it is not the plan's)."""
@@ -274,15 +306,20 @@ class HostSteps:
         self._last_end = self._clock()
 
     def step_end(self) -> StepNumbers:
+        """The step's numbers; its energy None (unmeasured) where a read at its boundaries failed,
+        or the poller's updates do not cover it."""
         t1 = self._clock()
+        energy: float | None
         if self._read_now is not None:
-            energy = self._read_now() - self._e0
+            energy = self._read(self._read_now) - self._e0  # NaN (unmeasured) when either read failed
         else:
             updates = self._energy.since(self._t0)
             energy = (energy_at(updates, t1, AfterLast.EXTEND)
                       - energy_at(updates, self._t0, AfterLast.EXTEND))
-            if math.isnan(energy):
-                energy = 0.0
+            if not self._energy.covers(self._t0, t1):
+                energy = None
+        if energy is not None and math.isnan(energy):
+            energy = None
         return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._first_begin, 1e-9),
                            until_last_end_s=max(self._last_end - self._t0, 1e-9))
 
@@ -322,6 +359,8 @@ class StepClock:
         device sync) where there is a timeline and the step settled, else the host's."""
         host = self.host.step_end()
         numbers = self.timeline.step_end() if self.timeline is not None else None
+        if self.timeline is not None and self.timeline.failure is not None:
+            self._host_only()
         if numbers is not None:
             return StepNumbers(**{**vars(numbers), "host_s": host.time_s})
         timed = tuple(self.timer.resolve()) if profiling else ()
@@ -331,6 +370,15 @@ class StepClock:
     def discard(self) -> None:
         """Forget instructions timed so far (profiling starts)."""
         self.timer.resolve()
+
+    def _host_only(self) -> None:
+        """The GPU timeline failed (its follower did; the port resets the clocks): host time from
+        the next step on, the hooks back on this class's methods, instructions timed on the host
+        (a CUDA event timer would ask the failing stream)."""
+        self.timeline = None
+        vars(self).pop("begin", None)
+        vars(self).pop("end", None)
+        self.timer = CPUInstructionTimer(monotonic)
 
 
 class InertSteps(StepClock):
@@ -349,6 +397,9 @@ class InertSteps(StepClock):
 class _NoEnergy:
     def since(self, t_s: float) -> list[CounterUpdate]:
         return []
+
+    def covers(self, t0: float, t1: float) -> bool:
+        return True
 
 
 class _NoTimer(InstructionTimer):

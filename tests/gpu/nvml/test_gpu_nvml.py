@@ -85,17 +85,25 @@ def test_cuda_visible_devices_uuid_prefix(fake_nvml, monkeypatch):
     assert fake_nvml.init_count == 0  # failed opens still shut NVML down
 
 
-def test_mig_instance_and_mig_mode_are_rejected(fake_nvml, monkeypatch):
+def test_a_mig_instance_is_rejected_and_a_mig_gpu_measures_but_changes_no_clock(fake_nvml, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f0f5b3c-1111")
     with pytest.raises(GPUNotSupportedError, match="MIG instance"):
         NVMLGPU(0)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(nvml_mod, "has_cap_sys_admin", lambda: True)  # MIG refuses even a privileged process
     fake_nvml.devices[1].mig_enabled = True
-    with pytest.raises(GPUNotSupportedError, match="MIG mode enabled") as info:
-        NVMLGPU(1)
-    assert "nvidia-smi -i 1 -mig 0" in str(info.value)
+    gpu = NVMLGPU(1)  # measure-only opens it
+    assert gpu.total_energy_j() >= 0 and gpu.power_w() > 0
+    assert gpu.can_set_clocks() is False
+    problem = gpu.control_problem()
+    assert problem is not None and "MIG mode enabled" in problem and "nvidia-smi -i 1 -mig 0" in problem
+    assert "measure-only works" in problem and "\n" not in problem
+    assert not fake_nvml.calls_named("nvmlDeviceSetGpuLockedClocks")  # nothing was tried on the clocks
+    gpu.close()
     fake_nvml.devices[0].mig_supported = False  # pre-Ampere: no MIG query → accepted
-    NVMLGPU(0).close()
+    gpu = NVMLGPU(0)
+    assert gpu.can_set_clocks() and gpu.control_problem() is None
+    gpu.close()
 
 
 def test_permission_error_names_the_fixes(fake_nvml):
