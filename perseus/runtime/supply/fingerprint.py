@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 # The cache key's layout version: raised when what the key holds changes, so entries written
 # under another layout are never mistaken for this one (they live in other hash directories).
-KEY_VERSION = 2
+KEY_VERSION = 3
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_DEPTH = 8

@@ -24,7 +24,8 @@ from perseus.runtime.supply.planning import (BackgroundPlanner, PlanOutcome, fin
                                       stop_child)
 from perseus.runtime.measure.instruction_samples import Key
 from perseus.runtime.measure.profiling_run import ProfilingRun, describe_noise, measure_p_blocking, partial_saver
-from perseus.runtime.supply.sources import Sources, cache_key, open_cache, save_quietly, share_sources, stage_models
+from perseus.runtime.supply.sources import (Sources, cache_key, open_cache, save_quietly, share_sources, stage_gpus,
+                                            stage_models)
 from perseus.planner.stage_plan import StagePlan
 from perseus.schedules import Schedule
 
@@ -49,18 +50,21 @@ class PlanSupply:
         self._planner: BackgroundPlanner | None = None  # rank 0 only
         self._child: Any = None  # rank 0: the planner process, started while profiling
         self.stage_models: Mapping[str, str] | None = None  # every rank's stage fingerprint (rank 0's), for the key
+        self.stage_gpus: Mapping[str, Any] | None = None  # every rank's GPU settings (rank 0's), for the key
         self.cache: RunCache | None = None  # rank 0's, from ``load``
         # The warm-up steps' instruction spans at default clocks: the all-max step as this job runs
         # it, hand-offs between stages included (rank 0's: stage 0 begins first and ends last).
         self.warmup_spans: list[float] = []
 
     def cache_key(self) -> dict[str, Any]:
-        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config, self.stage_models)
+        return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config, self.stage_models,
+                         self.stage_gpus)
 
     def load(self) -> Sources:
         """Collective: a provided or cached frontier (this rank's stage of it) or profile. Every
         rank's stage parameters reach rank 0's cache key first: a model changed on any stage misses."""
         self.stage_models = stage_models(self.collective, self.job)
+        self.stage_gpus = stage_gpus(self.collective, self.job, self.gpu)
         self.cache = open_cache(self.config, self.cache_key()) if self.collective.is_root else None
         sources = share_sources(self.collective, self.config, self.schedule, self.job.stage, self.cache,
                                 timing=self.timelines)

@@ -8,9 +8,10 @@ too once it has sent the others theirs.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, load_frontier
@@ -22,6 +23,9 @@ from perseus.runtime.job import PipelineJob
 from perseus.runtime.supply.fingerprint import KEY_VERSION
 from perseus.planner.stage_plan import StagePlan, distribute, slices_of
 from perseus.schedules import Schedule
+
+if TYPE_CHECKING:
+    from perseus.runtime.port.gpu_port import GPUPort
 
 log = logging.getLogger("perseus.runtime")
 
@@ -40,11 +44,50 @@ def stage_models(collective: Collective, job: PipelineJob) -> dict[str, str] | N
     return {str(stage): "+".join(sorted(fps)) for stage, fps in sorted(per_stage.items())}
 
 
+def stage_gpus(collective: Collective, job: PipelineJob, gpu: GPUPort) -> dict[str, list[dict[str, Any]]] | None:
+    """Collective: every stage's GPU settings (``GPUPort.key_settings``: name, power limit, memory
+    clock) on rank 0, ``{"<stage>": [settings, ...]}`` (the distinct ones of its ranks); None on
+    the other ranks. Every rank's, not rank 0's only: a power limit lowered on one node slows that
+    stage alone, and its profile with it."""
+    gathered = collective.gather_to_root((int(job.stage), gpu.key_settings()))
+    if gathered is None:
+        return None
+    per_stage: dict[int, dict[str, dict[str, Any]]] = {}
+    for stage, settings in gathered:
+        per_stage.setdefault(stage, {})[json.dumps(settings, sort_keys=True)] = dict(settings)
+    return {str(stage): [found[k] for k in sorted(found)] for stage, found in sorted(per_stage.items())}
+
+
+def software_versions() -> dict[str, str | None]:
+    """The torch, CUDA and NCCL versions the job runs on (new kernels and collectives change an
+    instruction's time). CUDA's and NCCL's only where CUDA is available; None where absent. Rank
+    0's: the ranks of one job run one software stack (their collectives assume it)."""
+    versions: dict[str, str | None] = {"torch_version": None, "cuda_version": None, "nccl_version": None}
+    try:
+        import torch  # already imported by the runtime's collectives: no start-up cost
+    except ImportError:
+        return versions
+    versions["torch_version"] = str(getattr(torch, "__version__", None) or "unknown")
+    try:
+        if not torch.cuda.is_available():
+            return versions
+        cuda = torch.version.cuda
+        versions["cuda_version"] = None if cuda is None else str(cuda)
+        nccl: Any = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a torch that cannot tell costs a key field, not the run
+        return versions
+    versions["nccl_version"] = ".".join(map(str, nccl)) if isinstance(nccl, (tuple, list)) else str(nccl)
+    return versions
+
+
 def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_version: str,
-              config: PerseusConfig, stages: Mapping[str, str] | None = None) -> dict[str, Any]:
+              config: PerseusConfig, stages: Mapping[str, str] | None = None,
+              gpus: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything that determines a profile and its frontier (docs/runtime.md, Cache): the model
     (``job.model_config`` and every stage's parameters, ``stages`` from ``stage_models``), the
-    schedule, the GPU and the swept clocks. ``key_version`` is the layout's (``fingerprint.KEY_VERSION``)."""
+    schedule, the GPU (rank 0's name and driver; every stage's power limit and memory clock,
+    ``gpus`` from ``stage_gpus``), the software (``software_versions``) and the swept clocks.
+    ``key_version`` is the layout's (``fingerprint.KEY_VERSION``)."""
     c = config
     key = {
         "key_version": KEY_VERSION,
@@ -57,10 +100,13 @@ def cache_key(job: PipelineJob, schedule: Schedule, gpu_name: str, driver_versio
         "dp_size": job.dp_size,  # data-parallel gradient reduction overlaps the last backwards
         "gpu_name": gpu_name,
         "driver_version": driver_version,
+        **software_versions(),
         "sweep": [c.freq_min_mhz, c.freq_max_mhz, c.freq_step_mhz, c.freq_every_k],
     }
     if stages:
         key["stage_models"] = dict(stages)
+    if gpus:
+        key["stage_gpus"] = {str(k): v for k, v in gpus.items()}
     key.update(schedule.variant_fields())  # only what is not the default: existing caches keep their keys
     return key
 

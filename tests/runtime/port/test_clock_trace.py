@@ -134,7 +134,8 @@ def test_with_the_plans_timeline_each_switch_is_asked_for_latency_before_it_land
                                    "sim_gpu": {"state_dir": str(tmp_path / "sim")}, "warmup_steps": 1,
                                    "probe_every_steps": 0, "trace_clocks": True, "planner_options": {"switch_latency_s": 0.005}})
     port = GPUPort(device, TimedLoggingController(log))
-    cache = RunCache(tmp_path / "cache", cache_key(JOB, schedule, port.name, port.driver_version, cfg))
+    cache = RunCache(tmp_path / "cache", cache_key(JOB, schedule, port.name, port.driver_version, cfg,
+                                                   gpus={"0": [port.key_settings()]}))
     cache.save_profile(profile)
     cache.save_frontier(frontier)
     hooks = []

@@ -9,12 +9,16 @@ import shutil
 import subprocess
 import sys
 import time
+import types
+
+import torch
 
 from perseus.store.cache import RunCache, key_hash
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.profile import load_json
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob, describe_value, value_digest
 from perseus.runtime.supply.fingerprint import KEY_VERSION
+from perseus.runtime.supply.sources import software_versions, stage_gpus
 
 JOB = PipelineJob(num_stages=1, num_microbatches=2, stage=0, model_config={"hidden": 8}, stage_fingerprint="abc")
 
@@ -36,12 +40,91 @@ def train(runtime, steps):
         runtime.on_step_end()
 
 
-def test_the_key_holds_its_version_the_model_and_every_stage(tmp_path):
-    SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+def test_the_key_holds_its_version_the_model_every_stage_its_gpu_and_the_software(tmp_path):
+    gpu = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
     with PerseusRuntime(JOB, config(tmp_path, mode="measure-only")) as rt:
         key = rt.cache.key
-    assert key["key_version"] == KEY_VERSION
+    assert key["key_version"] == KEY_VERSION == 3
     assert key["model"] == {"hidden": 8} and key["stage_models"] == {"0": "abc"} and key["dp_size"] == 1
+    assert key["stage_gpus"] == {"0": [{"name": gpu.name, "power_limit_w": round(gpu.model.tdp_w),
+                                        "memory_clock_mhz": gpu.max_memory_clock_mhz()}]}
+    assert key["torch_version"] == torch.__version__  # CPU torch here: no CUDA, no NCCL
+    assert key["cuda_version"] is None and key["nccl_version"] is None
+
+
+def profiled_then_reran(tmp_path, between) -> tuple[list[str], list[str]]:
+    """Phases of a run that profiles into the cache and of a second run after ``between()``."""
+    phases = []
+    for change in (lambda: None, between):
+        change()
+        with PerseusRuntime(JOB, config(tmp_path, mode="profile")) as rt:
+            train(rt, 6)
+            phases.append([p for _, p in rt.summary()["phase_history"]])
+    return phases[0], phases[1]
+
+
+def test_a_profile_is_reused_while_nothing_in_its_key_changed(tmp_path):
+    SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+    first, again = profiled_then_reran(tmp_path, lambda: None)
+    assert "profiling" in first and "profiling" not in again
+
+
+def test_a_profile_cached_under_one_power_limit_is_not_reused_under_another(tmp_path):
+    """A lower power limit lowers the clock the card sustains, so the old profile is stale."""
+    gpu = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+    first, after = profiled_then_reran(tmp_path, lambda: gpu.set_power_limit_w(gpu.model.tdp_w - 100.0))
+    assert "profiling" in first and "profiling" in after
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # the old entry is kept for the old limit
+
+
+def test_a_power_limit_within_a_watt_keeps_the_profile(tmp_path):
+    gpu = SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+    first, after = profiled_then_reran(tmp_path, lambda: gpu.set_power_limit_w(gpu.model.tdp_w - 0.2))
+    assert "profiling" in first and "profiling" not in after
+
+
+class Gathered:
+    """Rank 0's end of a gather whose other ranks sent ``others``."""
+
+    def __init__(self, others: list) -> None:
+        self.others = others
+
+    def gather_to_root(self, obj):
+        return [obj, *self.others]
+
+
+def test_every_stage_s_gpu_settings_are_in_the_key_each_distinct_once():
+    """A power limit lowered on one node slows its stage alone: the key names it per stage."""
+    mine = {"name": "H100", "power_limit_w": 700, "memory_clock_mhz": 2619}
+    capped = {**mine, "power_limit_w": 500}
+    port = types.SimpleNamespace(key_settings=lambda: dict(mine))
+    job = PipelineJob(num_stages=2, num_microbatches=2, stage=0)
+    found = stage_gpus(Gathered([(0, mine), (1, mine), (1, capped)]), job, port)
+    assert found == {"0": [mine], "1": [capped, mine]}
+
+
+def fake_torch(version: str, cuda: str | None = None, nccl: object = None) -> types.SimpleNamespace:
+    """What ``software_versions`` reads of torch; CUDA available where ``cuda`` is given."""
+    return types.SimpleNamespace(
+        __version__=version, version=types.SimpleNamespace(cuda=cuda),
+        cuda=types.SimpleNamespace(is_available=lambda: cuda is not None,
+                                   nccl=types.SimpleNamespace(version=lambda: nccl)))
+
+
+def test_a_profile_cached_under_one_torch_is_not_reused_under_another(tmp_path, monkeypatch):
+    SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("2.4.0"))
+    first, after = profiled_then_reran(tmp_path, lambda: monkeypatch.setitem(sys.modules, "torch", fake_torch("2.5.1")))
+    assert "profiling" in first and "profiling" in after
+
+
+def test_software_versions_name_cuda_and_nccl_only_where_cuda_is_available(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("2.5.1+cu124", "12.4", (2, 21, 5)))
+    assert software_versions() == {"torch_version": "2.5.1+cu124", "cuda_version": "12.4", "nccl_version": "2.21.5"}
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("2.5.1+cpu"))
+    assert software_versions() == {"torch_version": "2.5.1+cpu", "cuda_version": None, "nccl_version": None}
+    monkeypatch.setitem(sys.modules, "torch", None)  # not installed: ``import torch`` raises ImportError
+    assert software_versions() == {"torch_version": None, "cuda_version": None, "nccl_version": None}
 
 
 def test_an_entry_of_the_old_key_layout_is_never_read_and_breaks_nothing(tmp_path):
