@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("perseus.schedules",),
     ("perseus.profile", "perseus.frontier", "perseus.examples"),
     ("perseus.timeline", "perseus.store", "perseus.carbon"),
-    ("perseus.planner", "perseus.timeline.emulator"),
+    ("perseus.planner", "perseus.timeline.emulator", "perseus.measured"),
     ("perseus.output",),
     # the GPU layer's rooms, lowest first: the device contract; instruments and the stream, which
     # need only the contract; the backends; the one device chooser; the controller; clockd; the one
