@@ -1,0 +1,74 @@
+"""``benchmarks/bench_hostile.py``: each fast fault case drives the real runtime and gives a row of
+the bench's JSON with every field, of its type; and the runtime survives each fault as the bench's
+acceptance says (training goes on, no lock of Perseus's left, at most one line). Stalls are timing:
+here only a hang guard, the bench reports them against its 1 s limit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_hostile as bench  # the benchmarks folder is not a package
+
+HANG_GUARD_S = 10.0
+FIELDS = {"fault": str, "training_continued": bool, "max_stall_s": float, "clocks_locked_at_exit": bool,
+          "message_lines": int, "steps": int, "baseline": str, "start_s": float, "close_s": float,
+          "phase_at_end": str, "runtime_events": list, "messages": list}
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> bench.Case:
+    folder = tmp_path_factory.mktemp("hostile")
+    found = bench.Case(folder, bench.cache_plan(folder))
+    control = bench.control(found)
+    check_row(control)
+    assert control["training_continued"] and not control["clocks_locked_at_exit"]
+    return found
+
+
+def check_row(row: dict) -> None:
+    assert json.loads(json.dumps(row)) == row  # plain JSON values
+    for name, kind in FIELDS.items():
+        assert isinstance(row[name], kind), (name, row[name])
+    assert row["error"] is None or isinstance(row["error"], str)
+    assert row["message_lines"] >= 0 and row["max_stall_s"] >= 0.0
+    assert all(isinstance(m, str) for m in row["messages"])
+
+
+def test_the_fast_cases_are_faults_the_bench_names():
+    assert set(bench.FAST) < set(bench.FAULTS) == set(bench.CASES)
+    assert bench.FAULTS == ("follower_error", "nvml_energy_transient", "nvml_energy_dead", "lock_refused_midrun",
+                            "root_without_cap", "mig", "foreign_lock", "second_process")
+
+
+@pytest.mark.parametrize("fault", bench.FAST)
+def test_each_fast_fault_gives_a_full_row_and_the_job_survives_it(case, fault):
+    row = bench.CASES[fault](case)
+    assert row["fault"] == fault
+    if "not_available" in row:  # root_without_cap on a config without ``without_clock_access``
+        assert row["training_continued"] is None
+        return
+    check_row(row)
+    if fault not in ("root_without_cap", "mig", "foreign_lock"):
+        assert row["fault_began"] is True and row["steps_before_fault"] >= 1
+    if fault == "foreign_lock":
+        assert isinstance(row["foreign_lock_left_alone"], bool) and isinstance(row["foreign_lock_untouched"], bool)
+        assert "Perseus made" in row["clocks_locked_at_exit_counts"]
+        assert row["foreign_lock_left_alone"]
+    assert row["training_continued"], row["error"]
+    assert row["clocks_locked_at_exit"] is False
+    assert row["message_lines"] <= 1, row["messages"]
+    assert row["max_stall_s"] < HANG_GUARD_S
+
+
+def test_json_prints_one_object_with_a_row_per_fault_asked(capsys):
+    assert bench.main(["--json", "--only", "mig"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"faults", "control"}
+    assert [r["fault"] for r in out["faults"]] == ["mig"] and isinstance(out["faults"][0]["ok"], bool)
+    check_row(out["faults"][0])
+    check_row(out["control"])
