@@ -12,7 +12,7 @@ from perseus.errors import PerseusError
 from perseus.frontier import load_frontier
 from perseus.gpu.sim.stream import DEFAULT_DEPTH
 from perseus.profile import load_json
-from perseus_demo.common import format_report, phase_table
+from perseus_demo.common import format_report, phase_table, true_energy_line
 
 FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo",
               "torch": "perseus_demo.torch_demo"}
@@ -93,17 +93,22 @@ def carbon_lines(metrics: Path) -> list[str]:
 # the synchronous mode's kernel runs inside its hook, which a demo run on a loaded machine keeps
 # easier to read.
 ASYNC_STREAM_DEPTH = DEFAULT_DEPTH
+# --hostile-gpu: asynchronous simulated GPUs of the "H200-hostile" preset (perseus/gpu/sim/dvfs.py),
+# what real cards do on top of the measured H200: a part-time, late, noisy energy meter on the real
+# 100 ms period, target-dependent switch latency, an optimizer tail after each step, spinning waits.
+HOSTILE_SIM_GPU = {"preset": "H200-hostile"}
 
 MOE = {"num_experts": 4, "expert_parallel": 2, "dp_size": 2, "forward_ms": 30.0, "backward_ms": 60.0}
 
 
 def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | None, out_dir: Path,
              schedule: str | None = None, carbon_trace: Path | None = None, moe: bool = False,
-             stream_depth: int = 0) -> str:
+             stream_depth: int = 0, hostile: bool = False) -> str:
     """Run the demo and return the printable report (``schedule``: the torch demo's schedule;
     ``carbon_trace``: replay it with a compressed clock, one frontier point per trace hour;
     ``moe``: the megatron demo with expert-parallel MoE layers; ``stream_depth``: how many kernels
-    the host may run ahead of each simulated GPU, 0 for a synchronous one)."""
+    the host may run ahead of each simulated GPU, 0 for a synchronous one; ``hostile``: GPUs that
+    behave as real cards do, ``HOSTILE_SIM_GPU``, asynchronous)."""
     module = _framework_demo(framework)
     grid = carbon_settings(carbon_trace) if carbon_trace is not None else None
     if schedule is not None and framework != "torch":
@@ -118,6 +123,9 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
     if grid is not None:
         extra["deployed_steps"] = CARBON_DEPLOYED_STEPS
     cfg = module.DemoConfig(stages=stages, microbatches=microbatches, **extra)
+    if hostile:
+        stream_depth = stream_depth or ASYNC_STREAM_DEPTH
+        cfg.sim_gpu = dict(HOSTILE_SIM_GPU)  # the real counter period too, not the demo's fast one
     cfg.sim_gpu = {**cfg.sim_gpu, "stream_depth": stream_depth}
     cfg.perseus = {**cfg.perseus, "cache_dir": str((out_dir / "cache").resolve())}
     if grid is not None:
@@ -136,6 +144,8 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
         f"({time.perf_counter() - started:.0f} s)",
         format_report(phase_table(results)),
     ]
+    if hostile and (exact := true_energy_line(results)) is not None:
+        lines.append(exact)
     pictures = draw_pictures(out_dir / "cache", out_dir)
     if pictures:
         lines.append("pictures: " + ", ".join(str(p) for p in pictures))
@@ -178,12 +188,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise PerseusError("--megatron-lm runs Megatron-LM; leave --framework at megatron")
         if args.carbon_trace:
             raise PerseusError("--carbon-trace runs with the tiny demo loop; leave out --megatron-lm")
+        if args.hostile_gpu:
+            raise PerseusError("--hostile-gpu runs with the tiny demo loop; leave out --megatron-lm")
         print(run_megatron_lm_demo(Path(args.megatron_lm).expanduser().resolve(), args.stages, args.microbatches,
                                    args.max_steps, Path(args.out), args.chunks))
         return 0
     print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out), args.schedule,
                    Path(args.carbon_trace) if args.carbon_trace else None, args.moe,
-                   ASYNC_STREAM_DEPTH if args.async_gpu else 0))
+                   ASYNC_STREAM_DEPTH if args.async_gpu or args.hostile_gpu else 0, args.hostile_gpu))
     return 0
 
 
@@ -211,6 +223,10 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
                    help=f"asynchronous simulated GPUs: the host runs up to {ASYNC_STREAM_DEPTH} kernels ahead of each "
                         "GPU's stream, as on a real GPU, and iterations are timed in GPU time (default: synchronous, "
                         "each instruction's kernel runs inside its hook)")
+    p.add_argument("--hostile-gpu", action="store_true",
+                   help="simulated GPUs that behave as real ones do (implies --async-gpu): an H200 whose energy "
+                        "meter samples a quarter of each 100 ms period and reports late, clock switches of "
+                        "5-15 ms by target clock, an optimizer tail after each step and spinning pipeline waits")
     p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
     p.add_argument("--megatron-lm", metavar="PATH",
                    help="run this Megatron-LM checkout's own pretrain_gpt.py (unmodified; tiny GPT, mock data) "

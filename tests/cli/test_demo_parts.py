@@ -21,6 +21,9 @@ class _Kernels:
         self.log.append("pad")
         self.padded.append(t_max_s)
 
+    def step_end(self) -> None:
+        """No step tail (a plain simulated GPU)."""
+
 
 class _Recorder:
     """Records calls; stands in for both the runtime and the simulated GPU."""
@@ -36,6 +39,9 @@ class _Recorder:
 
     def last_busy_clock_mhz(self) -> int:
         return 1410
+
+    def true_energy_j(self) -> float:
+        return self.energy[0] if self.energy else 0.0
 
     def __getattr__(self, name: str):
         return lambda *args: self.log.append(name)

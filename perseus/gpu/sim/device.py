@@ -150,7 +150,8 @@ class SimulatedGPU(GPUDevice):
             if not self.asynchronous:
                 raise GPUError(f"simulated GPU {self._index} is synchronous; open it with stream_depth >= 1")
             self._stream = SimStream(self, self.stream_depth, self._clock, event_new_s=self.model.event_new_s,
-                                     event_record_s=self.model.event_record_s, fails=self.faults.event_fails)
+                                     event_record_s=self.model.event_record_s, fails=self.faults.event_fails,
+                                     spin_activity=self.model.spin_activity)
         return self._stream
 
     @property
@@ -280,9 +281,12 @@ class SimulatedGPU(GPUDevice):
     def energy_counter_reading(self) -> tuple[float, float | None]:
         """(counter value, time of its last update): the simulator knows when its coarse counter
         advanced, so the energy poller need not guess it from when it looked (a busy process
-        looks late). CLOCK_MONOTONIC seconds."""
+        looks late). CLOCK_MONOTONIC seconds. A model with a real card's meter (part-time, late)
+        says no time, as NVML does not."""
         self._pay_energy_read()
-        return self._physics.counter_reading(self._now_state(), self._clock())
+        value, at = self._physics.counter_reading(self._now_state(), self._clock())
+        m = self.model
+        return value, (None if m.meter_sampled_fraction < 1 or m.meter_lag_s > 0 else at)
 
     def true_energy_j(self) -> float:
         """Exact integrated energy (ground truth for tests; real GPUs have no such reading)."""
@@ -332,7 +336,8 @@ class SimulatedGPU(GPUDevice):
         after the previous kernel; a real GPU starts the next one at once)."""
         self._kernels.begin(activity, compute_fraction, start_at=start_at)
 
-    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float:
+    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0,
+                 until: float | None = None) -> float:
         """End the instruction: sleep until its simulated duration has passed; return that duration.
 
         ``cpu_elapsed_s`` is the instruction's work, its duration at the max clock; ``None`` uses
@@ -341,8 +346,10 @@ class SimulatedGPU(GPUDevice):
         each moment, so a clock change that lands while it runs (switch latency) changes the rest
         of it, as on hardware; this call returns once the work is done: one sleep per clock change
         on the way, so a busy machine's wake-up delays are paid about once per instruction.
+        ``until``: the kernel ends then, whatever its work (a stream's spin ends when the host's next
+        kernel comes).
         """
-        return self._kernels.end(cpu_elapsed_s, min_s=min_s)
+        return self._kernels.end(cpu_elapsed_s, min_s=min_s) if until is None else self._kernels.end_at(until)
 
     def last_busy_interval(self) -> tuple[float, float]:
         """(start, simulated duration) of the last finished instruction; start is CLOCK_MONOTONIC.

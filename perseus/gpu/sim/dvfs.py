@@ -20,12 +20,16 @@ loop on the same card runs at 1,980 MHz: the sustained clock depends on the work
 
 ``energy_read_s`` / ``power_read_s``: how long one energy-counter / power read takes (a real
 H200: 2.4 ms and 10 µs), so code that reads the counter on the training thread pays for it here too.
+
+What real cards add, off in the plain presets and all on in "H200-hostile": a counter that samples
+only part of each period, reports late and with noise; a switch latency that depends on the target
+clock; an optimizer tail after each step and spinning pipeline waits on the asynchronous stream.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from perseus.gpu.errors import GPUInvalidArgumentError
 
@@ -53,6 +57,24 @@ class DVFSModel:
     # real card: torch.cuda.Event creation + record 40-60 µs, a record of an existing event ~5 µs).
     event_new_s: float = 0.0
     event_record_s: float = 0.0
+    # What real cards do that the plain model leaves out (all off by default; ``HOSTILE_FIELDS``):
+    # the energy counter books (mean power over the sampled part of each period) × period, not the
+    # integral: A100/H100 sample power during only ~25 % of each 100 ms period ("part-time power
+    # measurements", SC'24, arXiv 2312.02741); 1.0 samples all of it.
+    meter_sampled_fraction: float = 1.0
+    meter_lag_s: float = 0.0  # each update appears up to this long after its period ends
+    meter_noise: float = 0.0  # relative noise of each update and power read unless ``noise=`` is given
+    # Clock-switch latency to the lowest / the highest clock, linear in the target between (it depends
+    # mostly on the target clock: LATEST, arXiv 2502.20075); 0 and 0: the GPU's constant ``switch_latency_s``.
+    switch_latency_low_s: float = 0.0
+    switch_latency_high_s: float = 0.0
+    # On the asynchronous stream: the optimizer + gradient all-reduce after each step's last
+    # instruction (max-clock seconds, its activity and compute-bound share), and the activity a
+    # stream waiting for its host draws (a pipeline wait: NCCL's kernel spins; 0: idle, P_blocking).
+    step_tail_s: float = 0.0
+    step_tail_activity: float = 0.0
+    step_tail_compute_fraction: float = 0.0
+    spin_activity: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.sm_min_mhz <= self.knee_mhz <= self.sm_max_mhz:
@@ -71,6 +93,13 @@ class DVFSModel:
         if not all(0 <= x < 1 for x in (self.energy_read_s, self.power_read_s, self.event_new_s,
                                              self.event_record_s)):
             raise GPUInvalidArgumentError(f"{self.name}: read latencies and event costs are seconds in [0, 1)")
+        if not 0 < self.meter_sampled_fraction <= 1 or not 0 <= self.meter_noise < 0.5:
+            raise GPUInvalidArgumentError(f"{self.name}: need 0 < meter_sampled_fraction <= 1 and 0 <= meter_noise < 0.5")
+        if not all(0 <= x <= 1 for x in (self.meter_lag_s, self.switch_latency_low_s, self.switch_latency_high_s,
+                                         self.step_tail_s, self.step_tail_activity,
+                                         self.step_tail_compute_fraction, self.spin_activity)):
+            raise GPUInvalidArgumentError(f"{self.name}: meter lag, switch latencies (s), the step tail and "
+                                          "activities must be in [0, 1]")
 
     # -- clocks -----------------------------------------------------------------------------
     def supported_sm_clocks(self) -> list[int]:
@@ -114,8 +143,28 @@ class DVFSModel:
                 return f
         return self.sm_min_mhz
 
+    def switch_latency_s(self, target_mhz: int) -> float:
+        """Latency of a switch to ``target_mhz``: linear between the lowest and the highest clock."""
+        x = (target_mhz - self.sm_min_mhz) / (self.sm_max_mhz - self.sm_min_mhz) if self.sm_max_mhz > self.sm_min_mhz else 1.0
+        x = max(0.0, min(1.0, x))
+        return self.switch_latency_low_s + x * (self.switch_latency_high_s - self.switch_latency_low_s)
+
+    @property
+    def hostile(self) -> bool:
+        """Whether any real-card behaviour (``HOSTILE_FIELDS``) is on."""
+        return any(getattr(self, k) != v for k, v in HOSTILE_FIELDS.items())
+
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """Plain fields; the real-card ones only where on, so the plain presets' record is unchanged."""
+        return {k: v for k, v in asdict(self).items() if k not in HOSTILE_FIELDS or v != HOSTILE_FIELDS[k]}
+
+
+# The real-card behaviours' fields and their "off" values.
+HOSTILE_FIELDS: dict[str, float] = {
+    "meter_sampled_fraction": 1.0, "meter_lag_s": 0.0, "meter_noise": 0.0, "switch_latency_low_s": 0.0,
+    "switch_latency_high_s": 0.0, "step_tail_s": 0.0, "step_tail_activity": 0.0, "step_tail_compute_fraction": 0.0,
+    "spin_activity": 0.0,
+}
 
 
 PRESETS: dict[str, DVFSModel] = {
@@ -157,6 +206,24 @@ PRESETS: dict[str, DVFSModel] = {
 # Activities that reproduce the H200's measured loads under the "H200" preset.
 H200_DENSE_ACTIVITY = 1.0
 H200_MEMORY_BOUND_ACTIVITY = 0.31
+
+# The measured H200 with what real cards do on top (each number's source in ``DVFSModel``'s fields):
+# - the counter samples 25 % of each period (A100/H100, SC'24; not measured on Hopper here), reports
+#   up to 10 ms late (assumed, < 1/10 period), 1 % noise per update (assumed: ±5 W at 500 W, the
+#   accuracy NVIDIA documented for Fermi-era NVML power readings);
+# - a clock switch takes 5 ms to the lowest clock, 15 ms to the highest (assumed: not measured on Hopper
+#   here; the target dependence is LATEST's finding, raising being the slower as the voltage must rise first);
+# - after each step a 35 ms memory-bound tail at the measured memory-bound activity (~500 W): a CUDA
+#   timer on the real H200 read 31.6 ms of optimizer-like work after the last instruction;
+# - a stage blocked on a send/recv spins at activity 0.05 (~165 W at the top clock, assumed: NCCL keeps
+#   a few SMs polling; above the measured idle 81-130 W and tiny kernels' 124 W, far below the 505 W load).
+PRESETS["H200-hostile"] = replace(
+    PRESETS["H200"], name="NVIDIA H200 (simulated, real-card meter, switches and waits)",
+    meter_sampled_fraction=0.25, meter_lag_s=0.010, meter_noise=0.01,
+    switch_latency_low_s=0.005, switch_latency_high_s=0.015,
+    step_tail_s=0.035, step_tail_activity=H200_MEMORY_BOUND_ACTIVITY, step_tail_compute_fraction=0.1,
+    spin_activity=0.05,
+)
 
 
 def get_preset(name: str) -> DVFSModel:

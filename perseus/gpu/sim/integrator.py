@@ -9,6 +9,11 @@ Power is constant between settles, so energy is (energy at ``t_ref``) + power ·
 readable counter advances only at update-period boundaries (``phase + k · period``), each step
 with its own deterministic noise draw, as A100/H100 NVML counters do. A clock change requested
 with a switch latency lands at its time (``pending_at``), possibly in the middle of a kernel.
+
+A model with a part-time meter (``meter_sampled_fraction`` < 1) books for each period the mean
+power of its sampled first part × the period, as A100/H100 do; work in the rest of the period is
+not in the counter. With ``meter_lag_s`` each update appears a deterministic 0 to ``meter_lag_s``
+after its boundary. The true integral stays ``true_energy``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ class StateIntegrator:
         self.noise = noise
         self.seed = seed
         self.switch_latency_s = switch_latency_s
+        period = energy_update_period_s
+        self._window_s = model.meter_sampled_fraction * period  # the sampled part of each period
+        self._sampled = period > 0 and model.meter_sampled_fraction < 1
+        self._lag_s = min(model.meter_lag_s, 0.999 * period) if period > 0 else 0.0
 
     @classmethod
     def from_params(cls, params: SimParams) -> StateIntegrator:
@@ -53,13 +62,19 @@ class StateIntegrator:
         """The clock a kernel of ``st.activity`` runs at (the set one, throttled to the power limit)."""
         return self.model.throttled_clock(self.set_clock(st), st.activity, st.power_limit_w)
 
+    def switch_latency(self, target_mhz: int) -> float:
+        """How long a switch to ``target_mhz`` takes: the GPU's constant ``switch_latency_s`` where
+        set, else the model's, which depends on the target (0 for the plain presets)."""
+        return self.switch_latency_s if self.switch_latency_s > 0 else self.model.switch_latency_s(target_mhz)
+
     def request_clock(self, st: SimState, locked: int, mhz: int, now: float) -> None:
-        """A clock change takes effect ``switch_latency_s`` after the request (at once when 0);
+        """A clock change takes effect its switch latency after the request (at once when 0);
         a newer request replaces one still on its way, as the driver applies the latest."""
         self.settle(st, now)
-        if self.switch_latency_s > 0:
+        latency = self.switch_latency(mhz if locked else self.model.sm_max_mhz)
+        if latency > 0:
             st.pending, st.pending_locked, st.pending_mhz = 1, locked, mhz
-            st.pending_at = now + self.switch_latency_s
+            st.pending_at = now + latency
             return
         st.pending = 0
         st.locked, st.locked_mhz = locked, mhz
@@ -80,26 +95,45 @@ class StateIntegrator:
         e = random.Random(self.seed * 1_000_003 + k).gauss(0.0, self.noise)
         return max(-0.5, min(0.5, e))
 
-    def _counter_at(self, st: SimState, k: int) -> float:
-        """Readable counter at boundary ``k`` (> st.counter_k); power is constant since t_ref."""
-        value, prev = st.counter_j, st.counter_true_j
+    def _lag(self, k: int) -> float:
+        """How long after boundary ``k`` its update appears (deterministic per boundary)."""
+        return random.Random(f"lag/{self.seed}/{k}").uniform(0.0, self._lag_s) if self._lag_s > 0 else 0.0
+
+    def _sampled_energy(self, st: SimState) -> float:
+        """What a part-time meter books for the period after boundary ``st.counter_k``: its sampled
+        part's energy scaled to the whole period (power constant since t_ref)."""
+        w_end = self.boundary(st.counter_k) + self._window_s
+        sampled = st.window_j + st.power_w * max(0.0, w_end - st.t_ref) - st.counter_true_j
+        return sampled * self.energy_update_period_s / self._window_s
+
+    def _counters_at(self, st: SimState, k: int) -> tuple[float, float]:
+        """Readable counter at boundaries ``k`` (> st.counter_k) and ``k`` − 1; power is constant since
+        t_ref, so only the first period's sampled part can differ from the true energy."""
+        value, before, prev = st.counter_j, st.counter_prev_j, st.counter_true_j
         last_noisy = min(k, st.counter_k + _NOISY_BOUNDARIES)
         for j in range(st.counter_k + 1, last_noisy + 1):
             e = self.true_energy(st, self.boundary(j))
-            value += (e - prev) * (1.0 + self._eps(j))
+            booked = self._sampled_energy(st) if self._sampled and j == st.counter_k + 1 else e - prev
+            before, value = value, value + booked * (1.0 + self._eps(j))
             prev = e
         if k > last_noisy:
+            before = value + self.true_energy(st, self.boundary(k - 1)) - prev
             value += self.true_energy(st, self.boundary(k)) - prev
-        return value
+        return value, before
 
     def counter_reading(self, st: SimState, now: float) -> tuple[float, float]:
         """(readable counter at ``now``, time of its last update); a period of 0 is a continuous
-        counter, exact and updated now."""
+        counter, exact and updated now. An update not yet out (``meter_lag_s``) is not read."""
         if self.energy_update_period_s <= 0:
             return self.true_energy(st, now), now
         k = math.floor((now - self.counter_phase_s) / self.energy_update_period_s)
-        value = st.counter_j if k <= st.counter_k else self._counter_at(st, k)
-        return value, self.boundary(max(k, st.counter_k))
+        if self._lag_s > 0 and now < self.boundary(k) + self._lag(k):
+            k -= 1
+            if k < st.counter_k:  # the state has settled past a boundary whose update is not out yet
+                return st.counter_prev_j, self.boundary(k) + self._lag(k)
+        value = st.counter_j if k <= st.counter_k else self._counters_at(st, k)[0]
+        k = max(k, st.counter_k)
+        return value, self.boundary(k) + self._lag(k)
 
     def refresh_power(self, st: SimState) -> None:
         """Power from now on: busy power at the effective clock during a kernel, else P_blocking."""
@@ -123,9 +157,11 @@ class StateIntegrator:
         if period > 0:
             k = math.floor((now - self.counter_phase_s) / period)
             if k > st.counter_k:
-                st.counter_j = self._counter_at(st, k)
+                st.counter_j, st.counter_prev_j = self._counters_at(st, k)
                 st.counter_true_j = self.true_energy(st, self.boundary(k))
                 st.counter_k = k
+            if self._sampled and st.t_ref < (w_end := self.boundary(st.counter_k) + self._window_s):
+                st.window_j = self.true_energy(st, min(now, w_end))
         dt = now - st.t_ref
         if st.busy:
             slow = self.model.slowdown(self.effective_clock(st), st.compute_fraction)
@@ -143,6 +179,8 @@ class StateIntegrator:
             return
         st.energy_j -= st.power_w * (st.t_ref - t)
         st.t_ref = t
+        if self._sampled and t < self.boundary(st.counter_k) + self._window_s:
+            st.window_j = st.energy_j
 
     def kernel_end(self, st: SimState, now: float, work_left: float) -> float:
         """When ``work_left`` max-clock seconds are done, from ``now``, at the clock in force and

@@ -121,6 +121,16 @@ class KernelRunner:
                 end = physics.kernel_end(st, now, work - st.busy_progress)
         return self._finish(start, max(end - start, 0.0), work)
 
+    def end_at(self, until: float) -> float:
+        """End a kernel that runs until told (a stream's spin) at ``until``: its length is its work."""
+        st = self._file.read()
+        if not st.busy or st.busy_pid != os.getpid():
+            raise GPUError(f"end_busy() on simulated GPU {self._index} without a matching begin_busy()")
+        if until > (now := self._clock()):
+            self._sleep(until - now)
+        duration = max(until - st.busy_start, 0.0)
+        return self._finish(st.busy_start, duration, duration)
+
     def _finish(self, start: float, duration: float, work: float) -> float:
         physics = self._physics
         with self._file.update() as st:

@@ -57,10 +57,11 @@ def explicit_params(*, preset: str | None, model: DVFSModel | None, energy_updat
 def open_state_file(index: int, path: Path, explicit: SimParams, *, reset: bool, now: float) -> SimStateFile:
     """Create (or, with ``reset``, re-create) GPU ``index``'s state file at ``path`` with ``explicit``
     over the defaults, idle since ``now``; or attach to the existing one if ``explicit`` matches it."""
+    model = explicit.get("model") or PRESETS[DEFAULT_PRESET].to_dict()
     params: SimParams = {
-        "model": PRESETS[DEFAULT_PRESET].to_dict(),
+        "model": model,
         "energy_update_period_s": DEFAULT_UPDATE_PERIOD_S,
-        "noise": 0.0,
+        "noise": DVFSModel(**model).meter_noise,  # a real card's meter is noisy unless noise= says otherwise
         "seed": 0,
         "switch_latency_s": 0.0,
         "faults": {},

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 from perseus.gpu.errors import GPUError, GPUNotFoundError
 
 MAGIC = b"PSG1"
-VERSION = 5
+VERSION = 6
 FILE_SIZE = 4096
 _HEADER = struct.Struct("<4sI")  # magic, version
 _PARAMS_OFFSET = 512  # u32 length + JSON
@@ -78,11 +78,13 @@ class SimState:
     last_busy_applied_at: float = 0.0  # when the clock set at its end took effect
     busy_start_mhz: int = 0  # SM clock set when the current instruction began
     last_busy_start_mhz: int = 0  # ... and when the last finished one began
+    counter_prev_j: float = 0.0  # readable counter at boundary counter_k − 1 (read during a reporting lag)
+    window_j: float = 0.0  # true energy at min(t_ref, end of the sampled part of the period after counter_k)
 
 
-_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d" + "I" + "4d" + "2I")
+_DYN = struct.Struct("<6I" + "10d" + "q2Q" + "3d" + "3I" + "d" + "I" + "4d" + "2I" + "2d")
 _NAMES = tuple(f.name for f in fields(SimState))
-assert len(_NAMES) == 33 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
+assert len(_NAMES) == 35 and _DYN_OFFSET + _DYN.size <= _PARAMS_OFFSET
 
 
 def _values(state: SimState) -> tuple[object, ...]:

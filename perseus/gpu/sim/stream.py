@@ -11,6 +11,10 @@ clock in force while it runs is what slows it down. ``record`` puts an event on 
 completes, with its GPU timestamp, when the device thread reaches it (``query``/``synchronize``,
 like ``torch.cuda.Event``).
 
+With ``spin_activity`` > 0 a stream that ran out of work spins until the host's next kernel comes:
+a real pipeline stage waiting for its peer runs NCCL's receive (or send) kernel, which polls at
+a power well above idle and set by the clock in force, where the plain model draws P_blocking.
+
 Timestamps are CLOCK_MONOTONIC seconds (``time.monotonic``), the simulated GPU's own clock.
 """
 
@@ -51,7 +55,8 @@ class StreamDevice(Protocol):
     def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *,
                    start_at: float | None = None) -> None: ...
 
-    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0) -> float: ...
+    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0,
+                 until: float | None = None) -> float: ...
 
     def last_kernel(self) -> _KernelRecord: ...
 
@@ -183,7 +188,8 @@ class SimStream:
 
     def __init__(self, device: StreamDevice, depth: int = DEFAULT_DEPTH,
                  clock: Callable[[], float] = time.monotonic, *, event_new_s: float = 0.0,
-                 event_record_s: float = 0.0, fails: Callable[[int], bool] | None = None) -> None:
+                 event_record_s: float = 0.0, fails: Callable[[int], bool] | None = None,
+                 spin_activity: float = 0.0) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise GPUInvalidArgumentError(f"stream depth is how many kernels may wait (>= 1), got {depth!r}")
         self.device = device
@@ -208,6 +214,8 @@ class SimStream:
         self.events_created = 0
         self.events_recorded = 0
         self._fails = fails  # whether the n-th recorded event raises (an injected fault)
+        self.spin_activity = spin_activity  # > 0: out of work, the GPU spins (a pipeline wait's NCCL kernel)
+        self.spins: list[tuple[float, float]] = []  # (start, end) of each spin, GPU time
         self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-stream", daemon=True)
         self._thread.start()
 
@@ -305,12 +313,16 @@ class SimStream:
         # end, or when launched if that is later.
         gpu_free = -math.inf
         while True:
+            spinning = self.spin_activity > 0 and gpu_free > -math.inf and self._spin_begin(gpu_free)
             with self._cv:
                 while not self._queue and not self._closed:
                     self._cv.wait()
-                if not self._queue:
-                    return
-                item = self._queue.popleft()
+                item = self._queue.popleft() if self._queue else None
+            if spinning:  # until the host's kernel came (its launch), or now
+                until = self._clock() if item is None else item.gpu_time_s if isinstance(item, SimEvent) else item.launched_s
+                gpu_free = max(gpu_free, self._spin_end(until))
+            if item is None:
+                return
             if isinstance(item, SimEvent):
                 item._complete(max(item.gpu_time_s, gpu_free))
                 continue
@@ -327,6 +339,31 @@ class SimStream:
                 self._history.append(kernel)
                 self._unfinished -= 1
                 self._cv.notify_all()
+
+    def _spin_begin(self, gpu_free: float) -> bool:
+        """Start spinning from ``gpu_free`` if there is no work; whether it did."""
+        with self._cv:
+            if self._queue or self._closed or self._error is not None:
+                return False
+        try:
+            self.device.begin_busy(self.spin_activity, 0.0, start_at=gpu_free)
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the host's next call
+            with self._cv:
+                self._error = exc
+            return False
+        return True
+
+    def _spin_end(self, until: float) -> float:
+        """Stop spinning at ``until``; when the spin ended (-inf if it failed)."""
+        try:
+            self.device.end_busy(until=until)
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the host's next call
+            with self._cv:
+                self._error = exc
+            return -math.inf
+        rec = self.device.last_kernel()
+        self.spins.append((rec.start, rec.start + rec.duration_s))
+        return rec.start + rec.duration_s
 
     def _execute(self, k: _Launch, start_at: float) -> StreamKernel:
         dev = self.device
