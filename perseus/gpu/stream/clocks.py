@@ -20,6 +20,10 @@ nothing is hung on it, and i+1's own request hangs on i+1's boundary and lands o
 
 A controller that can hold a request until a given time (``timed=True``) gets it as soon as
 i is seen to begin, stamped with the time it is due; otherwise the follower waits until then.
+
+No request is handed where the clock does not change, and no event is recorded at a boundary
+nothing hangs on (an instruction whose clock and next clock are the one already asked for), unless
+the caller keeps it (the step timer's): an event is the hook's largest cost on a real card.
 """
 
 from __future__ import annotations
@@ -56,13 +60,20 @@ class StreamClocks:
         self._last_mhz: int | None = None
         self.requests = 0
 
-    def instruction(self, mhz: int, planned_s: float | None, next_mhz: int | None = None) -> BoundaryEvent:
+    def instruction(self, mhz: int, planned_s: float | None, next_mhz: int | None = None,
+                    keep: bool = False) -> BoundaryEvent | None:
         """Instruction i begins on the host: its clock ``mhz``, its planned GPU time ``planned_s``
         (None: unknown), the next instruction's clock ``next_mhz`` (None: unknown, asked for at its
-        own hook). Returns its begin event (the timer may share it)."""
+        own hook). Returns its begin event, for the timer to share, or None where none was
+        recorded: an event costs the host ~5 µs on a real card, so one is recorded only where a
+        request hangs on it (a clock that changes here or at the next instruction, or one the next
+        hook may hang on it: ``next_mhz`` unknown) or the caller ``keep``s it (a step's first)."""
+        last = self._last_mhz
+        if mhz == last and not keep and (planned_s is None or next_mhz == mhz):
+            self._prev = None  # nothing hangs on it: a later request hangs on its own boundary
+            return None
         event = self.recorder.record()
         prev, self._prev = self._prev, (event, planned_s)
-        last = self._last_mhz
         if mhz != last:  # not asked for ahead: now, or hung on the one before
             self._last_mhz = mhz
             self.requests += 1

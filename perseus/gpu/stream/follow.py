@@ -106,17 +106,20 @@ class Followed:
 
 
 class _Item:
-    __slots__ = ("action", "after_s", "event")
+    __slots__ = ("action", "after_s", "event", "seen_s")
 
     def __init__(self, event: BoundaryEvent, action: Callable[[float], None], after_s: float) -> None:
         self.event, self.action, self.after_s = event, action, after_s
+        self.seen_s = 0.0  # when the follower saw the GPU reach ``event``: set once it has
 
 
 class StreamFollower:
     """A thread that runs each handed action once the GPU reaches its event, in stream order.
 
-    ``follow`` is the training thread's whole cost. Actions run on the follower's thread, get the
-    time the GPU was seen at the boundary, and must not block (a clock request is a pipe write).
+    ``follow`` is the training thread's whole cost. Actions run on the follower's thread, in the
+    order handed, get the time the GPU was seen at the boundary, and must not block (a clock
+    request is a pipe write). That time is taken when the GPU gets there, also while an earlier
+    action waits for its ``after_s`` (``_observe``).
     Any exception on the thread fails the follower (the module docstring): ``error`` keeps it and
     every action from then on is dropped. ``on_start`` runs first on the thread (binding its CUDA
     device: ``CudaEventRecorder.bind_thread``); its exception fails the follower too.
@@ -184,8 +187,10 @@ class StreamFollower:
                 self._on_start()
             except BaseException as exc:  # noqa: BLE001 - the owner reads ``failed``
                 self._fail(exc)
+        seen_upto = 0  # the leading items whose event the GPU was seen to reach (their ``seen_s`` set)
         while not self._stop:
             if not items:
+                seen_upto = 0
                 self._wake.clear()
                 if not items:
                     self._wake.wait(0.005)
@@ -193,19 +198,25 @@ class StreamFollower:
                 continue
             if self.error is not None:  # failed: an item handed in the race with ``_fail`` is dropped
                 items.clear()
+                seen_upto = 0
                 continue
             try:
                 item = items[0]
-                if self.mechanism is FollowMechanism.BLOCK:
-                    item.event.synchronize()
-                elif not item.event.query():
-                    time.sleep(poll)
-                    continue
-                seen = clock()
+                if seen_upto == 0:
+                    if self.mechanism is FollowMechanism.BLOCK:
+                        item.event.synchronize()
+                    elif not item.event.query():
+                        time.sleep(poll)
+                        continue
+                    item.seen_s = clock()
+                    seen_upto = self._observe(items, 1)
+                seen = item.seen_s
                 due = seen + item.after_s
                 while not self._stop and clock() < due - poll:
                     time.sleep(min(poll, due - clock()))
+                    seen_upto = self._observe(items, seen_upto)
                 items.popleft()
+                seen_upto -= 1
                 item.action(seen)
                 acted = clock()
                 self.followed += 1
@@ -216,6 +227,26 @@ class StreamFollower:
             except BaseException as exc:  # noqa: BLE001 - a CUDA error included: the owner reads ``failed``
                 self._fail(exc)
         self.cpu_s = time.thread_time() - cpu0
+
+    def _observe(self, items: deque[_Item], k: int) -> int:
+        """Notes when the GPU was seen at the events of ``items[k:]`` it has reached (in stream
+        order: the first not reached ends it) and returns how many leading items are seen.
+
+        Why: an action may wait for its due time (an untimed switch-ahead request), and the items
+        behind it must still be seen when the GPU gets there, not when that action has run: else a
+        step's anchor behind such a request is late by its wait (about the first instruction's
+        time) and a default-clock step's is not, which biases the guard's A/B between them."""
+        clock = self._clock
+        while k < len(items):
+            item = items[k]
+            try:
+                if not item.event.query():
+                    break
+            except Exception:  # noqa: BLE001 - it fails the follower at its own turn, after the actions before it
+                break
+            item.seen_s = clock()
+            k += 1
+        return k
 
     def fail(self, exc: BaseException) -> None:
         """The owner saw the stream fail elsewhere (reading a followed event's time): fail as if

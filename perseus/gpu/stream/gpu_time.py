@@ -120,7 +120,7 @@ class GPUStep:
 @dataclass
 class _OpenStep:
     index: int
-    begin: BoundaryEvent
+    begin: BoundaryEvent | None  # None until its first instruction's, where that is shared
     seen_s: float = math.nan
     marks: list[tuple[Hashable, BoundaryEvent, BoundaryEvent]] = field(default_factory=list)
     end: BoundaryEvent | None = None
@@ -142,29 +142,38 @@ class GPUStepTimer:
         self._lengths: deque[float] = deque(maxlen=FENCE_HISTORY)  # settled steps' GPU time (fence bound)
 
     # ---------------------------------------------------------------- training thread
-    def step_begin(self) -> None:
+    def step_begin(self, at_first_instruction: bool = False) -> None:
+        """A step begins. ``at_first_instruction``: its begin event is its first instruction's
+        (``begin``), one event fewer per step: the step's GPU time starts there anyway
+        (``GPUStep.gpu_step_s``); a step with no instruction gets its own at ``step_end``."""
         if self._open is not None:
             self.step_end()
-        self._open = _OpenStep(self._index, self.recorder.record())
+        self._open = _OpenStep(self._index, None if at_first_instruction else self.recorder.record())
         self._index += 1
         self._anchored = False
 
-    def _anchor(self, step: _OpenStep) -> None:
+    def _anchor(self, step: _OpenStep, begin: BoundaryEvent) -> None:
         """The follower notes when it sees the step's begin event. Handed at the step's first
-        instruction, after that instruction's clock request, which may hang on an earlier event:
-        the follower takes its work in order."""
+        instruction, after that instruction's clock requests, which may hang on the same event or
+        an earlier one and wait for their due time: the follower sees each event when the GPU gets
+        there all the same (``StreamFollower._observe``)."""
 
         def anchor(seen: float) -> None:
             step.seen_s = seen
 
-        self.follower.follow(step.begin, anchor)
+        self.follower.follow(begin, anchor)
         self._anchored = True
 
     def begin(self, key: Hashable, event: BoundaryEvent | None = None) -> None:
         """Instruction begins; ``event``: a begin event already recorded here (``StreamClocks``)."""
-        if self._open is not None and not self._anchored:
-            self._anchor(self._open)
-        self._key = (key, event if event is not None else self.recorder.record())
+        if event is None:
+            event = self.recorder.record()
+        step = self._open
+        if step is not None and not self._anchored:
+            if step.begin is None:
+                step.begin = event
+            self._anchor(step, step.begin)
+        self._key = (key, event)
 
     def end(self) -> None:
         if self._key is None or self._open is None:
@@ -178,7 +187,9 @@ class GPUStepTimer:
         if step is None:
             return
         if not self._anchored:
-            self._anchor(step)
+            if step.begin is None:
+                step.begin = self.recorder.record()
+            self._anchor(step, step.begin)
         step.end = self.recorder.record()
         self.follower.follow(step.end, lambda seen: step.ended.set())
         self._waiting.append(step)
@@ -238,12 +249,12 @@ class GPUStepTimer:
         return FENCE_FACTOR * max(self._lengths) + FENCE_FLOOR_S
 
     def _timed(self, step: _OpenStep) -> GPUStep:
-        tl = self.timeline
-        base = tl.anchor_time(step.begin, step.seen_s)
-        inst = tuple(TimedInstruction(key, base + tl.seconds_between(step.begin, b),
-                                      base + tl.seconds_between(step.begin, e)) for key, b, e in step.marks)
-        assert step.end is not None
-        return GPUStep(step.index, base, base + tl.seconds_between(step.begin, step.end), inst)
+        tl, begin = self.timeline, step.begin
+        assert begin is not None and step.end is not None  # both recorded by ``step_end``
+        base = tl.anchor_time(begin, step.seen_s)
+        inst = tuple(TimedInstruction(key, base + tl.seconds_between(begin, b),
+                                      base + tl.seconds_between(begin, e)) for key, b, e in step.marks)
+        return GPUStep(step.index, base, base + tl.seconds_between(begin, step.end), inst)
 
 
 def _with_energy(step: GPUStep, updates: Sequence[CounterUpdate]) -> GPUStep:

@@ -18,8 +18,10 @@ with CUDA, the simulated GPU's asynchronous mode) the hooks only record events o
 - clock requests follow the stream (``StreamClocks``): the request for instruction i hangs on
   instruction i−1's begin event and goes out ``planned(i−1) − switch latency − lead`` of GPU time
   after the GPU reached it, so instruction i starts at its own clock;
-- the step timer (``GPUStepTimer``) shares those begin events: a step's time is the GPU span of
-  its instructions, its non-instruction work (optimizer, gradient all-reduce) a bucket of its own;
+- the step timer (``GPUStepTimer``) shares those begin events, and a step's begin is its first
+  instruction's: one event per boundary, none where nothing hangs on it (an instruction whose
+  clock does not change and that the timer does not mark). A step's time is the GPU span of its
+  instructions, its non-instruction work (optimizer, gradient all-reduce) a bucket of its own;
 - energy is the poller thread's counter updates interpolated at the step's GPU times: no
   energy read on the training thread.
 
@@ -180,13 +182,15 @@ class GPUTimeline:
 
     # ---------------------------------------------------------------- training thread (hot path)
     def step_begin(self) -> None:
-        self.timer.step_begin()
+        self.timer.step_begin(at_first_instruction=True)  # its begin event: its first instruction's
         self._count = 0
 
     def clock(self, mhz: int, planned_s: float | None, next_mhz: int | None = None) -> None:
         """The beginning instruction's planned clock, in effect when the GPU reaches it, and the
-        next one's (``next_mhz``), in effect when the GPU is done with this one (``planned_s``)."""
-        self._event = self.clocks.instruction(mhz, planned_s, next_mhz)
+        next one's (``next_mhz``), in effect when the GPU is done with this one (``planned_s``).
+        A step's first instruction keeps its event (the step timer's); others record one only
+        where a request hangs on it (``StreamClocks.instruction``)."""
+        self._event = self.clocks.instruction(mhz, planned_s, next_mhz, keep=self._count == 0)
 
     def begin(self, key: Hashable, profiling: bool) -> None:
         """An instruction begins. ``profiling``: timed one by one; otherwise only the step's
@@ -222,6 +226,13 @@ class GPUTimeline:
         self._requests.live = False
         self._requests = _Requests(self._send, self.lock)
         self.clocks = self._new_clocks()
+
+    def lead_by(self, switch_latency_s: float) -> None:
+        """Requests from here on lead by this switch latency (a measured one, known only after the
+        timeline opened); those still on their way are dropped. Between steps."""
+        with self.lock:
+            self._latency = switch_latency_s
+            self.invalidate()
 
     @property
     def failure(self) -> BaseException | None:
