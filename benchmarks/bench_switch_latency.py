@@ -4,6 +4,20 @@
     python benchmarks/bench_switch_latency.py                      # 2x4 and 4x8, 0/5/20 ms, 3 runs each
     python benchmarks/bench_switch_latency.py --shapes 2x4 --latencies-ms 5 --runs 1
     python benchmarks/bench_switch_latency.py --hiding off         # the planner and runtime ignore the latency
+    python benchmarks/bench_switch_latency.py --json               # the measured latency, one JSON object
+
+``--json`` drives the real runtime in one process (``PerseusRuntime`` on a one-stage 1F1B job, 8
+microbatches, forward 10 ms and backward 20 ms of max-clock work, a 30 ms tail per step) on the
+asynchronous simulated H200 whose clock switches land ``--latency-ms`` (10) after they are asked
+for, with no latency configured: profiling measures it (``GPUPort.apply`` watches each swept
+clock change land) and records it in the profile, the planner and the GPU timeline's request lead
+take it, and the plan is deployed at a target time ``--slowdown`` (1.1) x the baseline's, so its
+point switches clocks. Then the same plan again from the cache with ``switch_ahead: false`` (the
+runtime ignores the measured latency: a lead of 0, as before it was measured). Printed:
+``latency_calibration_error`` (|measured - simulated| / simulated), ``own_clock_share`` (deployed
+plan instructions that started at their own clock, from the simulated GPU's kernel record,
+``SimStream.kernels()``; the share of those whose clock differs from the previous one's too), and
+the same shares without the lead. Acceptance: calibration error <= 0.3, own-clock share >= 0.95.
 
 Each run is ``perseus_demo.megatron_demo`` (real megatron-core on CPU, simulated GPUs whose clock
 switches land the given latency after they are requested) with ``trace_clocks`` on: profiling,
@@ -32,6 +46,7 @@ clock numbers depend on it; tests never assert them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -159,6 +174,108 @@ def print_shape(shape: str, table: list[tuple[float, list[dict[str, Any]]]], run
     return lines
 
 
+# ---------------------------------------------------------------- --json: the measured latency, real runtime
+
+WORK = {"forward": 0.010, "backward": 0.020}
+TAIL_S = 0.030
+MICROBATCHES = 8
+
+
+def _train(rt: Any, steps: int, until: Any = None) -> None:
+    """``steps`` steps (or until ``until(rt)``): each instruction's kernel its nominal work, the tail after."""
+    kernels = rt.sim_kernels
+    for _ in range(steps):
+        rt.on_step_begin()
+        for inst in rt.schedule.stages[0]:
+            rt.on_instruction_begin(inst.kind, inst.microbatch, inst.chunk)
+            kernels.pad(WORK[inst.kind])
+            rt.on_instruction_end(inst.kind, inst.microbatch, inst.chunk)
+        kernels.device.stream.launch(TAIL_S, activity=0.5, tag="tail")
+        rt.on_step_end()
+        if until is not None and until(rt):
+            return
+
+
+def _deployed_shares(rt: Any, steps: int, slowdown: float) -> dict[str, Any]:
+    """``steps`` steps at the target time ``slowdown`` x the baseline: the share of the plan's
+    instructions that started at their own clock (the first of a step is set between steps: not
+    counted), over all of them and over those whose clock differs from the previous one's."""
+    from perseus.runtime.phases import Phase
+
+    assert rt.phase is Phase.DEPLOYED and rt.frontier is not None
+    rt.set_target_time(rt.frontier.default_point().time_s * slowdown)
+    _train(rt, 2)  # the new point from the next step on
+    gpu = rt.gpu.sim_device
+    skip = len(gpu.stream.kernels())
+    first = len(rt.reporter.records)
+    _train(rt, steps)
+    gpu.stream.synchronize()
+    clocks = rt.stage_clocks()
+    kernels, per_step, current = gpu.stream.kernels()[skip:], [], []
+    for k in kernels:
+        if k.tag == "tail":
+            per_step.append(current)
+            current = []
+        else:
+            current.append(k)
+    own = total = own_switched = switched = 0
+    for rec, ks in zip(rt.reporter.records[first:], per_step):
+        if rec.clocks != "plan":
+            continue
+        for i in range(1, len(ks)):
+            hit = ks[i].set_mhz == clocks[i]
+            own, total = own + hit, total + 1
+            if clocks[i] != clocks[i - 1]:
+                own_switched, switched = own_switched + hit, switched + 1
+    return {"own_clock_share": own / max(total, 1), "switched_own_clock_share": own_switched / max(switched, 1),
+            "switches_per_step": sum(a != b for a, b in zip(clocks, clocks[1:])), "plan_instructions": total}
+
+
+def runtime_bench(latency_s: float, slowdown: float, steps: int, depth: int = 6) -> dict[str, Any]:
+    """Profile, plan and deploy on the simulated H200 with a ``latency_s`` switch latency, nothing
+    configured; then the same plan with the runtime ignoring the latency (``switch_ahead: false``)."""
+    from perseus.gpu.sim.device import SimulatedGPU
+    from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
+    from perseus.runtime.phases import Phase
+
+    job = PipelineJob(num_stages=1, num_microbatches=MICROBATCHES, stage=0)
+    with tempfile.TemporaryDirectory(prefix="perseus-bench-latency-") as tmp:
+        d = Path(tmp)
+        SimulatedGPU(0, preset="H200", state_dir=d / "sim", reset_state=True, stream_depth=depth,
+                     switch_latency_s=latency_s).close()
+        settings = {"gpu": "sim", "device_index": 0, "cache_dir": str(d / "cache"), "warmup_steps": 2,
+                    "p_blocking_w": 110.0, "log_every_steps": 0, "straggler_period_steps": 0,
+                    "probe_every_steps": 0, "plan_wait_s": 60.0, "freq_min_mhz": 1005, "freq_max_mhz": 1530,
+                    "freq_step_mhz": 75, "iters_per_freq": 3, "remeasure_max": 0, "planner_nice": 0,
+                    "sim_gpu": {"state_dir": str(d / "sim"), "stream_depth": depth}}
+        started = time.perf_counter()
+        with PerseusRuntime(job, PerseusConfig.from_dict(settings)) as rt:
+            _train(rt, 200, until=lambda r: r.phase is Phase.DEPLOYED)
+            profile = rt.supply.profile
+            assert profile is not None and profile.switch_latency is not None, "no latency measured"
+            chosen = rt.supply.switch_latency
+            cached = rt.supply.cache.load_frontier(rt.schedule) if rt.supply.cache is not None else None
+            planned_s = cached.metadata.get("switch_latency_s") if cached is not None else None
+            hidden = _deployed_shares(rt, steps, slowdown)
+        with PerseusRuntime(job, PerseusConfig.from_dict({**settings, "switch_ahead": False})) as rt:
+            _train(rt, 20, until=lambda r: r.phase is Phase.DEPLOYED)
+            unhidden = _deployed_shares(rt, steps, slowdown)
+    measured = profile.switch_latency
+    return {
+        "simulated_latency_s": latency_s,
+        "measured_latency_s": measured.seconds,
+        "measured_switches": measured.samples,
+        "latency_calibration_error": abs(measured.seconds - latency_s) / latency_s,
+        "latency_source": chosen.source if chosen is not None else None,
+        "planner_switch_latency_s": planned_s,
+        "target_slowdown": slowdown,
+        **hidden,
+        "own_clock_share_without_lead": unhidden["own_clock_share"],
+        "switched_own_clock_share_without_lead": unhidden["switched_own_clock_share"],
+        "wall_s": time.perf_counter() - started,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="2x4,4x8", help="stages x microbatches, comma-separated")
@@ -166,7 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hiding", choices=["on", "off"], default="on",
                         help="tell the planner and the runtime the latency (planner_options.switch_latency_s)")
+    parser.add_argument("--json", action="store_true",
+                        help="the measured latency on the real runtime (asynchronous simulated H200): one JSON object")
+    parser.add_argument("--latency-ms", type=float, default=10.0, help="--json: the simulated switch latency")
+    parser.add_argument("--slowdown", type=float, default=1.1, help="--json: the deployed target time x baseline")
+    parser.add_argument("--steps", type=int, default=12, help="--json: deployed steps counted per run")
     args = parser.parse_args(argv)
+    if args.json:
+        print(json.dumps(runtime_bench(args.latency_ms / 1e3, args.slowdown, args.steps), indent=1))
+        return 0
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes.split(",")]
     latencies = [float(x) / 1e3 for x in args.latencies_ms.split(",")]
     hiding = args.hiding == "on"

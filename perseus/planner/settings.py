@@ -85,7 +85,10 @@ class PlannerOptions:
     - ``batch_cells``: deadlines × instructions per numpy batch of repair and simulation; rows
       beyond it are processed in chunks (identical results), which bounds peak memory.
     - ``switch_latency_s``: how long a clock change takes to land on the GPU; plans then change
-      no clock on an instruction shorter than that (``planner.latency``). 0: instant switches.
+      no clock on an instruction shorter than that (``planner.latency``). 0: instant switches,
+      except in the runtime, where 0 (not configured) takes the latency its profiling sweep
+      measured (recorded in the profile) where it can hide it; a value > 0 is used as given
+      (``runtime.supply.plan_supply.latency_in_force``; with ``switch_ahead: false`` never a measured one).
     - ``switch_cost_w``: what a clock switch costs, as a power drawn for ``switch_latency_s``: a
       switch down whose saving is smaller keeps the faster clock (``planner.latency.switch_pays_off``).
       0 (default): switches cost no energy, as on the simulated GPU; the profile's P_blocking is

@@ -3,7 +3,8 @@
 The CSV is what the Perseus/Zeus tools write (``stage,instruction,frequency,time,energy`` and an
 optional ``chunk`` column, plus the optional clock-note columns ``reasons`` and ``equal_to_mhz``);
 the JSON is versions 1 and 2 of ``perseus.profile.encode``'s document (version 1 has no quality;
-files without clock notes load with none). Every error names the file, the row and the problem.
+files without clock notes or a switch latency load with none). Every error names the file, the
+row and the problem.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any, Iterable, Mapping
 
 from perseus.errors import ProfileError
 from perseus.profile.encode import CSV_COLUMNS, CSV_NOTE_COLUMNS, PROFILE_FORMAT, PROFILE_VERSIONS
-from perseus.profile.model import (ClockNote, InstructionProfile, Profile, ProfileKey, StageClock, check_positive,
-                                   required_kinds)
+from perseus.profile.model import (ClockNote, InstructionProfile, Profile, ProfileKey, StageClock, SwitchLatency,
+                                   check_positive, required_kinds)
 from perseus.schedules import FUSED, KINDS
 
 
@@ -169,7 +170,20 @@ def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
     if not isinstance(config, dict):
         raise ProfileError(f"{source}: \"config\" must be an object")
     notes, sustained = _clock_notes(data, source)
-    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source, quality, notes, sustained)
+    return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source, quality, notes, sustained,
+                   _switch_latency(data.get("switch_latency"), source))
+
+
+def _switch_latency(raw: Any, source: str) -> SwitchLatency | None:
+    """The optional measured ``switch_latency`` (absent in older profiles)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "seconds" not in raw or "samples" not in raw:
+        raise ProfileError(f"{source}: \"switch_latency\" must be an object with seconds and samples")
+    try:
+        return SwitchLatency(raw["seconds"], raw["samples"])
+    except ProfileError as exc:
+        raise ProfileError(f"{source}: {exc}") from None
 
 
 def _clock_notes(data: Mapping[str, Any], source: str) -> tuple[dict[StageClock, ClockNote], dict[int, int]]:

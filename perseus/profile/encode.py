@@ -4,7 +4,9 @@ Also the names that identify the file format (``PROFILE_FORMAT``, the versions, 
 which ``perseus.profile.decode`` reads back. JSON version 2 adds ``quality`` per measurement; a
 profile without quality is still written as version 1 so older readers take it. Clock notes go to
 JSON's top-level ``clock_notes`` and ``sustained_mhz``, and to CSV's optional ``reasons``
-(``;``-separated) and ``equal_to_mhz`` columns.
+(``;``-separated) and ``equal_to_mhz`` columns. The measured switch latency goes to JSON's optional
+top-level ``switch_latency`` (``{"seconds": s, "samples": n}``) in either version: readers before
+it skip unknown top-level fields, so the version stays; the CSV has no place for it.
 
 Why this module never imports the model: ``Profile``'s save methods call it, so it reads a
 profile through the structural types below instead.
@@ -47,6 +49,15 @@ class ClockNoteData(Protocol):
     def equal_to_mhz(self) -> int | None: ...
 
 
+class SwitchLatencyData(Protocol):
+    """What writing reads of a ``SwitchLatency``."""
+
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def samples(self) -> int: ...
+
+
 class ProfileData(Protocol):
     """What writing reads of a ``Profile``."""
 
@@ -64,6 +75,8 @@ class ProfileData(Protocol):
     def clock_notes(self) -> Mapping[tuple[int, int], ClockNoteData]: ...
     @property
     def sustained_mhz(self) -> Mapping[int, int]: ...
+    @property
+    def switch_latency(self) -> SwitchLatencyData | None: ...
 
 
 def encode_profile_json(profile: ProfileData) -> dict[str, Any]:
@@ -90,6 +103,8 @@ def encode_profile_json(profile: ProfileData) -> dict[str, Any]:
                               for (stage, f), note in sorted(profile.clock_notes.items())]
     if profile.sustained_mhz:
         out["sustained_mhz"] = {str(stage): f for stage, f in sorted(profile.sustained_mhz.items())}
+    if profile.switch_latency is not None:
+        out["switch_latency"] = {"seconds": profile.switch_latency.seconds, "samples": profile.switch_latency.samples}
     return out
 
 

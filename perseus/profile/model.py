@@ -17,6 +17,12 @@ names, e.g. ``sw_power_cap``), and for clocks above the stage's sustained clock 
 unlocked card ran at under this load: locking higher changes nothing) that the point was not
 profiled but recorded equal to the sustained clock's measurement (``equal_to_mhz``), plus each
 stage's sustained clock (``Profile.sustained_mhz``). Both are optional.
+
+An online profile also says how long a clock change took to land on the card
+(``Profile.switch_latency``, a ``SwitchLatency``: the median request-to-applied time over the
+sweep's clock changes and how many there were), so a run that reuses the profile hides the same
+latency (the planner's ``switch_latency_s``, the runtime's request lead). Optional: a profile
+from a backend that does not report its applied clock, or an older one, has none.
 """
 
 from __future__ import annotations
@@ -49,6 +55,22 @@ class ClockNote:
     @property
     def measured(self) -> bool:
         return self.equal_to_mhz is None
+
+
+@dataclass(frozen=True)
+class SwitchLatency:
+    """How long after a clock request the card ran at the new clock (s), over ``samples`` switches."""
+
+    seconds: float
+    samples: int
+
+    def __post_init__(self) -> None:
+        seconds, samples = self.seconds, self.samples
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < math.inf:
+            raise ProfileError(f"switch latency must be a finite number of seconds >= 0, got {seconds!r}")
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+            raise ProfileError(f"switch latency samples must be an integer >= 1, got {samples!r}")
+        object.__setattr__(self, "seconds", float(seconds))
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,7 @@ class Profile:
     # (stage, clock) -> what the card reported there; stage -> the clock it sustained under load
     clock_notes: Mapping[StageClock, ClockNote] = field(default_factory=dict)
     sustained_mhz: Mapping[int, int] = field(default_factory=dict)
+    switch_latency: SwitchLatency | None = None  # measured while profiling; None: unknown
 
     @property
     def num_stages(self) -> int:

@@ -14,19 +14,27 @@ written to ``partial_profile.json``, so a run that ends while profiling is resum
 The sweep starts at the clock the ranks' unlocked GPUs sustained in warm-up (``sustained.py``);
 each rank records the clocks above its own sustained clock as equal to it, with warm-up's
 clock-event reasons, and the reasons its poller saw at each clock it measured (``ClockWatch``).
+
+Each clock change of the sweep is also a probe of the switch latency: ``GPUPort.apply`` waits at
+the step boundary until the device reports the new clock and keeps the time it took
+(``SwitchSample``); ``switch_latency`` makes the job's latency of them for the profile, which the
+planner and the GPU timeline's request lead then use (a card that takes 10 ms ran half a plan's
+instructions at the previous one's clock with the latency left at 0).
 """
 
 from __future__ import annotations
 
 import logging
+from statistics import median
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from perseus.errors import PerseusError
 from perseus.gpu.meter.clock_samples import UNKNOWN, SustainedClock, reason_names
 from perseus.gpu.meter.energy import attribution_window_s
 from perseus.profile.fit import interpolation_ok, loo_errors
 from perseus.profile.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
+from perseus.profile.model import SwitchLatency
 from perseus.runtime.measure.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
 from perseus.runtime.plane.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
@@ -38,6 +46,7 @@ from perseus.runtime.measure.sustained import agree_start, equal_above
 if TYPE_CHECKING:
     from perseus.gpu.device import ClockEventReason
     from perseus.gpu.meter.energy import EnergyPoller
+    from perseus.runtime.port.clock_trace import SwitchSample
 
 
 class ClockWatch(Protocol):
@@ -48,6 +57,7 @@ class ClockWatch(Protocol):
 log = logging.getLogger("perseus.runtime")
 
 NOISE_VS_EFFECT = 0.5  # re-measure when a key's standard error exceeds this share of the clock's effect
+MIN_SWITCHES = 3  # clock changes seen to land before a rank's switch latency counts
 
 
 class ProfilingRun:
@@ -81,6 +91,7 @@ class ProfilingRun:
         self._save_partial = save_partial
         self._poller: EnergyPoller | None = None
         self._lowest: dict[Any, float] = {}
+        self._started_s = monotonic()  # the sweep's clock changes are the port's samples from here on
 
     @property
     def trusted(self) -> bool:
@@ -126,6 +137,7 @@ class ProfilingRun:
         self.p_blocking_w = p_blocking_w
         if self.sweep.done:
             return
+        self._started_s = monotonic()
         self._poller = self._gpu.energy_poller(self._poll_s)
         self._gpu.apply(self.sweep.current_mhz)
         self._clock_since = monotonic()
@@ -271,6 +283,39 @@ class ProfilingRun:
     def iterations(self) -> int:
         """Iterations this run spent profiling (a resumed run does not count the earlier one's)."""
         return self.sweep.iterations
+
+    def switch_latency(self) -> SwitchLatency | None:
+        """Collective: the job's switch latency from every rank's sweep (``job_switch_latency``)."""
+        mine = switch_latency_of(s for s in self._gpu.switch_samples if s.requested_s >= self._started_s)
+        return job_switch_latency(self._collective, mine)
+
+    def why_no_latency(self) -> str:
+        """Why this rank measured no switch latency (for the one line that says so)."""
+        if self._gpu.reports_clock is False:
+            return "the GPU does not report its applied clock"
+        return f"fewer than {MIN_SWITCHES} clock changes were seen to land in this run's sweep"
+
+
+def switch_latency_of(samples: Iterable[SwitchSample]) -> SwitchLatency | None:
+    """The median request-to-applied time of ``samples`` (each read off the poll interval that saw
+    the change, ``SwitchSample.latency_s``); None with fewer than ``MIN_SWITCHES``. The median of
+    the sweep's changes, down and up, to several clocks: a change the busy host saw late does not
+    set it."""
+    latencies = [s.latency_s for s in samples]
+    if len(latencies) < MIN_SWITCHES:
+        return None
+    return SwitchLatency(median(latencies), len(latencies))
+
+
+def job_switch_latency(collective: Collective, mine: SwitchLatency | None) -> SwitchLatency | None:
+    """Collective: the job's latency, every rank's measured one gathered: the largest (one plan and
+    one lead serve every stage, and a switch must land in time on the slowest card), with the
+    switches of all ranks counted; None where no rank measured one."""
+    rows = collective.all_gather_floats([mine.seconds, float(mine.samples)] if mine is not None else [0.0, 0.0])
+    measured = [(seconds, int(samples)) for seconds, samples in rows if samples >= 1]
+    if not measured:
+        return None
+    return SwitchLatency(max(seconds for seconds, _ in measured), sum(samples for _, samples in measured))
 
 
 def _own_share(partial: Mapping[str, Any], job: PipelineJob | None, world: int) -> dict[str, Any] | None:

@@ -220,7 +220,7 @@ class Observer:
 
     def facts(self, run: RunView) -> RunFacts:
         """The summary's facts, read off the run's rooms."""
-        c, profiling, loop = self.config, run.supply.profiling, run.loop
+        c, profiling, loop, latency = self.config, run.supply.profiling, run.loop, run.supply.switch_latency
         return RunFacts(
             rank=self.rank, job=run.job, mode=c.mode.value, phase=run.phases.phase, steps=run.step,
             phase_history=list(run.phases.history), p_blocking_w=run.supply.p_blocking_w,
@@ -228,7 +228,8 @@ class Observer:
             events=self.events, job_numbers=run.job_numbers, sweep=profiling.sweep if profiling is not None else None,
             profiling_iterations=c.warmup_steps + profiling.iterations() if profiling is not None else None,
             frontier=run.frontier, point=run.targeting.point,
-            closed_loop=loop.summary() if loop.steps else None, grid=run.grid.summary())
+            closed_loop=loop.summary() if loop.steps else None, grid=run.grid.summary(),
+            switch_latency=latency.as_dict() if latency is not None else None)
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""

@@ -12,9 +12,13 @@ it needs to tell them apart (CLOCK_MONOTONIC seconds, the simulated GPU's time b
 - on a simulated GPU, its kernel (``KernelRecord``): start, duration, max-clock work, the clocks set
   at its start and end and when the latter took effect; and when the wait for it returned.
 
-and, per step, the controller process's CPU time. Off by default: the hot path then pays one
-``is None`` test. ``breakdown`` (pure) turns a trace into the numbers docs/runtime.md tabulates;
-``benchmarks/bench_switch_latency.py`` aggregates them over ranks and runs.
+and, per step, the controller process's CPU time; and every clock change the host made at a step
+boundary and watched land (``SwitchSample``: requested, last seen at the old clock, first seen at
+the new one), read off the device's reported clock: the switch latency on any backend that
+reports its applied clock (NVML too), where the kernel records are the simulator's only. Off by
+default: the hot path then pays one ``is None`` test. ``breakdown`` (pure) turns a trace into the
+numbers docs/runtime.md tabulates; ``benchmarks/bench_switch_latency.py`` aggregates them over
+ranks and runs.
 """
 
 from __future__ import annotations
@@ -58,6 +62,26 @@ class InstructionTrace:
 
 
 @dataclass(frozen=True)
+class SwitchSample:
+    """A clock change the host asked for and watched land (``GPUPort.apply``; CLOCK_MONOTONIC s):
+    asked for at ``requested_s``; the device last reported another clock at ``before_s`` (the
+    request itself when its first read already saw the new one) and first reported ``to_mhz`` at
+    ``seen_s``."""
+
+    from_mhz: int
+    to_mhz: int
+    requested_s: float
+    before_s: float
+    seen_s: float
+
+    @property
+    def latency_s(self) -> float:
+        """Request to applied: the change happened between the two reads, so their midpoint
+        (half the polling granularity off the first read that saw it)."""
+        return max(0.0, 0.5 * (self.before_s + self.seen_s) - self.requested_s)
+
+
+@dataclass(frozen=True)
 class StepTrace:
     step: int
     phase: str
@@ -87,6 +111,7 @@ class ClockTrace:
         self.controller_pid = controller_pid
         self.instructions: deque[InstructionTrace] = deque(maxlen=MAX_INSTRUCTIONS)
         self.steps: deque[StepTrace] = deque(maxlen=MAX_INSTRUCTIONS)
+        self.switches: deque[SwitchSample] = deque(maxlen=MAX_INSTRUCTIONS)
         self._step = -1
         self._phase = ""
         self._index = 0
@@ -115,6 +140,10 @@ class ClockTrace:
 
     def requested(self, mhz: int, at: float) -> None:
         self._req_mhz, self._req_at = mhz, at
+
+    def switched(self, sample: SwitchSample) -> None:
+        """A step boundary's clock change, watched until the device reported it."""
+        self.switches.append(sample)
 
     def begin(self, kind: str, microbatch: int, chunk: int, planned_mhz: int | None, t0: float, t1: float) -> None:
         """The begin hook ran from ``t0`` to ``t1`` (just before the kernel starts)."""
@@ -146,7 +175,8 @@ class ClockTrace:
         self._index += 1
 
     def to_dict(self) -> dict[str, list[dict[str, Any]]]:
-        return {"instructions": [asdict(i) for i in self.instructions], "steps": [asdict(s) for s in self.steps]}
+        return {"instructions": [asdict(i) for i in self.instructions], "steps": [asdict(s) for s in self.steps],
+                "switches": [asdict(s) for s in self.switches]}
 
 
 # ---------------------------------------------------------------- aggregation (pure)
@@ -182,11 +212,17 @@ def from_dict(data: Mapping[str, Iterable[Mapping[str, Any]]]) -> tuple[list[Ins
     return ([InstructionTrace(**i) for i in data["instructions"]], [StepTrace(**s) for s in data["steps"]])
 
 
+def switches_from_dict(data: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[SwitchSample]:
+    """The watched clock changes of a saved trace (none in a trace saved before they were kept)."""
+    return [SwitchSample(**s) for s in data.get("switches", ())]
+
+
 def lateness_s(inst: InstructionTrace) -> float:
     """How long after its kernel started at a lower clock than planned the planned clock took
     effect (0 when the kernel started at or above it).
 
-    Needs a simulated GPU's record; a clock that was never in force during the kernel counts the
+    Needs a simulated GPU's record (elsewhere the trace's ``switches`` give the latency itself, not
+    where it landed in a kernel); a clock that was never in force during the kernel counts the
     whole kernel."""
     if (inst.planned_mhz is None or inst.kernel_start is None or inst.start_mhz is None
             or inst.start_mhz >= inst.planned_mhz):

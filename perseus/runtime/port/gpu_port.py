@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,7 +33,7 @@ from perseus.gpu.meter.clock_samples import UNKNOWN, SustainedClock
 from perseus.runtime.lifecycle import job_error_line
 
 if TYPE_CHECKING:
-    from perseus.runtime.port.clock_trace import ClockTrace
+    from perseus.runtime.port.clock_trace import ClockTrace, SwitchSample
     from perseus.runtime.port.gpu_timeline import GPUTimeline
     from perseus.gpu.control.controller import ClockController
     from perseus.gpu.device import ClockEventReason, GPUDevice
@@ -55,6 +56,8 @@ FALLBACK_EVENTS = {
     "follower_failed": "following the GPU stream failed",
     "energy_failed": "the GPU's energy counter stopped answering",
 }
+
+SWITCH_SAMPLES = 256  # clock changes kept (a sweep makes tens; deployment one per plan change)
 
 FOLLOWER_FIX = ("if this job captures CUDA graphs, capture them with torch.cuda.graph(..., "
                 "capture_error_mode=\"thread_local\") so the follower thread may poll events meanwhile")
@@ -88,6 +91,11 @@ class GPUPort:
         # The clock this card sustains under the job's load, from warm-up (``end_warmup_clocks``).
         self.sustained: SustainedClock = UNKNOWN
         self._poller_started_s = 0.0
+        # The clock changes ``apply`` saw land (the latest), whether the device reports its clock
+        # (None: not asked yet), and the switch latency requests lead by (``use_switch_latency``).
+        self.switch_samples: deque[SwitchSample] = deque(maxlen=SWITCH_SAMPLES)
+        self.reports_clock: bool | None = None
+        self.switch_latency_s: float | None = None
 
     # ---------------------------------------------------------------- opening
 
@@ -163,18 +171,48 @@ class GPUPort:
         the clock some milliseconds later, and the profiling sweep would time the step's first
         instructions at the previous clock (seen in clock traces at 20 ms). So wait, at most
         ``settle_timeout_s``, until the device reports the clock (NVML reports the current SM clock,
-        which a throttled GPU may never reach: hence the bound)."""
+        which a throttled GPU may never reach: hence the bound). The wait is the switch latency:
+        a change seen to land is kept as a ``SwitchSample`` (``switch_samples``; the profiling sweep
+        turns its clock changes into the measured latency), on this thread, which waits anyway."""
+        import time
+
+        before = None
+        if self.controller.enabled:
+            try:
+                before = self.device.locked_sm_clock_mhz()
+            except GPUError:  # unread: no sample; the wait below reads (and fails) as it always did
+                before = None
         with self._host_change():
             self.current_mhz = mhz
+            asked = time.monotonic()
             self.controller.set_frequency(mhz)
         self.controller.flush()
         if not self.controller.enabled:
             return
-        import time
-
-        deadline = time.monotonic() + settle_timeout_s
-        while self.device.locked_sm_clock_mhz() != mhz and time.monotonic() < deadline:
+        self.reports_clock = before is not None
+        last_other, deadline = asked, time.monotonic() + settle_timeout_s
+        while True:
+            t = time.monotonic()
+            if self.device.locked_sm_clock_mhz() == mhz:
+                break
+            if t >= deadline:
+                return  # never seen (throttled, refused): no sample
+            last_other = t
             time.sleep(0.0005)
+        if before is not None and before != mhz:
+            from perseus.runtime.port.clock_trace import SwitchSample
+
+            sample = SwitchSample(int(before), mhz, asked, last_other, t)
+            self.switch_samples.append(sample)
+            if self.trace is not None:
+                self.trace.switched(sample)
+
+    def use_switch_latency(self, seconds: float) -> None:
+        """The switch latency the GPU timeline's requests lead by (``StreamClocks``), from the next
+        host clock change on: a measured one, known only after the timeline opened. Between steps."""
+        self.switch_latency_s = seconds
+        if self.timeline is not None:
+            self.timeline.lead_by(seconds)
 
     def release(self) -> None:
         """Ask for default clocks without waiting (fallback from an instruction hook, a probe

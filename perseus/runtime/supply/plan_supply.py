@@ -6,14 +6,23 @@ collectives at given steps. ``PlanSupply`` holds that state and does each step's
 (``load``, ``start_profiling``, ``finish_profiling``, ``start_planning``, ``poll``); the
 engine only enters the phase each answer calls for. Every method that makes a collective is
 called by every rank at the same step.
+
+It also decides which clock-switch latency the planner and the GPU timeline's requests use
+(``LatencyInForce``): a configured ``planner_options.switch_latency_s`` (> 0), else the one the
+profiling sweep measured (or a cached profile recorded), else 0; each decision is a
+``switch_latency`` event (``take_events``) and a line in the summary.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
+from perseus.gpu.stream.clocks import DEFAULT_LEAD_S
+from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
+from perseus.profile.model import SwitchLatency
 from perseus.profile.aggregate import aggregate_profile
 from perseus.store.cache import RunCache
 from perseus.runtime.plane.collective import Collective
@@ -30,6 +39,49 @@ from perseus.planner.stage_plan import StagePlan
 from perseus.schedules import Schedule
 
 log = logging.getLogger("perseus.runtime")
+
+
+@dataclass(frozen=True)
+class LatencyInForce:
+    """The switch latency the planner and the request lead use (``seconds``) and why: ``source``
+    is ``configured`` (``planner_options.switch_latency_s`` > 0), ``measured`` or ``default`` (0:
+    none measured, or ``note`` says why the measured one is not used); ``measured`` came from
+    ``origin``: this run's profiling sweep or the profile it found."""
+
+    seconds: float
+    source: str
+    measured: SwitchLatency | None
+    origin: str
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["measured"] = None if self.measured is None else asdict(self.measured)
+        return out
+
+    def line(self) -> str:
+        measured = self.measured
+        seen = ("none measured" if measured is None else
+                f"measured {1e3 * measured.seconds:.2f} ms over {measured.samples} switches ({self.origin})")
+        return (f"perseus: clock-switch latency {1e3 * self.seconds:.2f} ms in force ({self.source}; {seen})"
+                + (f": {self.note}" if self.note else ""))
+
+
+def latency_in_force(configured_s: float, measured: SwitchLatency | None, origin: str,
+                     unusable: str | None) -> LatencyInForce:
+    """Configured (> 0) before measured before 0. ``unusable``: why a measured latency cannot be
+    hidden here. One below the requests' own lead (``DEFAULT_LEAD_S``: the follower's poll and the
+    controller's delivery, which the measurement includes) is hidden already: 0."""
+    if configured_s > 0:
+        return LatencyInForce(configured_s, "configured", measured, origin)
+    if measured is None:
+        return LatencyInForce(configured_s, "default", None, origin, unusable)
+    if measured.seconds < DEFAULT_LEAD_S:
+        return LatencyInForce(configured_s, "default", measured, origin,
+                              f"below the requests' {1e3 * DEFAULT_LEAD_S:g} ms lead, which hides it")
+    if unusable is not None:
+        return LatencyInForce(configured_s, "default", measured, origin, unusable)
+    return LatencyInForce(measured.seconds, "measured", measured, origin)
 
 
 class PlanSupply:
@@ -55,6 +107,8 @@ class PlanSupply:
         # The warm-up steps' instruction spans at default clocks: the all-max step as this job runs
         # it, hand-offs between stages included (rank 0's: stage 0 begins first and ends last).
         self.warmup_spans: list[float] = []
+        self.switch_latency: LatencyInForce | None = None  # None: nothing measured or found yet
+        self._events: list[tuple[str, Any]] = []  # (what, data) for the run's events (``take_events``)
 
     def cache_key(self) -> dict[str, Any]:
         return cache_key(self.job, self.schedule, self.gpu.name, self.gpu.driver_version, self.config, self.stage_models,
@@ -70,6 +124,10 @@ class PlanSupply:
                                 timing=self.timelines)
         self.profile = sources.profile
         self.have_profile = sources.have_profile
+        if sources.have_profile:
+            self._take_latency(sources.switch_latency, "profile",
+                               "the profile has none (profiled by an earlier version, or on a GPU that does not "
+                               "report its applied clock)")
         return sources
 
     # ---------------------------------------------------------------- profiling
@@ -124,14 +182,16 @@ class PlanSupply:
             if self.cache is not None:  # a refused clock: nothing measured is kept, nor resumed
                 self.cache.clear_partial()
             return None
+        latency = run.switch_latency()
         gathered = self.collective.gather_measurements(run.measurements(self.job, self.gpu.name), run.sweep.frequencies)
         if self.collective.is_root:
             assert gathered is not None
             fields = {"cache_key_fields": self.cache_key(),
                       "profiled_clocks_mhz": sorted(run.sweep.visited, reverse=True)}
-            self.profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields,
-                                             grid=run.sweep.frequencies, noise_k=self.config.noise_k,
-                                             spread_k=self.config.spread_k)
+            profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields,
+                                        grid=run.sweep.frequencies, noise_k=self.config.noise_k,
+                                        spread_k=self.config.spread_k)
+            self.profile = replace(profile, switch_latency=latency)
             noise = describe_noise(self.profile)
             if noise:
                 log.info("%s", noise)
@@ -139,7 +199,42 @@ class PlanSupply:
                 save_quietly("profile", self.cache.save_profile, self.profile)
                 self.cache.clear_partial()
         self.have_profile = True
+        self._take_latency(latency, "profiling", None if latency is not None else run.why_no_latency())
         return list(run.sweep.visited)
+
+    # ---------------------------------------------------------------- the switch latency
+
+    def _take_latency(self, measured: SwitchLatency | None, origin: str, why_none: str | None) -> None:
+        """Every rank: the latency in force from now on (``latency_in_force``); a measured one also
+        becomes the GPU timeline's request lead (``GPUPort.use_switch_latency``). Rank 0 says which."""
+        c = self.config
+        unusable = (why_none if measured is None else
+                    "switch_ahead is off" if not c.switch_ahead else
+                    None if self.gpu.timeline is not None else
+                    "this GPU's requests are timed on the host (no GPU timeline), which hides a configured latency "
+                    "only: set planner_options.switch_latency_s")
+        chosen = latency_in_force(c.planner_options.switch_latency_s, measured, origin, unusable)
+        self.switch_latency = chosen
+        if chosen.source == "measured":
+            self.gpu.use_switch_latency(chosen.seconds)
+        self._events.append(("switch_latency", chosen.as_dict()))
+        if not self.collective.is_root or (measured is not None and measured.seconds < DEFAULT_LEAD_S):
+            return  # an instant switch: the event and the summary say so, no line
+        # a latency that is there and not hidden, or one that cannot be measured here: said loudly, once
+        loud = chosen.source == "default" and (measured is not None or self.gpu.reports_clock is False)
+        (log.warning if loud else log.info)("%s", chosen.line())
+
+    def take_events(self) -> list[tuple[str, Any]]:
+        """The events since the last call (the engine's step end)."""
+        events, self._events = self._events, []
+        return events
+
+    def planner_options(self) -> PlannerOptions:
+        """The configured planner options, with the measured switch latency where it is in force."""
+        options, latency = self.config.planner_options, self.switch_latency
+        if latency is None or latency.source != "measured":
+            return options
+        return replace(options, switch_latency_s=latency.seconds)
 
     # ---------------------------------------------------------------- planning
 
@@ -151,8 +246,9 @@ class PlanSupply:
         assert self.profile is not None
         child, self._child = self._child, None
         c = self.config
-        self._planner = BackgroundPlanner(self.schedule, self.profile, c.planner_options, child, nice=c.planner_nice,
-                                          cache=self.cache, timelines=self.timelines, measured_s=self.measured_step_s())
+        self._planner = BackgroundPlanner(self.schedule, self.profile, self.planner_options(), child,
+                                          nice=c.planner_nice, cache=self.cache, timelines=self.timelines,
+                                          measured_s=self.measured_step_s())
 
     def measured_step_s(self) -> float | None:
         """The shortest warm-up span, for the planner's hand-off (``planner.handoff``); None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from perseus.errors import ConfigError, PerseusError
 from perseus.frontier import Frontier, load_frontier
 from perseus.profile import Profile, load_profile
+from perseus.profile.model import SwitchLatency
 from perseus.store.cache import RunCache
 from perseus.runtime.plane.collective import Collective
 from perseus.runtime.config import PerseusConfig
@@ -135,13 +136,15 @@ def open_cache(config: PerseusConfig, key: dict[str, Any]) -> RunCache | None:
 @dataclass(frozen=True)
 class Sources:
     """What this rank starts from. ``profile`` is rank 0's only; ``have_profile`` is everyone's;
-    ``plan`` is this rank's stage of a provided or cached frontier."""
+    ``plan`` is this rank's stage of a provided or cached frontier; ``switch_latency`` the
+    profile's measured one, everyone's (each rank's GPU timeline leads by it)."""
 
     plan: StagePlan | None = None
     profile: Profile | None = None
     have_profile: bool = False
     origin: str | None = None
     received_bytes: int = 0
+    switch_latency: SwitchLatency | None = None
 
 
 def share_sources(
@@ -157,18 +160,20 @@ def share_sources(
     if collective.is_root:
         try:
             found, frontier, profile = _root_sources(config, schedule, cache)
-            status.update(found, frontier=frontier is not None)
+            status.update(found, frontier=frontier is not None,
+                          switch_latency=profile.switch_latency if profile is not None else None)
         except PerseusError as exc:
             status["error"] = str(exc)
     status = collective.broadcast_object(status)
     if status["error"]:
         raise ConfigError(status["error"])
+    latency = status.get("switch_latency")
     if not status["frontier"]:
-        return Sources(None, profile, status["profile"], status["origin"])
+        return Sources(None, profile, status["profile"], status["origin"], switch_latency=latency)
     delivered = distribute(collective, slices_of(frontier, profile if timing else None) if frontier is not None else None,
                            schedule, stage)
     del frontier  # rank 0 keeps its own stage's slice only
-    return Sources(delivered.plan, profile, status["profile"], status["origin"], delivered.received_bytes)
+    return Sources(delivered.plan, profile, status["profile"], status["origin"], delivered.received_bytes, latency)
 
 
 def _root_sources(
