@@ -13,9 +13,10 @@ a speed: the checks are that the runtime's *decisions* follow from the evidence 
 (a) the loop ran: every deployed step is marked ``"clocks"``, each window that ended before a
     fall-back held a block of default-clock steps, and at least one window ended with samples;
 (b) the actions follow the evidence: a window whose largest pipeline statistic reached the
-    threshold ends in ``faster`` or ``fallback`` naming the slow pipelines, and no other does; a
-    guard fall-back is followed by a ``fallback`` event that says why and by no further
-    deployed steps;
+    threshold ends in ``faster`` or ``fallback`` naming the slow pipelines; one whose job energy
+    statistic reached its threshold (the plan measurably saves no energy) ends in ``fallback``; no
+    other window acts; a guard fall-back is followed by a ``fallback`` event that says why and by
+    no further deployed steps;
 (c) the end state: the run ended kept (every pipeline below the threshold at its last window),
     moved, or fell back; the last window's numbers are the verdict's.
 """
@@ -87,11 +88,15 @@ def check_guard_run(steps: list[dict[str, Any]], events: list[dict[str, Any]], t
         assert fell_back_at is None, f"guard window at step {e['step']} after the fall-back at step {fell_back_at}"
         stats = {dp: p["statistic"] for dp, p in data["pipelines"].items()}
         alarmed = [dp for dp, s in stats.items() if s >= data["threshold"]]
+        energy = data.get("energy") or {}
         action = data["action"]
         if alarmed:
             assert action in MOVES and sorted(map(int, alarmed)) == sorted(data["slow_pipelines"]), (
                 f"step {e['step']}: pipelines {alarmed} reached the threshold {data['threshold']} and the job "
                 f"decided {action!r} (slow: {data['slow_pipelines']}): {data['reason']}")
+        elif energy and energy["statistic"] >= energy["threshold"]:
+            assert action == "fallback", (f"step {e['step']}: the energy statistic reached its threshold "
+                                          f"{energy['threshold']} and the job decided {action!r}: {data['reason']}")
         else:
             assert action == "keep", f"step {e['step']}: {action!r} with every statistic below the threshold: {data}"
         if action in MOVES:
@@ -104,7 +109,7 @@ def check_guard_run(steps: list[dict[str, Any]], events: list[dict[str, Any]], t
         said = [e for e in events if e["event"] == "fallback" and e["step"] >= fell_back_at]
         assert said, f"the guard fell back at step {fell_back_at} but no fallback event followed: {events}"
         why = str(said[0]["data"])
-        assert "guard" in why and "slower" in why, f"the fallback event does not say why: {why!r}"
+        assert "guard" in why and ("slower" in why or "energy" in why), f"the fallback event does not say why: {why!r}"
         late = [r["step"] for r in deployed if r["step"] > fell_back_at + 1]
         assert not late, f"steps {late} still deployed after the guard fell back at step {fell_back_at}"
 

@@ -123,3 +123,28 @@ def test_an_appended_file_needs_a_run_named():
         split_run(synthetic_run([1.0]) + synthetic_run([1.0], run_id="r2"))
     steps, _ = split_run(synthetic_run([1.0]) + synthetic_run([1.0], run_id="r2"), run_id="r2")
     assert {r["run_id"] for r in steps} == {"r2"}
+
+
+def energy_fallback(lines: list[dict], statistic: float) -> list[dict]:
+    """A kept run whose third window's job energy statistic reads ``statistic`` and which fell back
+    there for energy, as the runtime writes it."""
+    at = [line for line in lines if line.get("event") == "guard"][2]
+    at["data"].update(action="fallback", reason="the plan does not measurably save energy",
+                      energy={"statistic": statistic, "threshold": SETTINGS.threshold})
+    kept = [line for line in lines if line["step"] <= at["step"] + 1 and line is not at]
+    for line in kept:
+        if line["step"] == at["step"] + 1 and "event" not in line:
+            line["phase"] = "fallback"
+            line.pop("clocks", None)
+    return kept + [at, {"run_id": "r1", "event": "fallback", "step": at["step"],
+                        "data": "energy guard: the plan does not measurably save energy"}]
+
+
+def test_a_fallback_for_energy_passes_when_the_energy_statistic_reached_its_threshold():
+    verdict = check(energy_fallback(synthetic_run([1.0]), 5.5))
+    assert verdict.fell_back and verdict.outcome == "fell back", verdict.describe()
+
+
+def test_a_fallback_for_energy_without_its_evidence_fails():
+    with pytest.raises(AssertionError, match="'fallback' with every statistic below the threshold"):
+        check(energy_fallback(synthetic_run([1.0]), 1.0))

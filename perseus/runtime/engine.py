@@ -203,8 +203,8 @@ class PerseusRuntime:
                 assert self.frontier is not None  # deployed (or fallen back from it): a plan was taken
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
                                           float("nan") if energy is None else energy)  # unmeasured: NaN (job check)
-                # every rank that deployed, fallen back or not: a window's decision is a collective
-                decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time)
+                running = self.phases.phase is Phase.DEPLOYED  # fallen back or not, a window's end is a collective
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time, running)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
                     for what, data in self.loop.notes(self.is_root):
@@ -230,8 +230,8 @@ class PerseusRuntime:
          Phase.PROFILING: self._start_profiling}.get(phase, lambda: self._steady(why or ""))()
 
     def _check_notices(self) -> None:
-        """What the clock controller reported since the last step (``GPUPort.take_notices``)."""
-        for what, data in self.gpu.take_notices(self.rank):
+        """What the clock controller (``GPUPort.take_notices``) and the plan's supply reported since the last step."""
+        for what, data in self.gpu.take_notices(self.rank) + self.supply.take_events():
             self._event(what, data)
             if what in FALLBACK_EVENTS:  # a deployed plan falls back (every rank follows at the next job check)
                 self._fall_back(f"{FALLBACK_EVENTS[what]} on rank {self.rank}")

@@ -9,7 +9,10 @@ same steps without a message); the test is ``sequential.py``; one rank's windows
 ``job_guard.RankGuard``. At a window's end (the same step on every rank: window lengths are part of
 the agreed decision) every rank's verdict row is all-gathered (``Collective.all_gather_floats``)
 and every rank computes the same ``JobDecision`` from all of them: a pipeline measurably slower
-than its target moves the job to a faster point, or back to default clocks at the fastest point.
+than its target moves the job to a faster point, or back to default clocks at the fastest point;
+a plan whose job-wide energy per step is not measurably lower than the probes' falls back
+(``sequential.EnergyTest``: the row carries each rank's energy medians, and every rank runs the
+same test on their sum).
 
 What is judged is the step's instruction span (``StepNumbers.span_s``: on the GPU's clock where
 the GPU runs behind the host, else the host's), not the whole step call.
@@ -45,6 +48,7 @@ from perseus.runtime.guard.job_guard import (
     judging_stages,
     target_ratio,
     verdict_row,
+    with_energy,
 )
 from perseus.runtime.guard.placement import (
     Backoff,
@@ -54,7 +58,15 @@ from perseus.runtime.guard.placement import (
     probe_seed,
 )
 from perseus.runtime.guard.periodicity import Period, PeriodWatch
-from perseus.runtime.guard.sequential import SequentialSettings
+from perseus.runtime.guard.sequential import (
+    EnergySettings,
+    EnergyTest,
+    EnergyVerdict,
+    RankEnergy,
+    SequentialSettings,
+    job_window,
+    no_energy_row,
+)
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.plane.collective import Collective
 from perseus.schedules import Schedule
@@ -64,6 +76,10 @@ log = logging.getLogger("perseus.runtime")
 # Counted samples kept for the A/B: the most recent, so a long run's figure follows the point it runs.
 AB_WINDOW = 400
 DECISIONS_KEPT = 50  # acting decisions the summary lists (every window's is in the metrics file)
+# The gathered row: the time verdict (``verdict_row``, 6), at the fastest point, probe share, probe
+# extra J, judges; then the energy medians (``RankEnergy.row``) and whether this rank retargeted.
+ENERGY_AT = 10
+RETARGETED_AT = ENERGY_AT + 5
 
 
 @dataclass
@@ -110,6 +126,11 @@ def settings_from(config: PerseusConfig) -> SequentialSettings:
                               backoff=Backoff(first=first, longest=max(first, config.probe_longest_steps)))
 
 
+def energy_settings_from(config: PerseusConfig) -> EnergySettings:
+    """The energy test alarms at the guard's threshold, as the time test does."""
+    return EnergySettings(threshold=config.guard_threshold)
+
+
 def job_seed_text(job: PipelineJob) -> str:
     """What every rank of the job knows alike, for the probes' seed."""
     return f"{job.schedule}:{job.num_stages}:{job.num_microbatches}:{job.num_chunks}:{job.dp_size}:{job.world_size}"
@@ -126,6 +147,10 @@ class ClosedLoop:
         self._began_s = 0.0
         self._pair_plan = False  # the next counted plan step is sampled for reasons (after a probe)
         self.settings = settings_from(config)
+        self.energy = EnergyTest(energy_settings_from(config))  # the job's: the same on every rank
+        self.energy_dropped = False
+        self.plan_running = True  # False once this rank fell back for another reason: no energy evidence
+        self._retargeted = False  # since the last window: the energy test restarts on every rank
         self.counted_per_block = config.probe_block_steps
         self.collective = collective
         self.dp = job.dp_rank if job is not None else 0
@@ -187,6 +212,7 @@ class ClosedLoop:
         """The point changed for another reason (straggler, external target): the plan's samples
         so far belong to the old point, and so does the test's evidence."""
         self.plan.clear()
+        self._retargeted = True
         if self.rank_guard is not None:
             self.rank_guard.test.restart()
 
@@ -196,13 +222,16 @@ class ClosedLoop:
         return self.reference_point(targeting, plan) if self.probing else targeting.point
 
     def end_step(self, span_s: float, energy_j: float | None, targeting: Targeting, plan: StagePlan,
-                 step_s: float | None = None) -> JobDecision | None:
+                 step_s: float | None = None, running: bool = True) -> JobDecision | None:
         """Count the step that ended, judged on its instructions' span (``StepNumbers.span_s``: the
         GPU's first instruction begin to last end where the GPU runs behind the host, the host's
         otherwise; host work outside instructions is reported, not judged: ``step_s``, the whole
         step, feeds the loop-period report); at a window's end, the job's decision (a collective on
-        every rank at that step). None at other steps, with probes off and after the job fell back."""
+        every rank at that step). None at other steps, with probes off and after the job fell back.
+        ``running`` False: this rank fell back for another reason, so its plan steps ran default
+        clocks and its energy says nothing about the plan (it sends none from then on)."""
         judged_s = max(span_s, 1e-9)
+        self.plan_running = self.plan_running and running
         role = self.role
         if role.counted:
             (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
@@ -222,17 +251,33 @@ class ClosedLoop:
         at_fastest = targeting.point is not None and targeting.point.time_s <= plan.points[0].time_s
         mine = verdict_row(self.dp, end.verdict) + [float(at_fastest), guard.cost.share, guard.cost.extra_energy_j,
                                                     float(self.judges)]
+        energy = end.energy if self.plan_running else None
+        mine += (no_energy_row() if energy is None else energy.row()) + [float(self._retargeted)]
+        self._retargeted = False
         rows = self.collective.all_gather_floats(mine)
         decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows),
                          judges=[bool(r[9]) for r in rows])
+        decision = with_energy(decision, self._energy_verdict(rows), end.length, self.settings)
         self._count(rows, decision)
         guard.apply(decision)
         if (period := self.periods.check()) is not None:
             self._notes.append(("loop_period", dict(period.as_dict())))
+        if decision.for_energy and decision.energy is not None:
+            self._notes.append(("guard_energy", {"reason": decision.reason, **decision.energy.as_dict()}))
         if decision.action is not Action.KEEP:
             self.decisions.append(decision)
             self.plan.clear()
+        if decision.action is Action.FASTER:
+            self.energy.restart()  # a new point: its energy is another's
         return decision
+
+    def _energy_verdict(self, rows: list[list[float]]) -> EnergyVerdict | None:
+        """The job's energy test on this window's rows (the same on every rank): restarted first if
+        any rank's point changed since the last window."""
+        if any(len(r) > RETARGETED_AT and r[RETARGETED_AT] for r in rows):
+            self.energy.restart()
+        ranks = [e for r in rows if (e := RankEnergy.from_row(r[ENERGY_AT:])) is not None]
+        return self.energy.observe(job_window(ranks))
 
     def _count(self, rows: list[list[float]], decision: JobDecision) -> None:
         """Every pipeline's statistic and probe cost, from the gathered rows (the same on every rank)."""
@@ -257,20 +302,22 @@ class ClosedLoop:
         adjustment), or the problem to fall back to default clocks for; one log line when it acts."""
         if decision.action is Action.KEEP:
             return None
+        which = "energy guard" if decision.for_energy else "no-slowdown guard"
         if speak:
-            log.warning("perseus: no-slowdown guard: %s", decision.reason)
+            log.warning("perseus: %s: %s", which, decision.reason)
         if decision.action is Action.FASTER:
             self.target_scale *= decision.factor
             targeting.set_adjustment("guard", SpeedUp(1.0 - self.target_scale))
             return None
         self.fell_back = True
-        return f"no-slowdown guard: {decision.reason}"
+        self.energy_dropped = decision.for_energy
+        return f"{which}: {decision.reason}"
 
     def notes(self, speak: bool) -> list[tuple[str, dict[str, object]]]:
         """Events found since the last call (a training loop's own period, once per run), each said
         once in the log where ``speak``."""
         notes, self._notes = self._notes, []
-        if speak and self.periods.found is not None and notes:
+        if speak and self.periods.found is not None and any(what == "loop_period" for what, _ in notes):
             log.info("perseus: %s", self.periods.found.describe())
         return notes
 
@@ -285,7 +332,16 @@ class ClosedLoop:
                 "slow_pipelines": list(decision.slow_pipelines), "threshold": self.settings.threshold,
                 "target_scale": self.target_scale,
                 "pipelines": {str(dp): p.as_dict() for dp, p in sorted(self.pipelines.items())},
+                "energy": None if decision.energy is None else decision.energy.as_dict(),
                 **self._reasons()}
+
+    def _energy_summary(self) -> dict[str, object]:
+        """The job's energy test: where it stands, the saving it measured, whether it dropped the plan."""
+        last = None if self.last is None else self.last.energy
+        return {"threshold": self.energy.settings.threshold, "margin": self.energy.settings.margin,
+                "statistic": self.energy.statistic, "alarms": self.energy.alarms, "dropped": self.energy_dropped,
+                **({} if last is None else {k: v for k, v in last.as_dict().items()
+                                            if k in ("windows", "saving", "saving_low", "saving_high")})}
 
     def _reasons(self) -> dict[str, object]:
         """This rank's clock-event reasons during probes and plan steps, where they are read."""
@@ -332,6 +388,7 @@ class ClosedLoop:
             "guard_target_scale": self.target_scale,
             "guard_moves": sum(d.action is Action.FASTER for d in self.decisions),
             "guard_fell_back": self.fell_back,
+            "energy": self._energy_summary(),
             "loop_period": None if self.period is None else self.period.as_dict(),
             **self._reasons(),
             "decisions": [{"action": d.action.value, "slow_pipelines": list(d.slow_pipelines), "reason": d.reason}

@@ -20,6 +20,10 @@ second stage, slowed within slack, measured its own span 10-15 % longer than at 
 while the job's steps were not slower, and the guard fell back on it. Such ranks still run the
 test and report it; their verdicts do not vote.
 
+Energy (``sequential.EnergyTest``): each rank also reports its window's plan and probe energy
+medians; the job is judged on their sum over every rank (``with_energy``): a plan that measurably
+saves no energy falls back, whatever the time verdicts say.
+
 Pure: the engine feeds steps and applies decisions; no collective or clock here.
 """
 
@@ -28,15 +32,18 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline, StepRole
 from perseus.runtime.guard.sequential import (
     Confidence,
+    EnergyVerdict,
+    RankEnergy,
     SequentialSettings,
     SequentialTest,
     WindowVerdict,
     next_length,
+    rank_energy,
 )
 from perseus.schedules import Schedule
 from perseus.schedules.dag import InstructionDAG
@@ -99,6 +106,12 @@ class JobDecision:
     slow_pipelines: tuple[int, ...]
     statistic: dict[int, float]  # per pipeline: the largest CUSUM statistic among its ranks
     reason: str
+    energy: EnergyVerdict | None = None  # the job's energy test after the window (None: no evidence yet)
+
+    @property
+    def for_energy(self) -> bool:
+        """The job falls back because the plan measurably saves no energy (``sequential.EnergyTest``)."""
+        return self.action is Action.FALLBACK and self.energy is not None and self.energy.alarm
 
 
 def agree(rows: Sequence[Sequence[float]], length: int, settings: SequentialSettings, *, at_fastest: bool,
@@ -131,12 +144,35 @@ def agree(rows: Sequence[Sequence[float]], length: int, settings: SequentialSett
                        f"moving to a faster point")
 
 
+def with_energy(decision: JobDecision, energy: EnergyVerdict | None, length: int,
+                settings: SequentialSettings) -> JobDecision:
+    """The time decision with the job's energy verdict (``length``: the window's): a plan that
+    measurably saves no energy falls back (whatever the time test says: faster points save less
+    still); the windows grow only while the saving is confidently above the margin too, and a
+    suspicion sends them back to the shortest, so a plan that saves nothing is settled quickly.
+    No verdict (no rank measured energy yet): time alone."""
+    if energy is None:
+        return decision
+    if energy.alarm:
+        return replace(decision, action=Action.FALLBACK, factor=1.0, next_length=settings.backoff.first,
+                       reason=energy.reason(), energy=energy)
+    if energy.confidence is Confidence.SUSPECT:
+        nxt = settings.backoff.first
+    elif energy.confidence is Confidence.UNSURE:
+        nxt = min(decision.next_length, length)
+    else:
+        nxt = decision.next_length
+    return replace(decision, next_length=nxt, energy=energy)
+
+
 @dataclass(frozen=True)
 class WindowEnd:
-    """A window closed on this rank: its length and verdict (None: no counted plan/probe pair)."""
+    """A window closed on this rank: its length and verdict (None: no counted plan/probe pair), and
+    its energy medians (None: no measured plan/probe pair)."""
 
     length: int
     verdict: WindowVerdict | None
+    energy: RankEnergy | None = None
 
 
 @dataclass
@@ -189,6 +225,7 @@ class RankGuard:
         if step < self.placement.settle or not self.timeline.closes_window(step):
             return None
         verdict = None
+        energy = rank_energy([e for _, e in self._plan], [e for _, e in self._probe])
         if self._plan and self._probe:
             verdict = self.test.observe([t for t, _ in self._plan], [t for t, _ in self._probe], target_ratio)
             measured = sorted(e for _, e in self._plan if e is not None)
@@ -196,7 +233,7 @@ class RankGuard:
                 plan_e = measured[len(measured) // 2]
                 self.cost.extra_energy_j += sum(e - plan_e for e in self._default_energy)
         self._plan, self._probe, self._default_energy = [], [], []
-        return WindowEnd(self.timeline.window.length, verdict)
+        return WindowEnd(self.timeline.window.length, verdict, energy)
 
     def apply(self, decision: JobDecision) -> None:
         """Open the next window as the job agreed; after a move the evidence starts afresh."""

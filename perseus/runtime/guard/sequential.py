@@ -1,4 +1,5 @@
-"""The guard's test: a one-sided CUSUM on each window's rank score of plan steps against its probe.
+"""The guard's tests: a one-sided CUSUM on each window's rank score of plan steps against its
+probe (time, per rank), and one on the job's energy ratio of plan steps to probes (``EnergyTest``).
 
 Why ranks: within one window the probe block sits at a uniformly random offset (``placement.py``),
 so under an honest plan the counted probe steps and the counted plan steps of the window are
@@ -23,6 +24,35 @@ Confidence and probe cost: while ``S`` is 0 after a window the next window is ``
 times longer (up to ``Backoff.longest``: 1 % of steps at default clocks); when ``S`` reaches half
 the threshold the windows go back to the shortest, so a suspicion is settled quickly.
 
+The energy test (``EnergyTest``): the plan is kept only while the job measurably saves energy
+against the same run's default-clock probes. Why: a plan is deployed to save energy. A profile can promise a saving the clocks do not give (a
+flat or wrong energy curve, a plan at default clocks labelled as saving); such a plan runs no
+slower, so the time test keeps it, and it still costs its probes and its risk.
+
+Whose energy: the job's. Each rank's energy is its own GPU's, and a stage slowed within its slack
+saves energy while another stage waiting longer may spend a little more; only the sum over the
+stages says what the plan saves. At each window's end every rank sends the medians of its counted
+plan and probe steps' energies (``RankEnergy.row``, beside the time verdict in the all-gather);
+every rank sums them alike (``job_window``) and runs the same ``EnergyTest`` on the job's window
+ratio, so the verdict is the same on every rank without another message.
+
+The test: per window the log ratio ``x = log(Σ plan medians / Σ probe medians)`` against the
+boundary ``log(1 − margin)``, in standard errors of a window (a step's relative noise, ``noise``:
+the ranks' robust relative spread of a step's energy, ``ab.relative_spread``, the largest among them
+since the relative spread of a sum is at most that, or the scatter of the windows' own ratios where
+larger; at least ``floor``), bounded to ``± clip`` so one outlier window moves the statistic by a
+bounded amount, as the time test's rank score is. The same one-sided CUSUM as the time test
+(``S ← max(0, S + z − reference)``, alarm at ``S ≥ threshold``: about 142 windows to a false alarm
+for a plan exactly at the boundary, normal theory). Why a margin of 3 %: the CUSUM needs room
+between "saves nothing" and what it keeps; with it a plan that spends 2 % more than default clocks
+drifts up by about one standard error per window at a few % step noise and is dropped within 100
+steps, while a plan saving 10 % or more drifts down by two or more and is not dropped
+(``benchmarks/bench_guard.py``).
+
+Unmeasured steps (energy None: the counter's reads failed) are left out, never counted as 0 J. A
+rank's window with a step that read 0 J (shorter than the counter's update period: its readings are
+whole counter updates, and their medians say nothing finer) gives no energy evidence either.
+
 Pure: no clock, no I/O; the same windows give the same decisions.
 """
 
@@ -36,11 +66,13 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from perseus.errors import ConfigError
+from perseus.output.wording import Z95, saving_phrase
+from perseus.runtime.guard.ab import relative_spread
 from perseus.runtime.guard.placement import Backoff
 
 MAD_TO_SD = 1.4826  # MAD × this = standard deviation, for normal noise
 MEDIAN_SE = 1.2533  # a median's standard error over a mean's, for normal noise
-RECENT = 64  # windows the confidence bound looks back over (follows a slow drift)
+RECENT = 64  # windows the confidence bound and the energy noise look back over (follows a slow drift)
 
 
 def rank_score(plan_s: Sequence[float], probe_s: Sequence[float], *, shift: float = 1.0) -> float:
@@ -180,3 +212,186 @@ def next_length(length: int, verdicts: Sequence[WindowVerdict], backoff: Backoff
     if level == 1:
         return length
     return backoff.first
+
+
+# ---------------------------------------------------------------- the energy test (module docstring)
+
+ENERGY_COLUMNS = 5  # the row's floats: plan J, probe J, plan steps, probe steps, relative spread
+
+
+@dataclass(frozen=True)
+class EnergySettings:
+    """The energy test's constants."""
+
+    margin: float = 0.03  # a plan must save more than this share of the probes' energy per step
+    reference: float = 0.25  # CUSUM drift allowance per window, in standard errors (the time test's)
+    threshold: float = 5.0  # CUSUM alarm level (the config's ``guard_threshold``)
+    clip: float = 2.0  # a window's score is within ± this
+    floor: float = 0.005  # the least relative noise of a step's energy assumed
+    confident_after: int = 4  # windows before the saving's interval may let the windows grow
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < 0.5:
+            raise ValueError(f"energy margin must be in [0, 0.5), got {self.margin}")
+        if self.reference <= 0 or self.threshold <= 0 or self.clip <= 0 or self.floor <= 0:
+            raise ValueError("energy reference, threshold, clip and floor must be > 0")
+
+
+@dataclass(frozen=True)
+class RankEnergy:
+    """One rank's window: medians of its counted, measured plan and probe steps' energy."""
+
+    plan_j: float
+    probe_j: float
+    n_plan: int
+    n_probe: int
+    spread: float | None  # robust relative standard deviation of a step's energy (None: unknown)
+
+    def row(self) -> list[float]:
+        return [self.plan_j, self.probe_j, float(self.n_plan), float(self.n_probe),
+                math.nan if self.spread is None else self.spread]
+
+    @staticmethod
+    def from_row(row: Sequence[float]) -> RankEnergy | None:
+        """A rank's columns as gathered (None: that rank had no energy evidence, or sent none)."""
+        if len(row) < ENERGY_COLUMNS or math.isnan(row[0]) or math.isnan(row[1]):
+            return None
+        return RankEnergy(row[0], row[1], int(row[2]), int(row[3]), None if math.isnan(row[4]) else row[4])
+
+
+def no_energy_row() -> list[float]:
+    return [math.nan] * ENERGY_COLUMNS
+
+
+def rank_energy(plan_j: Sequence[float | None], probe_j: Sequence[float | None]) -> RankEnergy | None:
+    """A rank's window from its counted steps' energies (module docstring: None and 0 J)."""
+    plan = [e for e in plan_j if e is not None]
+    probe = [e for e in probe_j if e is not None]
+    if not plan or not probe or min(plan + probe) <= 0:
+        return None
+    return RankEnergy(median(plan), median(probe), len(plan), len(probe), relative_spread(plan, probe))
+
+
+@dataclass(frozen=True)
+class JobWindow:
+    """The job's energy in one window: log(plan / probe) of the summed medians."""
+
+    log_ratio: float
+    n_plan: int  # the fewest counted plan steps among the ranks summed
+    n_probe: int
+    spread: float | None  # the largest rank spread
+    ranks: int  # ranks with energy evidence
+
+
+def job_window(ranks: Sequence[RankEnergy]) -> JobWindow | None:
+    """The window's job ratio over the ranks that measured it (None: none did)."""
+    if not ranks:
+        return None
+    spreads = [r.spread for r in ranks if r.spread is not None]
+    return JobWindow(math.log(sum(r.plan_j for r in ranks) / sum(r.probe_j for r in ranks)),
+                     min(r.n_plan for r in ranks), min(r.n_probe for r in ranks),
+                     max(spreads) if spreads else None, len(ranks))
+
+
+@dataclass(frozen=True)
+class EnergyVerdict:
+    """Where the energy test stands after a window (the same on every rank)."""
+
+    statistic: float
+    threshold: float
+    confidence: Confidence  # ALARM: drop; SUSPECT: shortest windows; CONFIDENT: saves more than the margin
+    windows: int  # windows with evidence since the last restart
+    ratio: float | None  # this window's job energy ratio plan / probe (None: no evidence)
+    saving: float  # 1 − plan / probe energy over the windows since the last restart
+    saving_low: float  # its 95 % interval
+    saving_high: float
+
+    @property
+    def alarm(self) -> bool:
+        return self.confidence is Confidence.ALARM
+
+    def as_dict(self) -> dict[str, object]:
+        return {"statistic": self.statistic, "threshold": self.threshold, "confidence": self.confidence.value,
+                "windows": self.windows, "ratio": self.ratio, "saving": self.saving,
+                "saving_low": self.saving_low, "saving_high": self.saving_high}
+
+    def measured(self) -> str:
+        """``"2.0% more energy (95 % interval -6.1..+2.0% saved, 7 windows)"``."""
+        return (f"{saving_phrase(self.saving)} (95 % interval {100 * self.saving_low:+.1f}.."
+                f"{100 * self.saving_high:+.1f}% saved, {self.windows} window{'s' if self.windows != 1 else ''})")
+
+    def reason(self) -> str:
+        return (f"the plan does not measurably save energy against default clocks: job {self.measured()}; "
+                f"energy CUSUM {self.statistic:.2f} >= {self.threshold:g}: falling back to default clocks")
+
+
+class EnergyTest:
+    """The job's energy CUSUM (module docstring); every rank holds an identical one."""
+
+    def __init__(self, settings: EnergySettings | None = None) -> None:
+        self.settings = settings or EnergySettings()
+        self.statistic = 0.0
+        self.alarms = 0
+        self._spreads: deque[float] = deque(maxlen=RECENT)  # the windows' rank spreads
+        self._logs: deque[tuple[float, float]] = deque(maxlen=RECENT)  # (x, sqrt(1/n + 1/k)) since restart
+        self._last: EnergyVerdict | None = None
+
+    def noise(self) -> float:
+        """A step's relative energy noise: the larger of the recent windows' own spreads (their
+        median) and, from ``confident_after`` windows on, the scatter of the windows' ratios since
+        the last restart (what a window's steps cannot see: noise that drifts slower than a window,
+        and a spread of three or four steps read low); at least ``floor``."""
+        noise = max(self.settings.floor, median(self._spreads)) if self._spreads else self.settings.floor
+        if len(self._logs) >= self.settings.confident_after:
+            centre = median(x for x, _ in self._logs)
+            noise = max(noise, MAD_TO_SD * median(abs(x - centre) / scale for x, scale in self._logs))
+        return noise
+
+    def observe(self, window: JobWindow | None) -> EnergyVerdict | None:
+        """Add one window (None: no rank measured it: nothing learnt); the verdict so far (None
+        before the first window with evidence)."""
+        s = self.settings
+        if window is None:
+            return None if self._last is None else self._verdict(None)
+        if window.spread is not None:
+            self._spreads.append(window.spread)
+        scale = math.sqrt(1 / window.n_plan + 1 / window.n_probe)
+        self._logs.append((window.log_ratio, scale))
+        z = (window.log_ratio - math.log(1 - s.margin)) / (self.noise() * scale)
+        self.statistic = max(0.0, self.statistic + max(-s.clip, min(s.clip, z)) - s.reference)
+        if self.statistic >= s.threshold:
+            self.alarms += 1
+        return self._verdict(math.exp(window.log_ratio))
+
+    def _verdict(self, ratio: float | None) -> EnergyVerdict:
+        s = self.settings
+        saving, low, high = self.estimate()
+        if self.statistic >= s.threshold:
+            confidence = Confidence.ALARM
+        elif self.statistic >= s.threshold / 2:
+            confidence = Confidence.SUSPECT
+        elif len(self._logs) >= s.confident_after and low > s.margin:
+            confidence = Confidence.CONFIDENT
+        else:
+            confidence = Confidence.UNSURE
+        self._last = EnergyVerdict(self.statistic, s.threshold, confidence, len(self._logs), ratio, saving, low, high)
+        return self._last
+
+    def estimate(self) -> tuple[float, float, float]:
+        """The saving over the windows since the last restart, with its 95 % interval: the median
+        window ratio, its standard error the larger of the windows' own scatter and their noise."""
+        if not self._logs:
+            return 0.0, -math.inf, math.inf
+        xs = [x for x, _ in self._logs]
+        m = len(xs)
+        centre = median(xs)
+        se = self.noise() * median(scale for _, scale in self._logs) / math.sqrt(m)
+        if m >= 3:
+            se = max(se, MEDIAN_SE * MAD_TO_SD * median(abs(x - centre) for x in xs) / math.sqrt(m))
+        return 1 - math.exp(centre), 1 - math.exp(centre + Z95 * se), 1 - math.exp(centre - Z95 * se)
+
+    def restart(self) -> None:
+        """The deployed point changed: its energy is another's (the noise estimate is kept)."""
+        self.statistic = 0.0
+        self._logs.clear()
+        self._last = None

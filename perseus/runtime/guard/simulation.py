@@ -1,6 +1,8 @@
 """A synthetic deployed run for the guard's benchmark and tests: plan steps ``slowdown`` slower than
 default clocks, multiplicative step noise, periodic host events, and the first step after each
-clock change slower (the transient the settle steps throw away).
+clock change slower (the transient the settle steps throw away). ``simulate_energy``: a pipeline's
+stages whose plan steps take as long as the probes and spend ``saving`` less energy each (negative:
+more), the job's decision taken as the closed loop takes it (time verdicts and the energy test).
 
 Why here and not in the tests: ``benchmarks/bench_guard.py`` and the tests share it, and both
 must drive the guard exactly as the closed loop does (placement, windows, test, next length).
@@ -12,11 +14,15 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from perseus.runtime.guard.job_guard import RankGuard, agree, verdict_row, with_energy
 from perseus.runtime.guard.placement import ProbePlacement, ProbeTimeline
 from perseus.runtime.guard.sequential import (
     Confidence,
+    EnergySettings,
+    EnergyTest,
     SequentialSettings,
     SequentialTest,
+    job_window,
     next_length,
 )
 
@@ -111,4 +117,58 @@ def simulate(steps: int, *, slowdown: float, noise: Noise, events: Sequence[Host
                     return result
                 test.restart()
             timeline.next(next_length(timeline.window.length, [verdict], settings.backoff))
+    return result
+
+
+@dataclass
+class EnergyRunResult:
+    steps: int  # deployed steps run (up to the drop)
+    dropped_at: int | None  # the deployed step whose window's decision dropped the plan for energy
+    windows: int = 0
+    unmeasured_steps: int = 0  # stage-steps whose energy read None
+
+
+def simulate_energy(steps: int, *, savings: Sequence[float], noise: Noise, stage_cv: float = 0.03, seed: int = 0,
+                    unmeasured: float = 0.0, settings: SequentialSettings | None = None,
+                    energy: EnergySettings | None = None, transient: float = 0.3,
+                    bases: Sequence[float] | None = None) -> EnergyRunResult:
+    """One pipeline of ``len(savings)`` stages: each stage's step energy is its base (``bases``, J; 100
+    each unless given) × the step's shared ``noise`` × its own log-normal ``stage_cv``, × (1 − its
+    saving) on plan steps; a stage's
+    energy reads None with probability ``unmeasured``. Every stage runs a ``RankGuard`` on the same
+    placement; at each window's end the rows are agreed as the closed loop agrees them. Stops at the
+    energy drop."""
+    settings = settings or SequentialSettings()
+    rng = random.Random(seed)
+    placement = ProbePlacement(seed=rng.getrandbits(62))
+    guards = [RankGuard(placement, settings) for _ in savings]
+    bases = list(bases) if bases is not None else [100.0] * len(savings)
+    test = EnergyTest(energy or EnergySettings(threshold=settings.threshold))
+    result = EnergyRunResult(steps, None)
+    previous_default = True
+    for i in range(steps):
+        roles = [g.begin_step() for g in guards]
+        default = roles[0].default_clocks
+        shared = noise(rng) * (1.0 + transient if default != previous_default else 1.0)
+        previous_default = default
+        ends = []
+        for guard, saving, base in zip(guards, savings, bases, strict=True):
+            energy_j: float | None = base * shared * rng.lognormvariate(0.0, stage_cv) * (1.0 if default else 1.0 - saving)
+            if rng.random() < unmeasured:
+                energy_j = None
+                result.unmeasured_steps += 1
+            ends.append(guard.end_step(shared, energy_j))
+        if ends[0] is None:
+            continue
+        result.windows += 1
+        window = ends[0]
+        decision = agree([verdict_row(0, e.verdict) for e in ends if e is not None], window.length, settings,
+                         at_fastest=True)
+        ranks = [e.energy for e in ends if e is not None and e.energy is not None]
+        decision = with_energy(decision, test.observe(job_window(ranks)), window.length, settings)
+        for guard in guards:
+            guard.apply(decision)
+        if decision.for_energy:
+            result.steps, result.dropped_at = i + 1, i
+            return result
     return result

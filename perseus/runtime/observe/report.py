@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import TYPE_CHECKING, Any, Sequence
 
+from perseus.output.wording import saving_phrase
 from perseus.runtime.guard.ab import ABFigure, energy_text, step_line
 from perseus.runtime.observe.metrics import StepMetrics
 from perseus.runtime.observe.metrics_file import MetricsFile
@@ -146,6 +147,7 @@ class RunFacts:
     point: FrontierPoint | StagePoint | None = None
     closed_loop: dict[str, Any] | None = None  # ``ClosedLoop.summary()``: the same-run A/B, probes, guard
     grid: dict[str, Any] | None = None  # ``GridControl.summary()``: carbon/power decisions (None: no grid target)
+    switch_latency: dict[str, Any] | None = None  # ``LatencyInForce.as_dict()``: the latency used and why
 
 
 def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
@@ -187,6 +189,8 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["closed_loop"] = f.closed_loop
     if f.grid is not None:
         out["grid"] = f.grid
+    if f.switch_latency is not None:
+        out["switch_latency"] = f.switch_latency
     if frontier is not None:
         out["frontier"] = {
             "points": len(frontier.points),
@@ -209,12 +213,19 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 
 def _guard(loop: dict[str, Any] | None) -> str:
-    """The no-slowdown guard per pipeline: its statistic, the probes' share and energy, what it did."""
+    """The guard per pipeline: its statistic, the probes' share and energy, what it did; and the
+    job's energy test (the saving it measured against the probes, with its 95 % interval)."""
     if not loop or not loop.get("pipelines"):
         return ""
+    energy = loop.get("energy") or {}
     did = "fell back" if loop["guard_fell_back"] else f"{loop['guard_moves']} move(s) faster" if loop["guard_moves"] else "kept"
+    if energy.get("dropped"):
+        did = "fell back: no energy saving"
     parts = [f"pipeline {dp} CUSUM {p['statistic']:.2f}/{loop['threshold']:g}, probes {100 * p['probe_share']:.1f}% "
              f"of steps ({p['probe_extra_energy_j']:+.1f} J)" for dp, p in loop["pipelines"].items()]
+    if "saving" in energy:
+        parts.append(f"job {saving_phrase(energy['saving'])} (95 % interval {100 * energy['saving_low']:+.1f}.."
+                     f"{100 * energy['saving_high']:+.1f}% saved), energy CUSUM {energy['statistic']:.2f}/{energy['threshold']:g}")
     return f"; guard ({loop['windows']} windows, {did}): " + "; ".join(parts)
 
 

@@ -94,7 +94,8 @@ def test_the_closed_loop_says_the_period_once_in_the_log_and_as_an_event(caplog)
         for step in range(10, 600):
             loop.begin_step(step)
             span = STEP_S * rng.lognormvariate(0.0, NOISE)
-            loop.end_step(span, 2.0, targeting, plan, span + (0.3 * STEP_S if step % 4 == 2 else 0.0))
+            energy = 2.0 if loop.probing else 1.6  # an honest plan: it saves energy (the energy guard keeps it)
+            loop.end_step(span, energy, targeting, plan, span + (0.3 * STEP_S if step % 4 == 2 else 0.0))
             notes += loop.notes(speak=True)
     assert [what for what, _ in notes] == ["loop_period"]
     assert notes[0][1]["period_steps"] == 4
