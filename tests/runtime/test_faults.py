@@ -234,7 +234,7 @@ def test_controller_gives_up_when_the_clock_keeps_being_changed(tmp_path, monkey
     """More than MAX_OVERRIDES overrides: the controller stops fighting the other tool, resets
     and reports ``failed`` (the runtime then falls back to default clocks)."""
     from perseus.gpu.control.controller import FrequencyController
-    from perseus.gpu.control.process import MAX_OVERRIDES
+    from perseus.gpu.control.keeper import MAX_OVERRIDES
     from perseus.gpu.sim.device import SimulatedGPU
 
     monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))

@@ -44,7 +44,7 @@ import time
 from typing import Any
 
 from perseus.errors import write_line
-from perseus.gpu.control.keeper import MAX_OVERRIDES, ClockKeeper, Outcome  # noqa: F401 - MAX_OVERRIDES re-exported
+from perseus.gpu.control.keeper import ClockKeeper, Outcome
 from perseus.gpu.device import GPUDevice
 from perseus.gpu.errors import GPUError, wire_kind
 from perseus.gpu.factory import open_spec
