@@ -22,7 +22,7 @@ Requests::
 for HELLO, the SYNC/BYE answers above, and ``{"op": "error", "code": str, "message": str}``
 (asynchronous for SET/RESET: the client reads them at its next ``flush()``).
 
-Version 2 adds what the local controller process reports unasked (``clock_keeper``): the daemon
+Version 2 adds what the local controller process reports unasked (``control.keeper``): the daemon
 reads a held lock back every ``clock_check_s`` (never more often than its ``--min-clock-check-s``)
 and sends, at any time, ``{"op": "notice", "gpu": slot, "event": "override", "expected",
 "found", "reapplied", "count", "max"}`` or ``{"op": "notice", "gpu": slot, "event": "failed",

@@ -1,6 +1,6 @@
 """``ClockKeeper``: holds one GPU's SM clock for one owner, and notices when that fails.
 
-Why one class: the local controller process (``controller_proc``) and every GPU of
+Why one class: the local controller process (``control.process``) and every GPU of
 ``perseus clockd`` must behave the same when the device refuses a clock or something else resets
 it, so the runtime cannot tell which one it has. The keeper owns the device's clock calls (one
 thread or process at a time) and reports two events through ``notify`` (the dicts the runtime's

@@ -1,7 +1,7 @@
 """``ClockNotice``: what a clock controller reports unasked, as a typed value.
 
 Why: the controller process and ``perseus clockd`` send notices as dicts across a process
-boundary (``clock_keeper``: ``{"event": "override", ...}`` / ``{"event": "failed", ...}``); the
+boundary (``keeper``: ``{"event": "override", ...}`` / ``{"event": "failed", ...}``); the
 controllers on the trainer's side turn each into a ``ClockNotice`` at that edge
 (``from_wire``), so the runtime reads fields, not dict keys.
 

@@ -18,7 +18,7 @@ Faults it reports on its own (JSON lines the trainer drains at step ends, ``noti
   in this process, never on the training thread) and re-applies the lock; after
   ``MAX_OVERRIDES`` overrides it gives up (``failed``) rather than fight the other tool.
 
-Both come from ``clock_keeper.ClockKeeper``, which ``perseus clockd`` runs per GPU as well.
+Both come from ``keeper.ClockKeeper``, which ``perseus clockd`` runs per GPU as well.
 
 Timed requests: a SET may carry a time (CLOCK_MONOTONIC, system-wide) at which to make it, so a
 clock switch with a latency lands when the plan needs it (``perseus.timeline.switch_timing``): this

@@ -4,7 +4,7 @@ Why: clusters that already run zeusd (https://ml.energy/zeus/zeusd/) give unpriv
 clock control through it; Perseus uses it instead of needing CAP_SYS_ADMIN or ``perseus clockd``.
 This module is only the HTTP edge: the routes (below, as zeusd documents them), their query
 parameters, and zeusd's refusals turned into one-line typed errors. It is blocking; the trainer's
-hooks never call it (the controller process does, ``zeusd_device.ZeusdGPU``).
+hooks never call it (the controller process does, ``zeusd.device.ZeusdGPU``).
 
 Routes used (zeusd's ``docs/zeusd/api.md`` and ``zeusd/README.md``; scope = its auth API group):
 

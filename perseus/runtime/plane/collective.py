@@ -56,7 +56,7 @@ class PipelineRow(NamedTuple):
 
 
 class PairChannel:
-    """Two ranks' point-to-point line for the P_blocking measurement (``gpu.measurement``):
+    """Two ranks' point-to-point line for the P_blocking measurement (``gpu.meter.energy``):
     ``first`` is the rank blocked first."""
 
     def __init__(self, send: Callable[[Any], object], recv: Callable[[Any], object], first: bool, peer: str) -> None:
