@@ -6,9 +6,9 @@ line here; the order here is the order of the help.
 
 from __future__ import annotations
 
-from perseus.cli import clockd, emulate, export, plan, plot, report, show
+from perseus.cli import clockd, doctor, emulate, export, plan, plot, report, show
 from perseus.cli.common import Command
 
 COMMANDS: tuple[Command, ...] = (
-    plan.COMMAND, show.COMMAND, plot.COMMAND, export.COMMAND, emulate.COMMAND, clockd.COMMAND, report.COMMAND,
+    plan.COMMAND, show.COMMAND, plot.COMMAND, export.COMMAND, emulate.COMMAND, clockd.COMMAND, report.COMMAND, doctor.COMMAND,
 )
