@@ -20,7 +20,7 @@ from typing import Any
 
 from perseus.errors import ReportError
 from perseus.output.run_data import ALL, DEPLOYED, LATEST, Run, RunData, is_deployed, load_run
-from perseus.output.run_stats import comparison, first_deployed, phase_rows, used_points
+from perseus.output.run_stats import comparison, first_deployed, phase_rows, prediction, used_points
 from perseus.output.wording import energy_change
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -63,6 +63,7 @@ class RunView:
     straggler_phase: bool = False  # the demo's "deployed (straggler)" window, left out of the comparison
     straggler_events: bool = False  # the runtime followed a straggler: its slowed steps are "deployed"
     guard: list[dict[str, Any]] = field(default_factory=list)  # the no-slowdown guard, one row per pipeline
+    prediction: list[dict[str, str]] = field(default_factory=list)  # predicted vs measured, time and energy
 
 
 def _pct(x: float | None) -> str:
@@ -153,6 +154,23 @@ def guard_rows(run: Run) -> list[dict[str, Any]]:
     return [rows[dp] for dp in sorted(rows, key=int)]
 
 
+def prediction_rows(run: Run) -> list[dict[str, str]]:
+    """The deployed plan's predicted ratios to the probes' baseline against the measured ones
+    (``run_stats.prediction``), one row for time and one for energy; empty without a check."""
+    check = prediction(run)
+    if check is None:
+        return []
+
+    def row(what: str, p: str, m: str) -> dict[str, str]:
+        measured = check.get(m)
+        return {"what": what, "predicted": f"x{check[p]:.3f}",
+                "measured": "not measured" if measured is None else f"x{measured:.3f}",
+                "error": "n/a" if measured is None else f"{100 * (measured - check[p]):+.1f} points"}
+
+    return [row("iteration time (slowdown)", "predicted_slowdown", "measured_slowdown"),
+            row("energy per iteration", "predicted_energy_ratio", "measured_energy_ratio")]
+
+
 def probe_reasons_text(reasons: dict[str, Any]) -> str:
     """The clock-event reasons the card reported during probe steps, against plan steps (a guard
     event's ``clock_reasons``: each reason's share of the steps of each kind)."""
@@ -226,6 +244,7 @@ def write_report(data: RunData, out: Path) -> list[Path]:
         view.straggler_phase = any(is_deployed(s.phase) and s.phase != DEPLOYED for s in run.steps)
         view.straggler_events = any(ev["event"] == "straggler" for ev in run.events)
         view.guard = guard_rows(run)
+        view.prediction = prediction_rows(run)
         views.append(view)
     shared: list[Figure] = []
     used = used_points(data)

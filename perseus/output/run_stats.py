@@ -12,7 +12,7 @@ from statistics import median, quantiles
 from typing import Any
 
 from perseus.frontier import FrontierPoint
-from perseus.output.run_data import DEPLOYED, RunData, Step, is_deployed, point_times
+from perseus.output.run_data import DEPLOYED, Run, RunData, Step, is_deployed, point_times
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -91,3 +91,12 @@ def first_deployed(data: RunData, used: list[tuple[FrontierPoint, int, bool]]) -
         return used[0][0], used[0][1]
     point, n, _ = min(used, key=lambda u: abs(u[0].time_s - first))
     return point, n
+
+
+def prediction(run: Run) -> dict[str, Any] | None:
+    """The run's last ``prediction`` event (one per guard window while a plan is deployed): the
+    deployed point's predicted slowdown and energy ratio against the same run's measured ones, both
+    relative to the default-clock probes. None when the run wrote none."""
+    found = [e["data"] for e in run.events if e["event"] == "prediction" and isinstance(e.get("data"), dict)
+             and isinstance(e["data"].get("predicted_slowdown"), (int, float))]
+    return found[-1] if found else None

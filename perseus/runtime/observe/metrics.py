@@ -51,6 +51,10 @@ SCALARS: dict[str, tuple[str, str]] = {
     "non_instruction_gpu_s": ("s", "the step's GPU work after its last instruction (optimizer, gradient all-reduce)"),
     "non_instruction_energy_j": ("J", "energy of that non-instruction work"),
     "host_time_s": ("s", "the step on the host: step begin hook to step end hook"),
+    "predicted_slowdown": ("ratio", "deployed point's planned time / the probes' baseline (all-max) planned time"),
+    "measured_slowdown": ("ratio", "median plan step time / median default-clock probe step time, same run"),
+    "predicted_energy_ratio": ("ratio", "deployed point's planned job energy / the probes' baseline planned energy"),
+    "measured_energy_ratio": ("ratio", "job energy of plan steps / of probes (the guard's energy test), same run"),
     "instructions_at_<MHz>mhz": ("count", "this step's instructions of this rank run (as planned) at that SM clock"),
 }
 
@@ -59,6 +63,8 @@ GRID_FIELDS = ("carbon_intensity", "carbon_g", "carbon_g_total", "job_power_w", 
 # Where the GPU runs behind the host (a GPU timeline: runtime/port/gpu_timeline.py); None otherwise.
 GPU_TIME_FIELDS = ("gpu_step_s", "instruction_span_s", "non_instruction_gpu_s", "non_instruction_energy_j",
                    "host_time_s")
+# Deployed plan steps: the frontier's prediction against the same run's probes (prediction.py).
+PREDICTION_FIELDS = ("predicted_slowdown", "measured_slowdown", "predicted_energy_ratio", "measured_energy_ratio")
 
 
 def instructions_name(mhz: int) -> str:
@@ -106,6 +112,11 @@ class StepMetrics:
     non_instruction_gpu_s: float | None = None
     non_instruction_energy_j: float | None = None
     host_time_s: float | None = None
+    # PREDICTION_FIELDS: the deployed point's predicted ratios to the baseline, and the measured ones
+    predicted_slowdown: float | None = None
+    measured_slowdown: float | None = None
+    predicted_energy_ratio: float | None = None
+    measured_energy_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
@@ -126,7 +137,7 @@ class StepMetrics:
         if self.clocks is not None:
             row["clocks"] = self.clocks
             row["counted"] = bool(self.counted)
-        for name in GRID_FIELDS + GPU_TIME_FIELDS:
+        for name in GRID_FIELDS + GPU_TIME_FIELDS + PREDICTION_FIELDS:
             if getattr(self, name) is not None:
                 row[name] = getattr(self, name)
         return row
@@ -143,7 +154,7 @@ class StepMetrics:
             "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
         }
         for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j", *GRID_FIELDS,
-                     *GPU_TIME_FIELDS):
+                     *GPU_TIME_FIELDS, *PREDICTION_FIELDS):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)
@@ -163,6 +174,7 @@ class StepMetrics:
             "job_energy_per_iteration_j": self.job_energy_j,
             "carbon_intensity": self.carbon_intensity, "carbon_total_g": self.carbon_g_total,
             "job_power_w": self.job_power_w, "power_cap_w": self.power_cap_w,
+            **{name: getattr(self, name) for name in PREDICTION_FIELDS},
         }
 
 

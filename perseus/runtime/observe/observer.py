@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from perseus.errors import ConfigError, PerseusError
 from perseus.runtime.observe.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
+from perseus.runtime.observe.prediction import PredictionCheck, PredictionWatch, predict
 from perseus.runtime.observe.report import Reporter, RunFacts, profiling_overhead, summarize
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from perseus.runtime.guard.closed_loop import ClosedLoop
     from perseus.runtime.plane.collective import Collective
     from perseus.runtime.config import PerseusConfig
+    from perseus.runtime.guard.ab import ABFigure
     from perseus.runtime.clocks.deploy import Deployment, PlanFollower
     from perseus.runtime.job import PipelineJob
     from perseus.planner.stage_plan import StagePlan, StagePoint
@@ -108,6 +110,7 @@ class Observer:
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
         self._totals = MetricsBuilder(rank)
         self.carbon_g_total = 0.0  # this GPU's carbon over the steps with an intensity in force
+        self.prediction = PredictionWatch()  # the deployed plan's prediction against the probes
 
     def start_prometheus(self, port: int | None, collective: Collective) -> Any:
         """One exporter per rank on 127.0.0.1 when ``port`` is set (N: N + LOCAL_RANK; 0: any free
@@ -154,6 +157,8 @@ class Observer:
         point = targeting.point if plan_step else None
         grid = self._grid_fields(targeting, energy_j)
         gpu = numbers if numbers.gpu_time else None  # the GPU ran it behind the host (port/gpu_timeline.py)
+        figure = loop.figure() if deployed else None
+        check = self._prediction(run, point, figure)
         record = StepMetrics(step=run.step, rank=self.rank, phase=phase, time_s=time_s, energy_j=energy_j,
                              freq_mhz=sweep.current_mhz if sweep is not None else None,
                              target_time_s=point.time_s if point is not None else None,
@@ -166,10 +171,32 @@ class Observer:
                              gpu_step_s=gpu.time_s if gpu else None, instruction_span_s=gpu.span_s if gpu else None,
                              non_instruction_gpu_s=gpu.non_instruction_s if gpu else None,
                              non_instruction_energy_j=gpu.non_instruction_energy_j if gpu else None,
-                             host_time_s=gpu.host_s if gpu else None)
+                             host_time_s=gpu.host_s if gpu else None,
+                             predicted_slowdown=check.predicted_slowdown if check else None,
+                             measured_slowdown=check.measured_slowdown if check else None,
+                             predicted_energy_ratio=check.predicted_energy_ratio if check else None,
+                             measured_energy_ratio=check.measured_energy_ratio if check else None)
         this_step = loop.step_figure(time_s, energy_j) if plan_step else None
-        self.reporter.add(record, this_step=this_step, run=loop.figure() if deployed else None)
+        self.reporter.add(record, this_step=this_step, run=figure)
+        if check is not None and self.prediction.observe(check, loop.windows, self._reprofile(run)):
+            self.event("prediction", run.step, check.as_dict())  # once per guard window
         return record
+
+    def _prediction(self, run: RunView, point: StagePoint | None, figure: ABFigure | None) -> PredictionCheck | None:
+        """A plan step's check of the frontier's prediction (``prediction.py``); None on other steps."""
+        if point is None or (plan := run.frontier) is None:
+            return None
+        last = run.loop.last
+        return predict(plan, point, run.loop.reference_point(run.targeting, plan), figure,
+                       last.energy if last is not None else None, run.job.world_size == 1)
+
+    @staticmethod
+    def _reprofile(run: RunView) -> str:
+        """How a user makes the run profile again: its cache entry, where there is one."""
+        cache = run.supply.cache
+        if cache is not None:
+            return f"delete the cache entry {cache.dir} and restart"
+        return "restart without frontier_path/profile_path so it profiles again (no cache entry: cache_dir is null or the plan was given)"
 
     def _grid_fields(self, targeting: Targeting, energy_j: float | None) -> GridFields:
         """The step's carbon (this GPU's energy at the intensity in force; None when unmeasured) and
@@ -229,7 +256,8 @@ class Observer:
             profiling_iterations=c.warmup_steps + profiling.iterations() if profiling is not None else None,
             frontier=run.frontier, point=run.targeting.point,
             closed_loop=loop.summary() if loop.steps else None, grid=run.grid.summary(),
-            switch_latency=latency.as_dict() if latency is not None else None)
+            switch_latency=latency.as_dict() if latency is not None else None,
+            prediction=self.prediction.last.as_dict() if self.prediction.last is not None else None)
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""

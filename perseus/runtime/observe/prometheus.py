@@ -31,6 +31,9 @@ Snapshot keys (all optional; a key left out leaves its metric as it was):
 - ``carbon_intensity``, ``carbon_total_g``, ``job_power_w``, ``power_cap_w``: the grid's
   intensity (gCO2/kWh) in force, this GPU's carbon so far (g), the job's planned power at the
   point run and the cap (W) (docs/carbon.md).
+- ``predicted_slowdown``, ``measured_slowdown``, ``predicted_energy_ratio``,
+  ``measured_energy_ratio``: the deployed plan's predicted ratios to the probes' baseline and the
+  same run's measured ones (``perseus_predicted_slowdown_ratio``, ...; observe/prediction.py).
 
 A value of ``None`` also leaves its metric unchanged (e.g. no point deployed yet).
 """
@@ -48,6 +51,7 @@ SNAPSHOT_KEYS = frozenset({
     "phase", "clock_mhz", "energy_total_j", "instructions_total", "point_slowdown", "point_energy_j",
     "straggler_ratio", "energy_saving", "energy_saved_total_j", "job_energy_per_iteration_j",
     "carbon_intensity", "carbon_total_g", "job_power_w", "power_cap_w",
+    "predicted_slowdown", "measured_slowdown", "predicted_energy_ratio", "measured_energy_ratio",
 })
 INSTALL_HINT = "pip install -e '.[prometheus]'"
 
@@ -101,6 +105,16 @@ class PrometheusExporter:
             "job_power_w": Gauge("perseus_job_power_watts", "Planned power of the job at the point run (W)", registry=r),
             "power_cap_w": Gauge("perseus_power_cap_watts", "Job power cap in force (W)", registry=r),
         }
+        self._prediction = {  # the deployed plan's prediction against the same run's probes (prediction.py)
+            "predicted_slowdown": Gauge("perseus_predicted_slowdown_ratio", "Deployed point's planned time over the "
+                                        "probes' baseline (ratio)", registry=r),
+            "measured_slowdown": Gauge("perseus_measured_slowdown_ratio", "Median plan step time over median probe "
+                                       "step time, same run (ratio)", registry=r),
+            "predicted_energy_ratio": Gauge("perseus_predicted_energy_ratio", "Deployed point's planned energy over "
+                                            "the probes' baseline (ratio)", registry=r),
+            "measured_energy_ratio": Gauge("perseus_measured_energy_ratio", "Plan steps' energy over probes', "
+                                           "same run (ratio)", registry=r),
+        }
         for phase in PHASES:
             self._phase.labels(phase=phase).set(0)
         self._last_energy: dict[str, float] = {}
@@ -141,7 +155,8 @@ class PrometheusExporter:
             for key, gauge in (("clock_mhz", self._clock), ("point_slowdown", self._slowdown),
                                ("point_energy_j", self._point_energy), ("straggler_ratio", self._straggler),
                                ("energy_saving", self._saving), ("energy_saved_total_j", self._saved),
-                               ("job_energy_per_iteration_j", self._job_energy), *self._grid.items()):
+                               ("job_energy_per_iteration_j", self._job_energy), *self._grid.items(),
+                               *self._prediction.items()):
                 value = snapshot.get(key)
                 if value is not None:
                     gauge.set(_finite(value, key))

@@ -19,6 +19,7 @@ from perseus.output.wording import saving_phrase
 from perseus.runtime.guard.ab import ABFigure, energy_text, step_line
 from perseus.runtime.observe.metrics import StepMetrics
 from perseus.runtime.observe.metrics_file import MetricsFile
+from perseus.runtime.observe.prediction import text as prediction_text
 from perseus.runtime.phases import Phase
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ class RunFacts:
     closed_loop: dict[str, Any] | None = None  # ``ClosedLoop.summary()``: the same-run A/B, probes, guard
     grid: dict[str, Any] | None = None  # ``GridControl.summary()``: carbon/power decisions (None: no grid target)
     switch_latency: dict[str, Any] | None = None  # ``LatencyInForce.as_dict()``: the latency used and why
+    prediction: dict[str, Any] | None = None  # ``PredictionCheck.as_dict()``: the last plan step's check
 
 
 def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
@@ -191,6 +193,8 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["grid"] = f.grid
     if f.switch_latency is not None:
         out["switch_latency"] = f.switch_latency
+    if f.prediction is not None:
+        out["prediction"] = f.prediction
     if frontier is not None:
         out["frontier"] = {
             "points": len(frontier.points),
@@ -209,7 +213,8 @@ def summary_line(summary: dict[str, Any]) -> str:
     s = summary
     saving = f"{100 * s['saving']:.1f}%" if s["saving"] is not None else "n/a"
     return (f"perseus summary: {s['steps']} steps, phase {s['phase']}, baseline {_fmt(s['baseline'])}, "
-            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}{_guard(s.get('closed_loop'))}")
+            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}{_guard(s.get('closed_loop'))}"
+            + (f"; prediction vs probes: {prediction_text(s['prediction'])}" if s.get("prediction") else ""))
 
 
 def _guard(loop: dict[str, Any] | None) -> str:
