@@ -239,24 +239,17 @@ def _exact_inputs(gpu: SimulatedGPU, job) -> tuple:
     import numpy as np
 
     from perseus.frontier import Frontier, FrontierPoint
-    from perseus.profile import InstructionProfile, Profile
     from perseus.schedules.dag import InstructionDAG
     from perseus.timeline.simulator import simulate_plan
 
-    m = gpu.model
-    entries = {}
-    for kind, work in (("forward", FORWARD_S), ("backward", BACKWARD_S)):
-        times = [gpu.kernel_time_s(work, f) for f in RT_CLOCKS]
-        energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * t for f, t in zip(RT_CLOCKS, times)]
-        entries[(0, 0, kind)] = InstructionProfile(RT_CLOCKS, tuple(times), tuple(energies))
-    profile = Profile(entries, m.p_blocking_w, m.name)
+    profile = gpu.exact_profile({"forward": FORWARD_S, "backward": BACKWARD_S}, RT_CLOCKS)
     sched = job.build_schedule()
     dag = InstructionDAG.from_schedule(sched)
     rng = random.Random(7)
     plan = np.array([rng.choice(RT_CLOCKS) for _ in range(dag.num_nodes)], dtype=np.int64)
     sim = simulate_plan(dag, profile, plan)
-    frontier = Frontier(sched, m.p_blocking_w, sim.time_s, sim.energy_j, [FrontierPoint(sim.time_s, sim.energy_j, plan)],
-                        gpu_name=m.name)
+    frontier = Frontier(sched, profile.p_blocking_w, sim.time_s, sim.energy_j,
+                        [FrontierPoint(sim.time_s, sim.energy_j, plan)], gpu_name=profile.gpu_name)
     return profile, frontier
 
 

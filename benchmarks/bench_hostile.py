@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.gpu.sim.faults import SimFaults
-from perseus.profile import InstructionProfile, Profile
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.schedules.dag import InstructionDAG
 from perseus.timeline.simulator import simulate_plan
@@ -80,20 +79,14 @@ def cache_plan(folder: Path) -> Path:
     no state folder, so every case's GPU finds this entry."""
     new_gpu(folder / "probe")
     gpu = SimulatedGPU(0, state_dir=folder / "probe")
-    m = gpu.model
-    entries = {}
-    for kind, work in WORK.items():
-        times = [gpu.kernel_time_s(work, f) for f in CLOCKS]
-        energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * t for f, t in zip(CLOCKS, times)]
-        entries[(0, 0, kind)] = InstructionProfile(CLOCKS, tuple(times), tuple(energies))
+    profile = gpu.exact_profile(WORK, CLOCKS)
     gpu.close()
-    profile = Profile(entries, m.p_blocking_w, m.name)
     schedule = JOB.build_schedule()
     dag = InstructionDAG.from_schedule(schedule)
     plan = np.array([CLOCKS[(i * 3) % len(CLOCKS)] for i in range(dag.num_nodes)], dtype=np.int64)
     sim = simulate_plan(dag, profile, plan)
-    frontier = Frontier(schedule, m.p_blocking_w, sim.time_s, sim.energy_j, [FrontierPoint(sim.time_s, sim.energy_j, plan)],
-                        gpu_name=m.name)
+    frontier = Frontier(schedule, profile.p_blocking_w, sim.time_s, sim.energy_j,
+                        [FrontierPoint(sim.time_s, sim.energy_j, plan)], gpu_name=profile.gpu_name)
     cache = folder / "cache"
     with PerseusRuntime(JOB, config(folder / "probe", cache)) as rt:
         assert rt.supply.cache is not None

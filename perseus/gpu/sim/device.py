@@ -19,7 +19,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from perseus.gpu.sim.state import SimState, default_state_dir, state_path
 from perseus.gpu.sim.stream import SimStream
 from perseus.gpu.sim.virtual_clock import VirtualClock
 from perseus.gpu.spec import GPUSpec
+from perseus.profile.model import InstructionProfile, Profile
 
 __all__ = ["SimulatedGPU", "VirtualClock"]
 
@@ -369,6 +370,18 @@ class SimulatedGPU(GPUDevice):
         st = self._file.read()
         st.locked, st.locked_mhz = 1, int(mhz)
         return work_s * self.model.slowdown(self._physics.effective_clock(st), compute_fraction)
+
+    def exact_profile(self, work_s: Mapping[str, float], clocks: Sequence[int], *, stage: int = 0) -> Profile:
+        """The profile this GPU honours exactly, for tests and benchmarks that need a plan whose
+        predictions the simulator meets: for each kind of ``work_s`` (max-clock seconds, full
+        activity), its kernel time and busy energy at each of ``clocks``, under the power limit."""
+        m = self.model
+        entries = {}
+        for kind, work in work_s.items():
+            times = [self.kernel_time_s(work, f) for f in clocks]
+            energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * s for f, s in zip(clocks, times)]
+            entries[(stage, 0, kind)] = InstructionProfile(tuple(clocks), tuple(times), tuple(energies))
+        return Profile(entries, m.p_blocking_w, m.name)
 
     def last_busy_clock_mhz(self) -> int:
         """The SM clock set (locked, else the default) when the last finished instruction ended:

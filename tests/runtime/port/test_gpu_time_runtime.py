@@ -31,13 +31,7 @@ JOB = PipelineJob(num_stages=1, num_microbatches=4, stage=0)
 
 def exact_plan(gpu: SimulatedGPU) -> tuple[Profile, Frontier]:
     """The simulated H200's own profile and a one-point frontier giving each instruction a random clock."""
-    m = gpu.model
-    entries = {}
-    for kind, work in WORK.items():
-        times = [gpu.kernel_time_s(work, f) for f in CLOCKS]
-        energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * t for f, t in zip(CLOCKS, times)]
-        entries[(0, 0, kind)] = InstructionProfile(CLOCKS, tuple(times), tuple(energies))
-    profile = Profile(entries, m.p_blocking_w, m.name)
+    profile = gpu.exact_profile(WORK, CLOCKS)
     rng = random.Random(3)
     nodes = InstructionDAG.from_schedule(JOB.build_schedule()).num_nodes
     return profile, one_point_frontier(profile, np.array([rng.choice(CLOCKS) for _ in range(nodes)], dtype=np.int64))

@@ -10,6 +10,7 @@ switch latency then misses as often (0.83-0.98 of its instructions at load 10 on
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from statistics import mean, median
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from perseus.frontier import Frontier, FrontierPoint
 from perseus.gpu.sim.device import SimulatedGPU
-from perseus.profile import InstructionProfile, Profile
+from perseus.profile import Profile
 from perseus.profile.model import SwitchLatency
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.schedules.dag import InstructionDAG
@@ -34,14 +35,9 @@ def _inputs(tmp_path: Path, latency: SwitchLatency | None) -> tuple[Profile, Fro
     """The simulated H200's own profile (with ``latency`` as measured) and a one-point frontier
     giving each instruction a random clock."""
     probe = SimulatedGPU(1, preset="H200", state_dir=tmp_path / "probe", reset_state=True)
-    m = probe.model
-    entries = {}
-    for kind, work in WORK.items():
-        times = [probe.kernel_time_s(work, f) for f in CLOCKS]
-        energies = [m.busy_power_w(m.throttled_clock(f, 1.0, m.tdp_w), 1.0) * t for f, t in zip(CLOCKS, times)]
-        entries[(0, 0, kind)] = InstructionProfile(CLOCKS, tuple(times), tuple(energies))
+    exact = probe.exact_profile(WORK, CLOCKS)
     probe.close()
-    profile = Profile(entries, m.p_blocking_w, m.name, switch_latency=latency)
+    profile = replace(exact, switch_latency=latency)
     sched = JOB.build_schedule()
     dag = InstructionDAG.from_schedule(sched)
     rng = random.Random(5)
