@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 import pytest
+from test_closed_loop import setup  # the same runtime on a simulated GPU (this folder)
 
-from perseus.frontier import Frontier, FrontierPoint, save_frontier
-from perseus.gpu.sim.device import SimulatedGPU
+from perseus.frontier import Frontier, FrontierPoint
 from perseus.runtime import PerseusConfig, PerseusRuntime, PipelineJob
 from perseus.runtime.guard.job_guard import RankGuard
 from perseus.runtime.guard.placement import ProbePlacement
@@ -159,15 +159,6 @@ def test_a_rank_fallen_back_for_another_reason_gives_no_energy_evidence():
 
 
 # ---------------------------------------------------------------- the runtime on a simulated GPU
-
-def setup(tmp_path, points, **kw):
-    SimulatedGPU(0, state_dir=str(tmp_path / "sim"), energy_update_period_s=0.0, reset_state=True)
-    save_frontier(Frontier(SCHEDULE, 80.0, 1.0, 10.0, points), tmp_path / "f.json")
-    return PerseusConfig.from_dict({
-        "gpu": "sim", "device_index": 0, "cache_dir": None, "sim_gpu": {"state_dir": str(tmp_path / "sim")},
-        "warmup_steps": 2, "frontier_path": str(tmp_path / "f.json"), "probe_every_steps": EVERY,
-        "metrics_file": str(tmp_path / "m.jsonl"), **kw})
-
 
 def train(rt, most, t=0.003):
     """Up to ``most`` steps, stopping two steps after the guard fell back."""
