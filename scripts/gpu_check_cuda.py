@@ -324,6 +324,10 @@ def attribution(stage: Stage, sampler_factory: Callable[[], Any], seconds: float
         out[name] = attribute_power(updates, spans)
     out["steps"] = len(recs)
     out["counter_updates"] = len(updates)
+    # the data themselves, so an attribution method can be judged offline against the direct powers
+    out["raw"] = {"updates": [[t, e] for t, e in updates],
+                  "spans": [[i.kind.value, b, e] for r in recs for i, b, e in zip(r.order, r.begin_s, r.end_s)],
+                  "steps": [[r.begin_s[0], r.end_s[-1], r.t_end] for r in recs]}
     direct = {}
     for kind in Kind:
         direct[kind.value] = _direct_power(stage, kind, sampler_factory, direct_seconds)

@@ -277,9 +277,12 @@ def test_device_script_runs_the_read_only_check_bounded_and_hides_ids(tmp_path: 
     assert "UUID" not in p.stdout and "Serial" not in p.stdout
     calls = log.read_text().splitlines()
     assert calls[0] == f"scripts/gpu_check.py --read-only --json --out {tmp_path / 'out'}"
-    assert calls[1].startswith("scripts/gpu_check.py --render") and p.stdout.rstrip().endswith("| check | result |")
+    assert calls[1] == "-m perseus.cli doctor --json"
+    assert calls[2:4] == ["scripts/gpu_runtime_check.py --steps 24",
+                          "scripts/gpu_runtime_check.py --steps 24 --hidden 256 --seq 256"]
+    assert calls[4].startswith("scripts/gpu_check.py --render") and p.stdout.rstrip().endswith("| check | result |")
     assert "allow-clock-changes" not in DEVICE_SCRIPT.read_text()
-    assert DEVICE_SCRIPT.read_text().count("timeout -k") == 5
+    assert DEVICE_SCRIPT.read_text().count("timeout -k") == 7
 
 
 # -- the analysis ------------------------------------------------------------------------------------------
