@@ -228,13 +228,18 @@ def _gpu_findings(facts: NodeFacts, gpu: GPUFacts, *, quick: bool) -> None:
 
 def check_privileges(facts: NodeFacts) -> None:
     """The effective capability decides clock access, not the uid."""
-    from perseus.gpu.nvml.device import has_cap_sys_admin
+    from perseus.gpu.nvml.device import has_cap_sys_admin, in_user_namespace
 
     facts.cap_sys_admin, facts.euid = has_cap_sys_admin(), os.geteuid()
     if facts.cap_sys_admin:
         facts.add("privileges", OK, f"euid {facts.euid} with CAP_SYS_ADMIN: this process may change clocks")
+    elif facts.euid == 0 and in_user_namespace():
+        facts.add("privileges", WARN, "root in a user namespace (a remapped container): its capabilities hold only "
+                  "inside it, and NVML refuses its clock changes",
+                  "use perseus clockd on the node with its socket mounted, or zeusd (docs/clock-access.md); or run "
+                  "the container without remapping root and with CAP_SYS_ADMIN")
     elif facts.euid == 0:
-        facts.add("privileges", WARN, "root without CAP_SYS_ADMIN (a user-namespaced container): NVML refuses "
+        facts.add("privileges", WARN, "root without CAP_SYS_ADMIN (a container's default capabilities): NVML refuses "
                   "its clock changes", "grant CAP_SYS_ADMIN (`docker run --cap-add SYS_ADMIN`; Kubernetes "
                   "securityContext.capabilities.add: [SYS_ADMIN]), or use perseus clockd or zeusd (docs/gpu.md)")
     else:

@@ -30,8 +30,14 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
 
 
-def privileges(monkeypatch: pytest.MonkeyPatch, *, euid: int, cap: bool) -> None:
+HOST_UID_MAP = "         0          0 4294967295\n"
+REMAPPED_UID_MAP = "         0     100000      65536\n"  # enroot --container-remap-root, rootless docker
+
+
+def privileges(monkeypatch: pytest.MonkeyPatch, *, euid: int, cap: bool, user_namespace: bool = False) -> None:
     monkeypatch.setattr("perseus.gpu.nvml.device.proc_status", lambda: CAP_SYS_ADMIN if cap else NO_CAPS)
+    monkeypatch.setattr("perseus.gpu.nvml.device.proc_uid_map",
+                        lambda: REMAPPED_UID_MAP if user_namespace else HOST_UID_MAP)
     monkeypatch.setattr(os, "geteuid", lambda: euid)
 
 
@@ -89,8 +95,18 @@ def test_root_without_cap_sys_admin_is_measure_only_naming_the_capability(monkey
     code, report = doctor(capsys)
     assert code == 1 and report["mode"] == "measure-only"
     priv = next(f for f in report["findings"] if f["check"] == "privileges")
-    assert "root without CAP_SYS_ADMIN (a user-namespaced container)" in priv["detail"]
+    assert "root without CAP_SYS_ADMIN" in priv["detail"]
     assert "SYS_ADMIN" in mode_finding(report)["fix"] and "clockd" in mode_finding(report)["fix"]
+
+
+def test_root_in_a_user_namespace_with_every_capability_is_measure_only(monkeypatch, capsys):
+    """A remapped container's root holds CAP_SYS_ADMIN inside its namespace only: the driver refuses it."""
+    fake_gpus(monkeypatch, FakeDevice("GPU-aaaa"))
+    privileges(monkeypatch, euid=0, cap=True, user_namespace=True)
+    code, report = doctor(capsys)
+    assert code == 1 and report["mode"] == "measure-only"
+    priv = next(f for f in report["findings"] if f["check"] == "privileges")
+    assert priv["status"] == "WARN" and "user namespace" in priv["detail"] and "clockd" in priv["fix"]
 
 
 def test_an_unprivileged_user_is_measure_only_not_probed(monkeypatch, capsys):

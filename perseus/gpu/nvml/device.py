@@ -102,18 +102,36 @@ def proc_status() -> str:
         return ""
 
 
-def has_cap_sys_admin() -> bool:
-    """Whether this process's effective capabilities hold CAP_SYS_ADMIN (bit 21 of ``CapEff``).
+def proc_uid_map() -> str:
+    """``/proc/self/uid_map`` ("" where it cannot be read); tests replace it."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read()
+    except OSError:
+        return ""
 
-    The capability decides, not the uid: root in a user namespace (enroot/pyxis
-    ``--container-remap-root``, rootless docker, most pods) is uid 0 without it, and NVML refuses
-    its clock changes."""
+
+def in_user_namespace() -> bool:
+    """Whether this process runs in a user namespace other than the host's: its uid map is not the
+    identity over all 2**32 - 1 uids (enroot/pyxis ``--container-remap-root``, rootless docker, pods
+    with user namespaces). An unreadable map is no evidence of one."""
+    lines = [line.split() for line in proc_uid_map().splitlines() if line.strip()]
+    return bool(lines) and lines != [["0", "0", "4294967295"]]
+
+
+def has_cap_sys_admin() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN where the driver checks it: bit 21 of ``CapEff``,
+    in the host's user namespace.
+
+    The capability decides, not the uid. Root in a user namespace holds every capability inside it,
+    and the driver checks them against the host's namespace, so NVML refuses its clock changes."""
     for line in proc_status().splitlines():
         if line.startswith("CapEff:"):
             try:
-                return bool(int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1)
+                held = bool(int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1)
             except (IndexError, ValueError):
                 return False
+            return held and not in_user_namespace()
     return False
 
 

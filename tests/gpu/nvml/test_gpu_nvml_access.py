@@ -9,7 +9,7 @@ import pytest
 
 import perseus.gpu.nvml.device as nvml_mod
 from perseus.gpu.clock_service import NoClockAccess, open_clock_service
-from perseus.gpu.nvml.device import NVMLGPU, has_cap_sys_admin
+from perseus.gpu.nvml.device import NVMLGPU, has_cap_sys_admin, in_user_namespace
 
 DOCKER_DEFAULT_CAPS = "0000000000000000a80425fb"  # docker's default set: no CAP_SYS_ADMIN (bit 21)
 PRIVILEGED_CAPS = "000001ffffffffff"
@@ -29,6 +29,27 @@ def root_without_cap(fake_nvml, monkeypatch, tmp_path):
     monkeypatch.delenv("PERSEUS_ZEUSD_SOCKET", raising=False)
     fake_nvml.allow_set = False
     return fake_nvml
+
+
+HOST_UID_MAP = "         0          0 4294967295\n"
+
+
+@pytest.fixture(autouse=True)
+def host_user_namespace(monkeypatch):
+    """The host's user namespace unless a test says otherwise (this machine's own map must not decide)."""
+    monkeypatch.setattr(nvml_mod, "proc_uid_map", lambda: HOST_UID_MAP)
+
+
+def test_root_in_a_user_namespace_holds_no_capability_the_driver_honours(monkeypatch):
+    monkeypatch.setattr(nvml_mod.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(nvml_mod, "proc_status", lambda: status(PRIVILEGED_CAPS))
+    assert has_cap_sys_admin() is True
+    monkeypatch.setattr(nvml_mod, "proc_uid_map", lambda: "         0     100000      65536\n")
+    assert in_user_namespace() is True and has_cap_sys_admin() is False
+    monkeypatch.setattr(nvml_mod, "proc_uid_map", lambda: "         0       1000          1\n         1     100000  65536\n")
+    assert has_cap_sys_admin() is False
+    monkeypatch.setattr(nvml_mod, "proc_uid_map", lambda: "")  # unreadable: no evidence of a namespace
+    assert in_user_namespace() is False and has_cap_sys_admin() is True
 
 
 def test_the_capability_decides_not_the_uid(monkeypatch):
