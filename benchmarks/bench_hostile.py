@@ -20,11 +20,26 @@ poller has declared the counter dead. ``second_process``: the first process paus
 plan deployed) while the second trains, because the simulated GPU runs one process's kernel at a
 time where a real one would interleave them; it trains again after the second closed.
 
+Beside the faults, the measurements that real cards make hard, each by the runtime itself on the
+simulated H200 (``MEASURES``; ``--faults-only`` skips them):
+
+- ``attr_error_forward`` / ``attr_error_backward``: attributed vs true energy per instruction kind
+  (fraction) on the hostile meter with 40 ms of GPU work between steps; ``power_over_limit``:
+  attributed powers above the card's limit (``hostile_attribution.py``);
+- ``latency_calibration_error``: the switch latency measured in profiling vs the simulated 10 ms
+  (fraction), and ``own_clock_share``: the deployed instructions that began at their own clock
+  (``bench_switch_latency.py``);
+- ``fastest_plan_vs_unlocked``: the fastest plan's step time over the unlocked card's, a
+  memory-bound forward and a dense backward under the power cap (``hostile_unlocked.py``);
+- ``energy_guard_dropped`` / ``energy_guard_steps`` / ``energy_guard_false_drops``: the energy
+  guard on plans that cost more energy than default clocks and on honest ones
+  (``bench_guard.py``'s energy rows, at about 3.6 % per-stage energy noise).
+
     python benchmarks/bench_hostile.py --json
 
-prints ``{"faults": [{"fault": ..., ...}, ...], "control": {...}}``; without ``--json``, a table.
-A row passes where training continued, ``max_stall_s`` <= 1 s, no Perseus lock is left and at
-most one line was printed (``ok``).
+prints ``{"faults": [{"fault": ..., ...}, ...], "control": {...}, "attr_error_forward": ..., ...}``;
+without ``--json``, tables. A fault row passes where training continued, ``max_stall_s`` <= 1 s, no
+Perseus lock is left and at most one line was printed (``ok``).
 """
 
 from __future__ import annotations
@@ -502,6 +517,74 @@ def run(names: tuple[str, ...] = FAULTS, folder: Path | None = None) -> dict[str
     return {"faults": rows, "control": ctl}
 
 
+# ---------------------------------------------------------------- the measurements
+
+BENCHMARKS = Path(__file__).resolve().parent
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+SWITCH_LATENCY_S = 0.010
+GUARD_SEEDS = 20
+# each measurement's acceptance: (key, bound, "<=" / ">=" / "==")
+TARGETS = (("attr_error_forward", 0.05, "<="), ("attr_error_backward", 0.05, "<="), ("power_over_limit", 0, "=="),
+           ("latency_calibration_error", 0.3, "<="), ("own_clock_share", 0.95, ">="),
+           ("fastest_plan_vs_unlocked", 1.01, "<="), ("energy_guard_dropped", True, "=="),
+           ("energy_guard_steps", 100, "<="), ("energy_guard_false_drops", 0, "=="))
+
+
+def attribution_measure() -> dict[str, Any]:
+    import hostile_attribution
+
+    out = hostile_attribution.attribution()
+    return {k: out[k] for k in ("attr_error_forward", "attr_error_backward", "power_over_limit")}
+
+
+def latency_measure() -> dict[str, Any]:
+    import bench_switch_latency
+
+    out = bench_switch_latency.runtime_bench(SWITCH_LATENCY_S, 1.1, 12)
+    return {"latency_calibration_error": out["latency_calibration_error"], "own_clock_share": out["own_clock_share"],
+            "simulated_latency_s": out["simulated_latency_s"], "measured_latency_s": out["measured_latency_s"]}
+
+
+def unlocked_measure() -> dict[str, Any]:
+    import hostile_unlocked
+
+    return {"fastest_plan_vs_unlocked": hostile_unlocked.fastest_vs_unlocked()["fastest_plan_vs_unlocked"]}
+
+
+def guard_measure() -> dict[str, Any]:
+    import bench_guard
+
+    row = bench_guard.energy_row("3%", GUARD_SEEDS)
+    lying = row["+2%"]
+    assert isinstance(lying, dict)
+    return {"energy_guard_dropped": lying["largest"] is not None, "energy_guard_steps": lying["largest"],
+            "energy_guard_false_drops": row["false_drops"], "energy_guard_honest_runs": row["honest_runs"]}
+
+
+MEASURES: dict[str, Callable[[], dict[str, Any]]] = {
+    "attribution": attribution_measure, "switch_latency": latency_measure,
+    "unlocked": unlocked_measure, "energy_guard": guard_measure,
+}
+
+
+def measure(names: tuple[str, ...] = tuple(MEASURES)) -> dict[str, Any]:
+    """The named measurements' keys, flat; a measurement that fails records its error, the rest run."""
+    out: dict[str, Any] = {}
+    for name in names:
+        try:
+            out.update(MEASURES[name]())
+        except Exception as exc:  # noqa: BLE001 - one measurement's failure is reported, the rest still run
+            out[f"{name}_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return out
+
+
+def meets(key: str, value: Any, bound: Any, op: str) -> bool:
+    if value is None:
+        return False
+    return value <= bound if op == "<=" else value >= bound if op == ">=" else value == bound
+
+
 def table(result: dict[str, Any]) -> str:
     head = f"{'fault':24} {'continued':>9} {'max stall s':>11} {'locked':>6} {'lines':>5} {'ok':>3}  error"
     out = [head, "-" * len(head)]
@@ -512,6 +595,14 @@ def table(result: dict[str, Any]) -> str:
         out.append(f"{r['fault']:24} {str(r['training_continued']):>9} {r['max_stall_s']:>11.3f} "
                    f"{str(r['clocks_locked_at_exit']):>6} {r['message_lines']:>5} {'yes' if r.get('ok') else 'no':>3}  "
                    f"{r.get('error') or ''}")
+    measured = [(k, b, op) for k, b, op in TARGETS if k in result]
+    if measured:
+        out += ["", f"{'measurement':28} {'value':>10} {'target':>10} {'ok':>3}"]
+        for key, bound, op in measured:
+            v = result[key]
+            shown = f"{v:.4f}" if isinstance(v, float) else str(v)
+            out.append(f"{key:28} {shown:>10} {op + ' ' + str(bound):>10} {'yes' if meets(key, v, bound, op) else 'no':>3}")
+    out += [f"{k}: {v}" for k, v in result.items() if k.endswith("_error") and isinstance(v, str)]
     return "\n".join(out)
 
 
@@ -519,9 +610,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--only", nargs="+", choices=FAULTS, help="run these faults only")
+    p.add_argument("--faults-only", action="store_true", help="the faults alone, none of the measurements")
+    p.add_argument("--measures", nargs="+", choices=tuple(MEASURES), help="run these measurements only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")  # not the INFO lines
     result = run(tuple(args.only) if args.only else FAULTS)
+    if not args.faults_only:
+        result.update(measure(tuple(args.measures) if args.measures else tuple(MEASURES)))
     if args.json:
         print(json.dumps(result, indent=1))
     else:

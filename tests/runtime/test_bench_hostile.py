@@ -72,3 +72,32 @@ def test_json_prints_one_object_with_a_row_per_fault_asked(capsys):
     assert [r["fault"] for r in out["faults"]] == ["mig"] and isinstance(out["faults"][0]["ok"], bool)
     check_row(out["faults"][0])
     check_row(out["control"])
+
+
+def test_the_measurements_are_flat_keys_and_a_failing_one_is_reported_not_raised(monkeypatch):
+    def broken() -> dict:
+        raise RuntimeError("no simulated GPU\nsecond line")
+
+    monkeypatch.setattr(bench, "MEASURES", {"ok": lambda: {"attr_error_forward": 0.01, "power_over_limit": 0},
+                                            "broken": broken})
+    out = bench.measure(("ok", "broken"))
+    assert out == {"attr_error_forward": 0.01, "power_over_limit": 0, "broken_error": "RuntimeError: no simulated GPU"}
+    text = bench.table({"control": {"fault": "none", "not_available": "x"}, "faults": [], **out})
+    assert "attr_error_forward" in text and "broken_error: RuntimeError: no simulated GPU" in text
+
+
+def test_every_acceptance_key_has_a_measurement_and_a_target():
+    keys = {k for k, _, _ in bench.TARGETS}
+    assert keys == {"attr_error_forward", "attr_error_backward", "power_over_limit", "latency_calibration_error",
+                    "own_clock_share", "fastest_plan_vs_unlocked", "energy_guard_dropped", "energy_guard_steps",
+                    "energy_guard_false_drops"}
+    assert set(bench.MEASURES) == {"attribution", "switch_latency", "unlocked", "energy_guard"}
+    assert bench.meets("own_clock_share", 0.96, 0.95, ">=") and not bench.meets("power_over_limit", 1, 0, "==")
+    assert not bench.meets("energy_guard_steps", None, 100, "<=")
+
+
+def test_the_energy_guard_measurement_drops_the_lying_plans_and_keeps_the_honest(monkeypatch):
+    monkeypatch.setattr(bench, "GUARD_SEEDS", 4)
+    out = bench.guard_measure()
+    assert out["energy_guard_dropped"] is True and out["energy_guard_steps"] <= 100
+    assert out["energy_guard_false_drops"] == 0 and out["energy_guard_honest_runs"] == 16
