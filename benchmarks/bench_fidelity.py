@@ -310,9 +310,9 @@ def runtime_run(d: Path, depth: int, steps: int, settings: dict, plan: tuple | N
         kernels.end = timed_end  # type: ignore[method-assign]  # timed for this run only
         record = stream.record
 
-        def timed_record() -> object:  # the simulator's own event code: a real card's is the charged cost
+        def timed_record(*args: object) -> object:  # the simulator's own event code: a real card's is the charged cost
             c = HOOK_CLOCK()
-            event = record()
+            event = record(*args)  # type: ignore[arg-type]  # the stream's own arguments, passed through
             launch_cpu[0] += HOOK_CLOCK() - c
             return event
 

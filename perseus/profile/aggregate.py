@@ -24,17 +24,25 @@ point, and here they are left out of the fit and set equal to the sustained cloc
 (``Profile.clock_notes`` flags them), so the all-max point is the unlocked card under this load.
 The clock-event reasons each rank saw at each clock are kept per (stage, clock), the union over
 the stage's GPUs.
+
+The card sustains a clock per kind of work, so each rank also sends, per (chunk, kind), the clock
+its card sustained under it in warm-up and the kind's time there (``KindWarmup``). A kind's clock
+is the highest of its stage's GPUs' (a GPU without one: the stage's), its clocks above are equal to
+its own point, and the entry carries what the unlocked card does under it (``Unlocked``): that
+clock, warm-up's time at default clocks (max over tensor-parallel ranks, mean over replicas;
+without one, the point's) at the point's power.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from perseus.errors import ProfileError
 from perseus.profile import ClockNote, InstructionProfile, Profile
+from perseus.profile.unlocked import UNLOCKED_MHZ, Unlocked
 from perseus.profile.fit import (fit_weights, interpolation_ok, isotonic_times, loo_errors, model_between,
                                  pessimistic_times)
 
@@ -51,6 +59,9 @@ class ClockPoint(NamedTuple):
     # steadier than the per-kind regression, so the sweep's decisions and the interpolation's
     # validation use it (0: not recorded, use energy_j).
     step_energy_j: float = 0.0
+    # The bound the attributed power was held at (W; 0: none): the card's power limit, or P_blocking,
+    # where the regression's fit lay outside what a GPU running work can draw.
+    bound_w: float = 0.0
 
     @property
     def decision_energy_j(self) -> float:
@@ -73,6 +84,15 @@ def as_point(value: Any) -> ClockPoint:
     return value if isinstance(value, ClockPoint) else ClockPoint(*value)
 
 
+@dataclass(frozen=True)
+class KindWarmup:
+    """One (chunk, kind) on a GPU's unlocked card in warm-up: the clock it sustained under the kind
+    (None: unknown) and the kind's time at default clocks (a point without energy; None: untimed)."""
+
+    mhz: int | None
+    point: ClockPoint | None = None
+
+
 @dataclass
 class RankMeasurements:
     """What one rank measured during the sweep; small and picklable for the gloo gather."""
@@ -88,6 +108,39 @@ class RankMeasurements:
     # clock-event reason names seen at each clock (those above the sustained one: warm-up's).
     sustained_mhz: int | None = None
     reasons: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    kinds: dict[tuple[int, str], KindWarmup] = field(default_factory=dict)  # (chunk, kind) -> warm-up's
+
+
+def combine_kinds(members: Sequence[Mapping[tuple[int, str], KindWarmup]],
+                  time_rule: str) -> dict[tuple[int, str], KindWarmup]:
+    """The kinds every member (its ``RankMeasurements.kinds``) measured in warm-up: the highest clock
+    (unknown if any member's is) and the time by ``time_rule`` ("max" over tensor-parallel ranks,
+    "mean" over replicas)."""
+    keys = set(members[0]) if members else set()
+    for m in members[1:]:
+        keys &= set(m)
+    out: dict[tuple[int, str], KindWarmup] = {}
+    for key in keys:
+        clocks = [m[key].mhz for m in members]
+        points = [m[key].point for m in members]
+        timed = None
+        if all(p is not None for p in points):
+            timed = _combine([{key: {UNLOCKED_MHZ: p}} for p in points], time_rule, "sum")[key][UNLOCKED_MHZ]
+        known = [f for f in clocks if f is not None]
+        out[key] = KindWarmup(max(known) if len(known) == len(clocks) else None, timed)
+    return out
+
+
+def with_unlocked(entry: InstructionProfile, clock: int | None, warmup: KindWarmup | None) -> InstructionProfile:
+    """``entry`` with what the unlocked card does under it, where its sustained ``clock`` was
+    measured: warm-up's time (else the clock's) at the clock's power."""
+    if clock is None or clock not in entry.freqs_mhz:
+        return entry
+    time_s, energy_j = entry.at(clock)
+    warm = warmup.point.time_s if warmup is not None and warmup.point is not None else 0.0
+    if warm > 0:
+        time_s, energy_j = warm, energy_j / time_s * warm
+    return replace(entry, unlocked=Unlocked(time_s, energy_j, clock))
 
 
 def combine_clocks(members: Sequence[RankMeasurements]) -> tuple[int | None, dict[int, tuple[str, ...]]]:
@@ -116,13 +169,14 @@ def _combine(parts: list[Measurements], time_rule: str, energy_rule: str) -> Mea
             e = sum(p.energy_j for p in points) if energy_rule == "sum" else fmean(p.energy_j for p in points)
             steps = [p.decision_energy_j for p in points]
             se = sum(steps) if energy_rule == "sum" else fmean(steps)
+            bound = max(p.bound_w for p in points)  # held at a bound on any GPU
             if time_rule == "max":
                 slowest = max(points, key=lambda p: p.time_s)
-                per_freq[f] = slowest._replace(energy_j=e, step_energy_j=se)
+                per_freq[f] = slowest._replace(energy_j=e, step_energy_j=se, bound_w=bound)
             else:
                 per_freq[f] = ClockPoint(fmean(p.time_s for p in points), e, sum(p.samples for p in points),
                                          fmean(p.spread_s for p in points),
-                                         math.sqrt(sum(p.se_s ** 2 for p in points)) / len(points), se)
+                                         math.sqrt(sum(p.se_s ** 2 for p in points)) / len(points), se, bound)
         out[key] = per_freq
     return out
 
@@ -167,7 +221,7 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
     for i, f in enumerate(freqs):
         rows[f] = {"time": fitted[i], "energy_j": energies[i], "raw_time_s": raw[i], "fitted_time_s": fitted[i],
                    "fit_residual_s": raw[i] - fitted[i], "samples": pts[i].samples, "spread_s": pts[i].spread_s,
-                   "se_s": se[i], "interpolated": False}
+                   "se_s": se[i], "interpolated": False, "power_bound_w": pts[i].bound_w or None}
     for i in range(len(freqs) - 1):
         hi, lo = freqs[i], freqs[i + 1]
         inner = [f for f in (hi, lo) if f in ok]
@@ -177,7 +231,8 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
             if lo < g < hi:
                 t, e = model_between(g, hi, fitted[i], energies[i], lo, fitted[i + 1], energies[i + 1])
                 rows[g] = {"time": t, "energy_j": e, "raw_time_s": None, "fitted_time_s": t, "fit_residual_s": None,
-                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True}
+                           "samples": 0, "spread_s": None, "se_s": max(se[i], se[i + 1]), "interpolated": True,
+                           "power_bound_w": None}
                 spreads[g] = max(pts[i].spread_s, pts[i + 1].spread_s)
     order = sorted(rows, reverse=True)
     times = pessimistic_times([rows[f]["time"] for f in order], [rows[f]["se_s"] for f in order], noise_k,
@@ -186,7 +241,8 @@ def trusted_entry(per_freq: Mapping[int, Any], grid: Sequence[int] = (), noise_k
     order, times = copies + order, [times[0]] * len(copies) + times
     rows.update({f: rows[freqs[0]] for f in copies})
     quality = {name: [rows[f][name] for f in order]
-               for name in ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated")}
+               for name in ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated",
+                            "power_bound_w")}
     entry = InstructionProfile(tuple(order), tuple(times), tuple(rows[f]["energy_j"] for f in order))
     return entry, quality
 
@@ -208,10 +264,13 @@ def aggregate_profile(
         by_replica.setdefault((r.stage, r.dp_rank), []).append(r)
     per_stage: dict[int, list[Measurements]] = {}
     stage_ranks: dict[int, list[RankMeasurements]] = {}
+    stage_replicas: dict[int, list[RankMeasurements]] = {}  # each replica's kinds, its TP ranks combined
     for (stage, _), members in sorted(by_replica.items()):
         members.sort(key=lambda r: r.tp_rank)
         per_stage.setdefault(stage, []).append(_combine([m.measurements for m in members], "max", "sum"))
         stage_ranks.setdefault(stage, []).extend(members)
+        stage_replicas.setdefault(stage, []).append(replace(members[0], kinds=combine_kinds([m.kinds for m in members],
+                                                                                             "max")))
     missing = [s for s in range(num_stages) if s not in per_stage]
     if missing:
         raise ProfileError(f"online profile: no measurements from stage(s) {missing}; did every rank profile?")
@@ -222,14 +281,17 @@ def aggregate_profile(
     for stage, replicas in per_stage.items():
         combined = _combine(replicas, "mean", "mean")
         sustained, reasons = combine_clocks(stage_ranks[stage])
+        kinds = combine_kinds([r.kinds for r in stage_replicas[stage]], "mean")
         for (chunk, kind), per_freq in combined.items():
             if not per_freq:
                 raise ProfileError(f"online profile: stage {stage} {kind} chunk {chunk} has no clock measured on every rank")
+            warm = kinds.get((chunk, kind))
+            clock = warm.mhz if warm is not None and warm.mhz is not None else sustained
             try:
-                entries[(stage, chunk, kind)], quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k,
-                                                                                             sustained, spread_k)
+                entry, quality[(stage, chunk, kind)] = trusted_entry(per_freq, grid, noise_k, clock, spread_k)
             except ProfileError as exc:
                 raise ProfileError(f"online profile: stage {stage} {kind} chunk {chunk}: {exc}") from None
+            entries[(stage, chunk, kind)] = with_unlocked(entry, clock if clock in per_freq else None, warm)
         clocks = {f for (s, _, _), e in entries.items() if s == stage for f in e.freqs_mhz}
         if sustained is not None and sustained in clocks:
             sustained_mhz[stage] = sustained
@@ -269,7 +331,7 @@ def noisy_points(profile: Profile) -> list[str]:
 # reduction over a fixed layout of floats, then one entry per stage on rank 0. ``aggregate_profile``
 # of those entries is the profile of every rank's (up to float rounding in the means).
 
-_FIELDS = 7  # present, time, energy, samples, spread, se², decision energy
+_FIELDS = 8  # present, time, energy, samples, spread, se², decision energy, power bound
 
 
 def combine_tensor_parallel(members: Sequence[RankMeasurements]) -> RankMeasurements:
@@ -282,7 +344,7 @@ def combine_tensor_parallel(members: Sequence[RankMeasurements]) -> RankMeasurem
     sustained, reasons = combine_clocks(members)
     return RankMeasurements(first.stage, 0, first.dp_rank, _combine([m.measurements for m in members], "max", "sum"),
                             fmean(measured) if measured else None, " / ".join(names), sustained_mhz=sustained,
-                            reasons=reasons)
+                            reasons=reasons, kinds=combine_kinds([m.kinds for m in members], "max"))
 
 
 def replica_vector(measurements: Measurements, keys: Sequence[tuple[int, str]], grid: Sequence[int]) -> list[float]:
@@ -297,7 +359,7 @@ def replica_vector(measurements: Measurements, keys: Sequence[tuple[int, str]], 
             p = as_point(per_freq[f])
             at = (i * len(grid) + j) * _FIELDS
             out[at:at + _FIELDS] = [1.0, p.time_s, p.energy_j, float(p.samples), p.spread_s, p.se_s ** 2,
-                                    p.decision_energy_j]
+                                    p.decision_energy_j, p.bound_w]
     return out
 
 
@@ -310,10 +372,11 @@ def replicas_mean(total: Sequence[float], replicas: int, keys: Sequence[tuple[in
         per_freq: dict[int, Any] = {}
         for j, f in enumerate(grid):
             at = (i * len(grid) + j) * _FIELDS
-            present, t, e, samples, spread, se2, step = total[at:at + _FIELDS]
+            present, t, e, samples, spread, se2, step, bound = total[at:at + _FIELDS]
             if round(present) != replicas:
                 continue
             per_freq[f] = ClockPoint(t / replicas, e / replicas, int(round(samples)), spread / replicas,
-                                     math.sqrt(se2) / replicas, step / replicas)
+                                     math.sqrt(se2) / replicas, step / replicas,
+                                     bound / replicas)  # nonzero: held at a bound on some replica
         out[key] = per_freq
     return out

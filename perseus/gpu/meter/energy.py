@@ -7,9 +7,10 @@ period's energy. The method here:
 1. ``EnergyPoller`` polls the counter (default every 2 ms) in a background thread and records the
    instants it changes (midpoint of the two polls around the change: ±1 ms).
 2. Consecutive update instants delimit intervals ``i`` with exactly known energy ``ΔE_i``.
-3. ``attribute_energy`` solves, by non-negative least squares over all intervals,
+3. ``attribute_energy`` (``attribution.py``) solves, by least squares over all intervals,
        ΔE_i = Σ_k P_k · overlap_i(k) + P_idle · idle_i
-   where overlap_i(k) is the time instructions of key ``k`` ran inside interval ``i``. Keys are
+   where overlap_i(k) is the time instructions of key ``k`` ran inside what interval ``i``
+   measured (``counter.py``: the whole interval, or the part a part-time meter samples). Keys are
    arbitrary (e.g. ``("forward", 1410)`` for a per-frequency profiling window).
 4. Energy per instruction of key ``k`` = P_k × its mean duration; standard errors come from the
    regression covariance σ²(AᵀA)⁻¹.
@@ -25,33 +26,21 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
+# The counter's types and attribution have modules of their own; callers import them from here too.
+from perseus.gpu.meter.attribution import IDLE as IDLE, AttributionResult as AttributionResult
+from perseus.gpu.meter.attribution import KeyEnergy as KeyEnergy, attribute_energy as attribute_energy
 from perseus.gpu.meter.clock_samples import ClockSample
+from perseus.gpu.meter.counter import CounterUpdate, MeasurementError as MeasurementError, counter_period_s
 from perseus.gpu.device import ENERGY_UPDATE_PERIOD_S, GPUDevice
 from perseus.gpu.errors import GPUError
 from perseus.gpu.meter.read_failures import GAP_PERIODS, ReadFailures
-from perseus.gpu.meter.timing import TimedInstruction
-
-IDLE = "__idle__"
-
-
-
-class MeasurementError(GPUError):
-    """Not enough (or degenerate) data to attribute energy; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class CounterUpdate:
-    """The energy counter reached ``energy_j`` at (about) time ``t_s``."""
-
-    t_s: float
-    energy_j: float
 
 
 class EnergyPoller:
@@ -209,14 +198,6 @@ class EnergyPoller:
         return counter_period_s(recent)
 
 
-def counter_period_s(updates: Sequence[CounterUpdate]) -> float | None:
-    """Median gap between counter updates: 100 ms on A100/H100/H200, whatever the load."""
-    if len(updates) < 3:
-        return None
-    gaps = sorted(b.t_s - a.t_s for a, b in zip(updates, updates[1:]))
-    return gaps[len(gaps) // 2]
-
-
 class AfterLast(Enum):
     """What ``energy_at`` reads after the counter's last update."""
 
@@ -253,119 +234,6 @@ def attribution_window_s(period_s: float, intervals: int = 30) -> float:
     """How long to measure so attribution has ``intervals`` counter intervals: the standard
     error of an attributed power shrinks as 1/√intervals."""
     return period_s * (intervals + 1)
-
-
-@dataclass(frozen=True)
-class KeyEnergy:
-    """Attributed average power and per-instruction energy of one instruction key."""
-
-    key: Hashable
-    power_w: float
-    power_stderr_w: float
-    count: int
-    mean_duration_s: float
-
-    @property
-    def energy_j(self) -> float:
-        """Energy of one instruction of this key."""
-        return self.power_w * self.mean_duration_s
-
-    @property
-    def energy_stderr_j(self) -> float:
-        return self.power_stderr_w * self.mean_duration_s
-
-
-@dataclass
-class AttributionResult:
-    keys: dict[Hashable, KeyEnergy]
-    idle_power_w: float | None  # estimated (or the given one); None if there was no idle time
-    n_intervals: int
-    residual_rms_j: float
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _overlap_matrix(bounds: np.ndarray, instructions: Sequence[TimedInstruction],
-                    columns: dict[Hashable, int]) -> np.ndarray:
-    """A[i, c] = time instructions of column c spent inside [bounds[i], bounds[i+1])."""
-    a = np.zeros((len(bounds) - 1, len(columns)))
-    for inst in instructions:
-        s, e = max(inst.start_s, bounds[0]), min(inst.end_s, bounds[-1])
-        if e <= s:
-            continue
-        c = columns[inst.key]
-        i = int(np.searchsorted(bounds, s, side="right")) - 1
-        while i < len(bounds) - 1 and bounds[i] < e:
-            a[i, c] += min(e, bounds[i + 1]) - max(s, bounds[i])
-            i += 1
-    return a
-
-
-def attribute_energy(
-    updates: Sequence[CounterUpdate],
-    instructions: Sequence[TimedInstruction],
-    *,
-    idle_power_w: float | None = None,
-) -> AttributionResult:
-    """Average power per instruction key by least squares over counter-update intervals.
-
-    ``idle_power_w`` (e.g. a measured P_blocking) is subtracted when given; otherwise idle power
-    is estimated as one more unknown. Instructions must not overlap each other (one GPU).
-    """
-    from scipy.optimize import nnls
-
-    if len(updates) < 2:
-        raise MeasurementError(
-            f"need at least 2 energy-counter updates, got {len(updates)}; measure for longer "
-            "(several counter periods) or poll faster"
-        )
-    ordered = sorted(instructions, key=lambda i: i.start_s)
-    for prev, nxt in zip(ordered, ordered[1:]):
-        if nxt.start_s < prev.end_s - 1e-9:
-            raise MeasurementError(
-                f"instructions overlap in time ({prev.key!r} and {nxt.key!r}); time one GPU's "
-                "instructions only"
-            )
-    bounds = np.array([u.t_s for u in updates])
-    if np.any(np.diff(bounds) <= 0):
-        raise MeasurementError("counter update times must be strictly increasing")
-    de = np.diff([u.energy_j for u in updates])
-    keys = list(dict.fromkeys(i.key for i in instructions))
-    if not keys:
-        raise MeasurementError("no instructions to attribute energy to")
-    columns = {k: j for j, k in enumerate(keys)}
-    a = _overlap_matrix(bounds, instructions, columns)
-    busy = a.sum(axis=1)
-    idle = np.diff(bounds) - busy
-    idle = np.clip(idle, 0.0, None)
-    y = de.copy()
-    estimate_idle = idle_power_w is None and idle.sum() > 1e-3 * np.diff(bounds).sum()
-    if idle_power_w is not None:
-        y -= idle_power_w * idle
-    elif estimate_idle:
-        a = np.column_stack([a, idle])
-    used = a.sum(axis=0) > 0
-    missing = [keys[j] for j in range(len(keys)) if not used[j]]
-    if missing:
-        raise MeasurementError(f"instructions {missing} fall outside the measured counter updates")
-    if np.linalg.matrix_rank(a) < a.shape[1]:
-        raise MeasurementError(
-            "instruction keys are not separable (they always occur in the same proportions in "
-            "every counter interval); measure over more intervals or vary the mix"
-        )
-    p, _ = nnls(a, y)
-    resid = y - a @ p
-    dof = a.shape[0] - a.shape[1]
-    sigma2 = float(resid @ resid) / dof if dof > 0 else math.nan
-    cov = sigma2 * np.linalg.pinv(a.T @ a)
-    stderr = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    durations: dict[Hashable, list[float]] = {k: [] for k in keys}
-    for inst in instructions:
-        durations[inst.key].append(inst.duration_s)
-    out = {k: KeyEnergy(k, float(p[j]), float(stderr[j]), len(durations[k]), float(np.mean(durations[k])))
-           for j, k in enumerate(keys)}
-    idle_w = float(p[-1]) if estimate_idle else idle_power_w
-    return AttributionResult(out, idle_w, len(de), float(np.sqrt(np.mean(resid**2))),
-                             extra={"idle_power_stderr_w": float(stderr[-1]) if estimate_idle else 0.0})
 
 
 # -- blocking power -----------------------------------------------------------------------------

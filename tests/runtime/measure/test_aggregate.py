@@ -91,3 +91,20 @@ def test_a_clock_with_no_energy_at_all_takes_the_keys_power_at_its_nearest_clock
     nothing = {1410: ClockPoint(0.002, 0.0, 4), 810: ClockPoint(0.003, 0.0, 4)}
     with pytest.raises(ProfileError, match=r"stage 0 forward chunk 0: no energy .* iters_per_freq"):
         aggregate_profile([rank(0, 0, 0, nothing, backward)], num_stages=1)
+
+
+def test_a_power_held_at_a_bound_is_in_the_profile_quality():
+    """A point whose attributed power was held at the card's power limit says so in the profile
+    (``power_bound_w``), through a tensor-parallel combination, a data-parallel mean, and its file."""
+    from perseus.profile import profile_from_json_dict
+    from perseus.profile.aggregate import ClockPoint, replica_vector, replicas_mean
+
+    held = {1000: ClockPoint(0.01, 7.0, 4, 0.0, 0.0, 7.0, 700.0), 900: ClockPoint(0.011, 6.0, 4, 0.0, 0.0, 6.0)}
+    free = {1000: ClockPoint(0.005, 2.0, 4), 900: ClockPoint(0.0055, 1.8, 4)}
+    prof = aggregate_profile([rank(0, 0, 0, free, held), rank(0, 1, 0, free, free)], num_stages=1, tp_size=2)
+    assert prof.quality[(0, 0, "backward")]["power_bound_w"] == [700.0, None]
+    assert prof.quality[(0, 0, "forward")]["power_bound_w"] == [None, None]
+    assert profile_from_json_dict(prof.to_json_dict()).quality[(0, 0, "backward")]["power_bound_w"] == [700.0, None]
+    keys, grid = [(0, "backward")], [1000, 900]
+    mean = replicas_mean(replica_vector({(0, "backward"): held}, keys, grid), 1, keys, grid)
+    assert mean[(0, "backward")][1000].bound_w == 700.0 and mean[(0, "backward")][900].bound_w == 0.0

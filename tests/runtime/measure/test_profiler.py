@@ -48,7 +48,8 @@ def test_regression_recovers_power_per_kind():
 
 def test_falls_back_to_step_attribution_when_counter_too_coarse():
     rec = SweepRecorder(sorted(POWER))
-    timed, t_end = synthetic_step(0.0)
+    timed, _ = synthetic_step(0.0)
+    t_end = timed[-1].end_s  # the step ends with its last instruction: no work between steps
     busy = sum(i.duration_s for i in timed)
     step_energy = true_energy(timed, t_end)
     rec.add_step(timed, t_end, step_energy, P_BLOCK)
@@ -78,25 +79,44 @@ def test_one_stretched_instruction_does_not_make_a_clock_look_slow():
     assert fwd_e == pytest.approx(power * 0.004)
 
 
-def test_a_kind_the_regression_gives_no_power_takes_its_per_step_energy():
-    # Counter readings that make the fit give forwards no power (a busy machine's noisy intervals):
-    # the profile would hold a zero energy, which no profile file accepts; per-step attribution
-    # gives it the step's busy energy shared by time instead.
-    rec = SweepRecorder(sorted(POWER))
-    timed, t_end = synthetic_step(0.0)
-    step_energy = true_energy(timed, t_end)
-    rec.add_step(timed, t_end, step_energy, P_BLOCK)
-    fwd = [i for i in timed if i.key == (0, "forward")]
-    # counter updates whose energy rises only while backwards run: forwards fit to zero power
+def _backward_only_counter(timed):
+    """Counter updates whose energy rises only while backwards run: forwards fit to zero power."""
     updates, e = [], 0.0
     for i in timed:
         e += (POWER[(0, "backward")] if i.key == (0, "backward") else 0.0) * i.duration_s
         updates.append(CounterUpdate(i.end_s, e))
-    rec.finish_frequency(1410, updates, P_BLOCK)
+    return updates
+
+
+def test_a_kind_the_regression_gives_no_power_takes_its_per_step_energy():
+    # Counter readings that make the fit give forwards no power (a busy machine's noisy intervals),
+    # with no P_blocking to hold it at: the profile would hold a zero energy, which no profile file
+    # accepts; per-step attribution gives it the step's busy energy shared by time instead.
+    rec = SweepRecorder(sorted(POWER))
+    timed, _ = synthetic_step(0.0)
+    t_end = timed[-1].end_s
+    rec.add_step(timed, t_end, true_energy(timed, t_end), 0.0)
+    rec.finish_frequency(1410, _backward_only_counter(timed), 0.0)
     for key in POWER:
         t, energy = rec.measurements[key][1410][:2]
         assert energy > 0 and t > 0, (key, t, energy)
-    assert fwd and any("no positive energy" in r for r in rec.fallback_reasons), rec.fallback_reasons
+    assert any("no positive energy" in r for r in rec.fallback_reasons), rec.fallback_reasons
+
+
+def test_a_power_below_p_blocking_is_held_there_and_said():
+    # The same counter with P_blocking known: a GPU running work draws at least that, so the
+    # forward's power is held at it, its point says so and one note names it.
+    rec = SweepRecorder(sorted(POWER))
+    timed, _ = synthetic_step(0.0)
+    t_end = timed[-1].end_s
+    rec.add_step(timed, t_end, true_energy(timed, t_end), P_BLOCK)
+    rec.finish_frequency(1410, _backward_only_counter(timed), P_BLOCK)
+    fwd = rec.measurements[(0, "forward")][1410]
+    assert fwd.energy_j / fwd.time_s == pytest.approx(P_BLOCK)
+    assert fwd.bound_w == pytest.approx(P_BLOCK) and rec.measurements[(0, "backward")][1410].bound_w == 0.0
+    [note] = rec.notes
+    assert note.startswith("1410 MHz: forward chunk 0 fitted ") and note.endswith(" W, held at P_blocking (80 W)")
+    assert not rec.fallback_reasons
 
 
 def _step(t0, fwd, bwd, n=4):
@@ -133,3 +153,56 @@ def test_first_iteration_like_the_others_is_kept():
         t = t_end
     rec.finish_frequency(1410, None, P_BLOCK)
     assert rec.measurements[(0, "forward")][1410].samples == 12 and rec.first_dropped == []
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["host-timed", "gpu-timeline"])
+def test_work_between_steps_has_its_own_power_not_the_instructions(marked):
+    # After each step's last instruction 40 ms of optimizer at 450 W: its own column, so neither
+    # the instructions nor P_blocking take its energy. The GPU timeline marks it; a host-timed
+    # step's is from its last instruction to the step's end.
+    from perseus.gpu.stream.gpu_time import NON_INSTRUCTION
+
+    power = {**POWER, NON_INSTRUCTION: 450.0}
+    rec = SweepRecorder(sorted(POWER), power_limit_w=700.0)
+    everything, t = [], 0.0
+    for _ in range(8):
+        first = t
+        timed = []
+        for kind in ["forward"] * 2 + ["forward", "backward"] * 4 + ["backward"] * 2:
+            d = 0.004 if kind == "forward" else 0.008
+            timed.append(TimedInstruction((0, kind), t, t + d))
+            t += d
+        tail = TimedInstruction(NON_INSTRUCTION, t, t + 0.040)
+        t += 0.040
+        everything += timed + [tail]
+        rec.add_step(timed + [tail] if marked else timed, t - first, None, P_BLOCK)
+
+    def energy(at):
+        return P_BLOCK * at + sum((power[i.key] - P_BLOCK) * max(0.0, min(at, i.end_s) - i.start_s) for i in everything)
+
+    updates = [CounterUpdate(k * 0.0231, energy(k * 0.0231)) for k in range(int(t / 0.0231) + 1)]
+    rec.finish_frequency(1410, updates, P_BLOCK)
+    for key, watts in POWER.items():
+        point = rec.measurements[key][1410]
+        assert point.energy_j / point.time_s == pytest.approx(watts, rel=0.01), key
+    between = rec.between_steps[1410]
+    assert between.fitted and between.time_s == pytest.approx(0.040)
+    assert between.power_w == pytest.approx(450.0, rel=0.01) and between.energy_j == pytest.approx(18.0, rel=0.01)
+
+
+def test_the_power_limit_ceiling_is_the_cards_and_unknown_where_it_cannot_be_read():
+    from perseus.gpu.errors import GPUNotSupportedError
+    from perseus.runtime.measure.instruction_samples import power_limit_of
+
+    class Card:
+        def __init__(self, reading):
+            self.reading = reading
+
+        def power_limit_w(self):
+            if isinstance(self.reading, Exception):
+                raise self.reading
+            return self.reading
+
+    assert power_limit_of(Card(700.0)) == 700.0
+    assert power_limit_of(Card(GPUNotSupportedError("no power limit on this card"))) is None
+    assert power_limit_of(Card(0.0)) is None and power_limit_of(None) is None
