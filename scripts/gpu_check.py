@@ -45,20 +45,24 @@ from perseus.gpu.nvml.readonly import ReadOnlyNVML  # noqa: E402 - found through
 
 SCHEMA = "perseus-gpu-check/2"
 NVML_PARTS = ("identity", "versions", "clocks", "power", "read_latency", "counter")
-CUDA_PARTS = ("loads", "stage", "timer", "run_ahead", "anchor", "switching", "library_stream", "attribution")
+CUDA_PARTS = ("loads", "stage", "timer", "run_ahead", "anchor", "switching", "library_stream", "attribution",
+              "side_stream", "attribution_split")
 
 
 class Check:
     """The results so far; each part runs guarded, and with ``out_dir`` the JSON is rewritten
     after every part."""
 
-    def __init__(self, out_dir: Path | None, mode: str) -> None:
+    def __init__(self, out_dir: Path | None, mode: str, only: frozenset[str] | None = None) -> None:
         self.out_dir = out_dir
+        self.only = only  # run only these parts (``--only``); the others are left out
         self.data: dict[str, Any] = {"schema": SCHEMA, "mode": mode, "elapsed_s": {}, "errors": {}}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
 
     def part(self, name: str, fn: Callable[[], Any]) -> Any:
+        if self.only is not None and name not in self.only:
+            return None
         t = time.perf_counter()
         try:
             value = fn()
@@ -155,6 +159,7 @@ def cuda_parts(check: Check, args: argparse.Namespace, need_nvml: Callable[[], t
     import torch
 
     torch.cuda.set_device(args.index)
+    check.part("side_stream", cu.side_stream)  # first: about a second, needs nothing else
 
     def sampler() -> nvml_parts.Sampler:
         return nvml_parts.Sampler(*need_nvml())
@@ -201,6 +206,7 @@ def cuda_parts(check: Check, args: argparse.Namespace, need_nvml: Callable[[], t
     check.part("attribution", lambda: cu.attribution(stage(), sampler, args.attr_seconds, args.direct_seconds))
     stage_box.clear()
     torch.cuda.empty_cache()
+    check.part("attribution_split", lambda: cu.attribution_split(sampler, args.attr_seconds, args.direct_seconds))
     if args.combined_1f1b:  # changes no clock: runs in read-only mode too
         check.part("combined_1f1b", lambda: combined_1f1b_case(args.index, False, args.matrix))
 
@@ -461,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="only print (and with --out, write) the markdown table of an earlier run's JSON")
     ap.add_argument("--index", type=int, default=0, help="CUDA device index (as this process sees it)")
     ap.add_argument("--quick", action="store_true", help="shorter everything (seconds instead of a minute)")
+    ap.add_argument("--only", metavar="PART[,PART]", help="run only these parts (e.g. side_stream); the rest are left out")
     ap.add_argument("--preset", default="A100-SXM", help="simulated GPU preset (with --sim)")
     ap.add_argument("--matrix", type=int, default=8192, help="matmul size of the clock sweep")
     ap.add_argument("--sim-kernel-ms", type=float, default=5.0, help="with --sim: the simulated matmul's time")
@@ -491,7 +498,13 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     mode_name = "sim" if args.sim else "allow-clock-changes" if args.allow_clock_changes else "read-only"
-    check = Check(args.out, mode_name)
+    only = frozenset(p.strip() for p in args.only.split(",")) if args.only else None
+    unknown = sorted((only or set()) - {*NVML_PARTS, *CUDA_PARTS, "combined_1f1b", "clock_changes"})
+    if unknown:
+        ap.error(f"--only: no part named {', '.join(unknown)}; parts: {', '.join((*NVML_PARTS, *CUDA_PARTS))}")
+    if only is not None and only & set(NVML_PARTS):
+        only |= {"identity"}  # it opens NVML for the others
+    check = Check(args.out, mode_name, only)
     t = time.perf_counter()
     if not args.sim:
         read_only_check(check, args)
@@ -614,6 +627,21 @@ def markdown(d: dict[str, Any]) -> str:
         return out
 
     add("attribution", "attribution", attribution)
+
+    def side_stream(v: dict[str, Any]) -> list[tuple[str, str]]:
+        out = []
+        for case, label in (("idle_side_stream", "end hook under an idle side stream"),
+                            ("work_left_on_side_stream", "end hook under a side stream with the longer work")):
+            c = v[case]
+            out.append((f"instruction span, {label} (ms)",
+                        f"truth {c['truth']['median']:.2f}; on the current stream {c['current_stream']['median']:.2f}, "
+                        f"compute stream only {c['compute_stream']['median']:.2f}, perseus (both) "
+                        f"{c['compute_stream_joined']['median']:.2f}: {'right' if c['right'] else 'WRONG'}"))
+        out.append(("host: current stream read / event on the current / on a named stream", " ; ".join(
+            _ms(v[k], 1, " µs") for k in ("current_stream_read_us", "record_on_current_us", "record_on_named_us"))))
+        return out
+
+    add("side streams", "side_stream", side_stream)
     add("combined 1F1B", "combined_1f1b", lambda v: [combined_row(v)])
     cc = d.get("clock_changes")
     if isinstance(cc, dict) and "error" not in cc:

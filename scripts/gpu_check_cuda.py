@@ -357,6 +357,77 @@ def _direct_power(stage: Stage, kind: Kind, sampler_factory: Callable[[], Any], 
     return power_between(s.updates(), t_start + min(0.5, seconds / 3), t_stop)
 
 
+def _repeats_for(op: Callable[[], Any], target_ms: float) -> int:
+    """How many back-to-back ``op`` calls take about ``target_ms`` on the GPU (timed by events)."""
+    for _ in range(3):
+        op()
+    b, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    b.record()
+    for _ in range(10):
+        op()
+    e.record()
+    e.synchronize()
+    return max(1, round(target_ms / (b.elapsed_time(e) / 10)))
+
+
+def attribution_split(sampler_factory: Callable[[], Any], seconds: float, direct_seconds: float,
+                      forward_ms: float = 40.0, backward_ms: float = 90.0, tail_ms: float = 30.0) -> dict[str, Any]:
+    """A stage whose kinds really differ in power: "forward" a memory-bound copy (~400 W on an
+    H200), "backward" dense bf16 GEMMs (at the power cap), in 1F1B order of 8 microbatches with
+    elementwise work after each step; each kind's span timed by events, the counter's updates kept,
+    and each kind's power measured directly in a loop. The raw data let an attribution method be
+    judged on a split that is real (the GPT-like stage's kinds both run at the cap)."""
+    dev = torch.device("cuda")
+    t = {"src": torch.empty(2**27, device=dev, dtype=torch.float32).fill_(1.0),
+         "a": torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16), "w": torch.zeros(2**24, device=dev)}
+    t |= {"dst": torch.empty_like(t["src"]), "b": torch.randn_like(t["a"]), "c": torch.empty_like(t["a"])}
+    ops = {"forward": lambda: t["dst"].copy_(t["src"]), "backward": lambda: torch.matmul(t["a"], t["b"], out=t["c"]),
+           "tail": lambda: t["w"].mul_(0.999)}
+    reps = {"forward": _repeats_for(ops["forward"], forward_ms), "backward": _repeats_for(ops["backward"], backward_ms),
+            "tail": _repeats_for(ops["tail"], tail_ms)}
+    order = [k.value for k in (i.kind for i in one_f_one_b_order(8, 3))]
+
+    def run(kind: str) -> None:
+        for _ in range(reps[kind]):
+            ops[kind]()
+
+    spans: list[list[Any]] = []
+    steps: list[list[float]] = []
+    with sampler_factory() as s:
+        t_stop = time.perf_counter() + seconds
+        while time.perf_counter() < t_stop:
+            clock = HostClock()
+            pairs = []
+            for kind in order:
+                ev_b, ev_e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ev_b.record()
+                run(kind)
+                ev_e.record()
+                pairs.append((kind, ev_b, ev_e))
+            t0 = torch.cuda.Event(enable_timing=True)
+            t0.record()
+            run("tail")
+            t1 = torch.cuda.Event(enable_timing=True)
+            t1.record()
+            t1.synchronize()
+            spans += [[k, clock.host_s(eb), clock.host_s(ee)] for k, eb, ee in pairs]
+            steps.append([clock.host_s(pairs[0][1]), clock.host_s(t0), clock.host_s(t1)])
+    updates = s.updates()
+    direct = {}
+    for kind in ("forward", "backward"):
+        with sampler_factory() as d:
+            t_start = time.perf_counter()
+            while time.perf_counter() - t_start < direct_seconds:
+                run(kind)
+                torch.cuda.synchronize()
+            t_end = time.perf_counter()
+        direct[kind] = power_between(d.updates(), t_start + min(0.5, direct_seconds / 3), t_end)
+    t.clear()
+    torch.cuda.empty_cache()
+    return {"repeats": reps, "steps": len(steps), "counter_updates": len(updates), "direct": direct,
+            "raw": {"updates": [[t, e] for t, e in updates], "spans": spans, "steps": steps}}
+
+
 class Load(str, Enum):
     GEMM = "dense bf16 GEMM"
     MEMORY = "memory-bound copy"
@@ -463,3 +534,82 @@ def library_stream(stage: Stage, rounds: int) -> dict[str, Any]:
             "delay_us": summary(delays, 1e6), "instruction_span_ratio": summary(span_ratio),
             "first_begin_error_ms": summary(begin_err, 1e3), "training_thread_us_per_instruction": summary(train_us),
             "follower_error": repr(follower.error) if follower.error else None}
+
+
+def side_stream(rounds: int = 20, work_ms: float = 10.0) -> dict[str, Any]:
+    """Where an instruction's end event must go when a framework's end hook runs under a side stream
+    (``perseus.gpu.stream.compute_stream``), measured on this card: the span from a begin event on
+    the compute stream to an end event recorded on the current stream (what ``Event.record()`` does),
+    on the compute stream only, and by ``ComputeStream`` (both streams, the later counts), against
+    the truth (an event after each stream's own work). Two cases: the side stream is idle (the
+    compute stream still runs the instruction), and the instruction left longer work on it. Also the
+    host costs: reading the current stream (``ComputeStream``, once per hook), an event recorded on
+    the current stream and on a named one. Read-only; about a second on a GPU; refuses to run
+    without CUDA."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("side_stream needs a CUDA GPU (torch sees none); it does not run on CPU")
+    from perseus.gpu.stream.compute_stream import ComputeStream
+    from perseus.gpu.stream.follow import CudaEventRecorder
+    from perseus.gpu.stream.gpu_time import CudaTimeline
+
+    compute, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    cycles_per_ms = _sleep_cycles_per_ms()
+    recorder = CudaEventRecorder(enable_timing=True)
+    timeline = CudaTimeline()
+
+    def timed(stream: torch.cuda.Stream) -> torch.cuda.Event:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ev
+
+    out: dict[str, Any] = {"rounds": rounds, "work_ms": work_ms}
+    for case, compute_ms, side_ms in (("idle_side_stream", work_ms, 0.0), ("work_left_on_side_stream", work_ms / 4, work_ms)):
+        spans: dict[str, list[float]] = {"current_stream": [], "compute_stream": [], "compute_stream_joined": [], "truth": []}
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            streams = ComputeStream(recorder)
+            streams.instruction_begins()  # the begin hook: the compute stream is current
+            begin = streams.record()
+            torch.cuda._sleep(int(compute_ms * cycles_per_ms))
+            truth = [timed(compute)]
+            with torch.cuda.stream(side):  # the framework's end hook runs inside its side stream's block
+                if side_ms:
+                    torch.cuda._sleep(int(side_ms * cycles_per_ms))
+                truth.append(timed(side))
+                on_current = recorder.record()
+                on_compute = recorder.record(compute)
+                streams.ends_here()
+                joined = streams.record()
+            torch.cuda.synchronize()
+            spans["current_stream"].append(begin.elapsed_time(on_current))
+            spans["compute_stream"].append(begin.elapsed_time(on_compute))
+            spans["compute_stream_joined"].append(timeline.seconds_between(begin, joined) * 1e3)
+            spans["truth"].append(max(begin.elapsed_time(t) for t in truth))
+        errors = [j - t for j, t in zip(spans["compute_stream_joined"], spans["truth"])]
+        out[case] = {name: summary(v) for name, v in spans.items()} | {
+            "joined_minus_truth_ms": summary(errors), "right": max(abs(e) for e in errors) < 0.05}
+    costs: dict[str, list[float]] = {"current_stream_read_us": [], "record_on_current_us": [], "record_on_named_us": []}
+    ev = torch.cuda.Event(enable_timing=True)
+    for _ in range(200):
+        for name, call in (("current_stream_read_us", recorder.current_stream),
+                           ("record_on_current_us", ev.record), ("record_on_named_us", lambda: ev.record(compute))):
+            t = time.perf_counter()
+            call()
+            costs[name].append((time.perf_counter() - t) * 1e6)
+    torch.cuda.synchronize()
+    out |= {name: summary(v) for name, v in costs.items()}
+    out["right"] = all(out[c]["right"] for c in ("idle_side_stream", "work_left_on_side_stream"))
+    return out
+
+
+def _sleep_cycles_per_ms() -> float:
+    """``torch.cuda._sleep``'s cycles per millisecond on this card (a spin kernel of known length)."""
+    cycles = 10_000_000
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles // 10)  # warm-up: the first launch pays for loading the kernel
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return cycles / a.elapsed_time(b)

@@ -124,6 +124,42 @@ def test_the_real_cuda_check_names_torch_when_it_has_no_gpu(monkeypatch: pytest.
     assert "\n" not in reason
 
 
+def test_only_runs_the_named_parts(one_gpu: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    data, _, _ = _run(["--quick", "--json", "--only", "versions"], capsys)
+    assert "versions" in data and "identity" in data  # NVML opened for it
+    assert not {"clocks", "power", "read_latency", "counter"} & set(data) and data["errors"] == {}
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--only", "no_such_part"])
+    assert "--only: no part named no_such_part" in capsys.readouterr().err
+
+
+def test_the_side_stream_part_does_not_run_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    import gpu_check_cuda as cu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="side_stream needs a CUDA GPU .* it does not run on CPU"):
+        cu.side_stream()
+    assert "side_stream" in gpu_check.CUDA_PARTS
+
+
+def test_the_side_stream_part_renders_one_row_per_case() -> None:
+    span = {"n": 20, "median": 10.0, "p99": 10.1, "min": 9.9, "max": 10.1}
+    early = {**span, "median": 0.02}
+    case = {"current_stream": early, "compute_stream": span, "compute_stream_joined": span, "truth": span, "right": True}
+    data = {"mode": "read-only", "errors": {}, "side_stream": {
+        "idle_side_stream": case, "work_left_on_side_stream": {**case, "right": False},
+        "current_stream_read_us": {"n": 200, "median": 0.4, "p99": 0.6},
+        "record_on_current_us": {"n": 200, "median": 10.2, "p99": 25.1},
+        "record_on_named_us": {"n": 200, "median": 2.7, "p99": 4.0}}}
+    table = gpu_check.markdown(data)
+    assert ("| instruction span, end hook under an idle side stream (ms) | truth 10.00; on the current stream 0.02, "
+            "compute stream only 10.00, perseus (both) 10.00: right |") in table
+    assert "side stream with the longer work (ms) | truth 10.00" in table and ": WRONG |" in table
+    assert ("| host: current stream read / event on the current / on a named stream | 0.4 / 0.6 µs ; 10.2 / 25.1 µs ; "
+            "2.7 / 4.0 µs |") in table
+
+
 def test_a_part_that_tries_to_change_the_gpu_is_refused_recorded_and_the_rest_runs(
         one_gpu: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import gpu_check_nvml

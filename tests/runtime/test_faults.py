@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from toy_helpers import greedy_frontier, stage_uniform_frontier
-from toy_pipeline import ToyConfig, launch
+from toy_pipeline import ToyConfig, collect, launch, start
 
 from perseus.gpu.sim.device import SimulatedGPU
 from perseus.gpu.sim.state import read_sim_state
@@ -305,18 +305,68 @@ def greedy_frontier_on_a_full_disk(schedule, profile, options=None, *, progress=
     return greedy_frontier(schedule, profile, options)
 
 
+def launch_telling_where_it_hangs(cfg: ToyConfig, out: Path, timeout_s: float) -> list[dict]:
+    """``launch``, except that a rank still running after ``timeout_s`` dumps every thread's stack
+    (faulthandler on SIGUSR1, inherited by the forked ranks) before it is killed, and the failure
+    carries those stacks: a run that hangs fails in bounded time saying where it was stuck."""
+    import faulthandler
+    import signal
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.sim_dir = cfg.sim_dir or str(out / "sim-gpus")
+    (out / "dist-store").unlink(missing_ok=True)
+    stacks = out / "stacks.txt"
+    with open(stacks, "w") as dump:
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+        try:
+            procs = start(cfg, out)
+        finally:
+            faulthandler.unregister(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.join(max(deadline - time.monotonic(), 0.1))
+        hung = [p for p in procs if p.is_alive()]
+        for p in hung:
+            os.kill(p.pid, signal.SIGUSR1)
+        dumped = time.monotonic() + 5.0  # each dump names its process's current thread once
+        while hung and stacks.read_text().count("Current thread") < len(hung) and time.monotonic() < dumped:
+            time.sleep(0.05)
+        for p in hung:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+    if hung:
+        raise TimeoutError(f"toy pipeline: ranks {[procs.index(p) for p in hung]} did not finish within "
+                           f"{timeout_s:g} s; their stacks:\n{stacks.read_text()[-8000:]}")
+    return collect(out, len(procs))
+
+
+def test_a_rank_that_hangs_fails_the_run_in_bounded_time_with_its_stacks(tmp_path):
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14, hang_at_step=2, dist_timeout_s=60.0,
+                    perseus={**SWEEP, "collective_timeout_s": 60.0})
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] did not finish within 5 s; their stacks:") as failed:
+        launch_telling_where_it_hangs(cfg, tmp_path / "run", timeout_s=5.0)
+    assert time.monotonic() - started < 60.0
+    assert "in run_rank" in str(failed.value)  # where the main thread was: the step that sleeps forever
+
+
 def test_disk_full_while_writing_cache_and_metrics_leaves_nothing_partial(tmp_path, monkeypatch):
     """Profile, frontier and metrics file all on a full disk (the trainers' and the planner
     process's): the run profiles, plans and deploys from memory; one line per file that could not
-    be written; the cache holds no file, half or temporary; the metrics file ends at a whole line."""
+    be written; the cache holds no file, half or temporary; the metrics file ends at a whole line.
+
+    Bounded everywhere: it takes 15-85 s beside busy processes, and its collectives and P2P give up
+    after a minute instead of the defaults' five (a rank stuck there fails an assertion, not the
+    hang guard); a rank still running at the guard is killed with its stacks in the failure."""
     monkeypatch.setattr(planning, "plan_frontier", greedy_frontier_on_a_full_disk)
     full = tmp_path / "full"
     full.mkdir()
     monkeypatch.setenv(FULL_DIR_ENV, str(full))  # inherited by the ranks and the planner process
     fill_disk(monkeypatch, full, budget_bytes=2000)
-    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14,
-                    perseus={**SWEEP, "cache_dir": str(full / "cache"), "metrics_file": str(full / "m.jsonl")})
-    results = launch(cfg, tmp_path / "run", timeout_s=HANG_S)
+    cfg = ToyConfig(num_stages=2, num_microbatches=4, steps=14, dist_timeout_s=60.0,
+                    perseus={**SWEEP, "cache_dir": str(full / "cache"), "metrics_file": str(full / "m.jsonl"),
+                             "collective_timeout_s": 60.0})
+    results = launch_telling_where_it_hangs(cfg, tmp_path / "run", timeout_s=180.0)
     for r in results:
         assert r["error"] is None, r.get("traceback")
         assert r["summary"]["phase"] == "deployed"

@@ -15,6 +15,14 @@ With ``spin_activity`` > 0 a stream that ran out of work spins until the host's 
 a real pipeline stage waiting for its peer runs NCCL's receive (or send) kernel, which polls at
 a power well above idle and set by the clock in force, where the plain model draws P_blocking.
 
+Side streams (``side``, like ``torch.cuda.Stream()``): frameworks put communication and overlapped
+work on streams of their own (MoE shared-expert overlap, DeepSpeed's and Megatron's communication
+streams), and a hook may run while one is current (``using``, like ``torch.cuda.stream(s)``). An
+event recorded with no stream named goes on the calling thread's current stream, as
+``torch.cuda.Event.record()`` does, so code that records on "whatever is current" shows here what
+it does on a real GPU. A side stream's kernels take their max-clock time beside the main stream's,
+outside the device's power model (what frameworks overlap on side streams is mostly communication).
+
 Timestamps are CLOCK_MONOTONIC seconds (``time.monotonic``), the simulated GPU's own clock.
 """
 
@@ -24,7 +32,8 @@ import math
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -183,16 +192,61 @@ class OpenKernel:
         self._launch.close(float(work_s))
 
 
+@dataclass(frozen=True)
+class _SideKernelRecord:
+    start: float
+    duration_s: float
+    start_mhz: int
+
+
+class _SideDevice:
+    """What runs a side stream's kernels: each takes its max-clock work in time whatever the clock,
+    and draws nothing of the device's power model (see the module docstring)."""
+
+    def __init__(self, gpu: StreamDevice, clock: Callable[[], float]) -> None:
+        self._gpu = gpu
+        self._clock = clock
+        self._start = math.nan
+        self._last = _SideKernelRecord(math.nan, 0.0, 0)
+
+    @property
+    def index(self) -> int:
+        return self._gpu.index
+
+    def begin_busy(self, activity: float = 1.0, compute_fraction: float = 0.8, *,
+                   start_at: float | None = None) -> None:
+        now = self._clock()
+        self._start = now if start_at is None else min(start_at, now)
+
+    def end_busy(self, cpu_elapsed_s: float | None = None, *, min_s: float = 0.0,
+                 until: float | None = None) -> float:
+        end = until if until is not None else self._start + max(cpu_elapsed_s or 0.0, min_s)
+        if (wait := end - self._clock()) > 0:
+            time.sleep(wait)
+        self._last = _SideKernelRecord(self._start, end - self._start, self.current_sm_clock_mhz() or 0)
+        return end - self._start
+
+    def last_kernel(self) -> _KernelRecord:
+        return self._last
+
+    def current_sm_clock_mhz(self) -> int | None:
+        return self._gpu.current_sm_clock_mhz()
+
+
 class SimStream:
-    """One in-order stream of a ``SimulatedGPU``, run by a device thread of this process."""
+    """One in-order stream of a ``SimulatedGPU``, run by a device thread of this process: the GPU's
+    main stream, or one of its side streams (``side``)."""
 
     def __init__(self, device: StreamDevice, depth: int = DEFAULT_DEPTH,
                  clock: Callable[[], float] = time.monotonic, *, event_new_s: float = 0.0,
                  event_record_s: float = 0.0, fails: Callable[[int], bool] | None = None,
-                 spin_activity: float = 0.0) -> None:
+                 spin_activity: float = 0.0, main: SimStream | None = None) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise GPUInvalidArgumentError(f"stream depth is how many kernels may wait (>= 1), got {depth!r}")
         self.device = device
+        self._main: SimStream = self if main is None else main  # the GPU's main stream: events' pool, current stream
+        self._sides: list[SimStream] = []
+        self._current: threading.local = threading.local() if main is None else main._current  # each thread's current stream
         self.depth = depth
         self._clock = clock
         self._cv = threading.Condition()
@@ -216,7 +270,8 @@ class SimStream:
         self._fails = fails  # whether the n-th recorded event raises (an injected fault)
         self.spin_activity = spin_activity  # > 0: out of work, the GPU spins (a pipeline wait's NCCL kernel)
         self.spins: list[tuple[float, float]] = []  # (start, end) of each spin, GPU time
-        self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-stream", daemon=True)
+        kind = "stream" if main is None else "side-stream"
+        self._thread = threading.Thread(target=self._run, name=f"perseus-sim-gpu{device.index}-{kind}", daemon=True)
         self._thread.start()
 
     # ---------------------------------------------------------------- host side
@@ -249,41 +304,75 @@ class SimStream:
             self._cv.notify_all()
         return launch
 
-    def record(self) -> SimEvent:
-        """An event at the current end of the stream (never blocks): a recycled one when the pool
-        has one (``event_record_s`` of host CPU), else a new one (``event_new_s``)."""
-        self.events_recorded += 1
-        if self._fails is not None and self._fails(self.events_recorded):
+    def record(self, stream: SimStream | None = None) -> SimEvent:
+        """An event at the current end of ``stream`` (None: the calling thread's current stream, as
+        ``torch.cuda.Event.record()``); never blocks. A recycled one when the pool has one
+        (``event_record_s`` of host CPU), else a new one (``event_new_s``)."""
+        main = self._main
+        main.events_recorded += 1
+        if main._fails is not None and main._fails(main.events_recorded):
             event: SimEvent = FailingEvent()
-            self.events_created += 1
-        elif self._pool:
-            event = self._pool.pop()
+            main.events_created += 1
+        elif main._pool:
+            event = main._pool.pop()
             event._rearm()
-            self.event_cost_s[threading.get_ident()] += self.event_record_s
+            main.event_cost_s[threading.get_ident()] += main.event_record_s
         else:
             event = SimEvent()
-            self.events_created += 1
-            self.event_cost_s[threading.get_ident()] += self.event_new_s
+            main.events_created += 1
+            main.event_cost_s[threading.get_ident()] += main.event_new_s
+        (stream if stream is not None else self.current_stream())._put(event)
+        return event
+
+    def _put(self, event: SimEvent) -> None:
         event.gpu_time_s = self._clock()  # when recorded: the GPU reaches it no earlier
         with self._cv:
             if not self._queue and self._unfinished == 0:
                 event._complete(event.gpu_time_s)  # nothing in flight: the GPU is already there
             else:
                 self._queue.append(event)  # the device thread is busy: it finds the event in time
-        return event
 
     def recycle(self, event: SimEvent) -> None:
         """A completed event nobody reads any more may be recorded again (``record`` takes it)."""
         if not isinstance(event, FailingEvent):
-            self._pool.append(event)
+            self._main._pool.append(event)
+
+    def bind_thread(self) -> None:
+        """Nothing to bind: the simulated GPU has no per-thread device (``CudaEventRecorder``'s has)."""
+
+    # ---------------------------------------------------------------- side streams
+    def side(self) -> SimStream:
+        """A new side stream on this GPU (``torch.cuda.Stream()``); closed with the main stream."""
+        main = self._main
+        stream = SimStream(_SideDevice(main.device, main._clock), main.depth, main._clock, main=main)
+        with main._cv:
+            main._sides.append(stream)
+        return stream
+
+    def current_stream(self) -> SimStream:
+        """The calling thread's current stream: the main stream unless ``using`` made another one so."""
+        current: SimStream | None = getattr(self._current, "stream", None)
+        return self._main if current is None else current
+
+    @contextmanager
+    def using(self, stream: SimStream) -> Iterator[SimStream]:
+        """Make ``stream`` the calling thread's current stream inside the block (``torch.cuda.stream``)."""
+        if stream._main is not self._main:
+            raise GPUInvalidArgumentError("a stream of another simulated GPU cannot be made current here")
+        before = getattr(self._current, "stream", None)
+        self._current.stream = stream
+        try:
+            yield stream
+        finally:
+            self._current.stream = before
 
     def ahead(self) -> int:
         """Kernels launched and not finished: how far the host runs ahead of the GPU."""
         return self._unfinished
 
     def synchronize(self) -> None:
-        """Wait until everything launched so far has run (a ``.item()`` or a device sync)."""
-        self.record().synchronize()
+        """Wait until everything launched on this stream so far has run (a ``.item()``)."""
+        self.record(self).synchronize()
         with self._cv:
             self._raise_if_failed()
 
@@ -293,7 +382,12 @@ class SimStream:
             return list(self._history)
 
     def close(self) -> None:
-        """Run what is queued (an open kernel ends with no further work), then stop the device thread."""
+        """Run what is queued (an open kernel ends with no further work), then stop the device thread
+        (a main stream's side streams' too)."""
+        with self._cv:
+            sides, self._sides = self._sides, []
+        for side in sides:
+            side.close()
         with self._cv:
             for launch in self._open:
                 launch.close(0.0)

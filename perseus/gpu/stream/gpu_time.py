@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from perseus.gpu.errors import GPUError
 from perseus.gpu.meter.energy import AfterLast, CounterUpdate, energy_at
+from perseus.gpu.stream.compute_stream import JoinedEvent, event_parts
 from perseus.gpu.stream.follow import BoundaryEvent, EventRecorder, StreamFollower
 from perseus.gpu.meter.timing import TimedInstruction
 
@@ -71,13 +72,19 @@ class SimTimeline:
 
 class CudaTimeline:
     """``torch.cuda.Event(enable_timing=True)``: the follower's sighting anchors, ``elapsed_time``
-    (ms, on the GPU's clock) places the rest."""
+    (ms, on the GPU's clock) places the rest; a boundary on two streams (``JoinedEvent``) is at
+    its later part."""
 
     def anchor_time(self, anchor: Any, seen_s: float) -> float:
         return seen_s
 
     def seconds_between(self, earlier: Any, later: Any) -> float:
-        return float(earlier.elapsed_time(later)) / 1e3
+        if not isinstance(earlier, JoinedEvent) and not isinstance(later, JoinedEvent):
+            return float(earlier.elapsed_time(later)) / 1e3
+        ref, *rest = event_parts(earlier)
+        late_ms = max(float(ref.elapsed_time(p)) for p in event_parts(later))
+        early_ms = max([0.0] + [float(ref.elapsed_time(p)) for p in rest])
+        return (late_ms - early_ms) / 1e3
 
 
 @dataclass(frozen=True)

@@ -134,20 +134,26 @@ def test_a_fence_waits_about_a_step_not_for_a_step_far_longer_than_the_last_ones
 
 
 class _FakeCudaEvent:
+    """A ``torch.cuda.Event`` stand-in; ``calls`` notes each query with its thread."""
+
+    calls: list[tuple[object, int]] | None = None
+
     def __init__(self, enable_timing: bool = False) -> None:
         pass
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
         pass
 
     def query(self) -> bool:
+        if self.calls is not None:
+            self.calls.append(("query", threading.get_ident()))
         return True
 
     def synchronize(self) -> None:
         pass
 
 
-def fake_torch(device: int, calls: list[tuple[int, int]], fail: bool = False) -> types.ModuleType:
+def fake_torch(device: int, calls: list[tuple[object, int]], fail: bool = False) -> types.ModuleType:
     def set_device(index: int) -> None:
         calls.append((index, threading.get_ident()))
         if fail:
@@ -155,14 +161,16 @@ def fake_torch(device: int, calls: list[tuple[int, int]], fail: bool = False) ->
 
     torch = types.ModuleType("torch")
     torch.cuda = types.SimpleNamespace(is_available=lambda: True, Event=_FakeCudaEvent,
-                                       current_device=lambda: device, set_device=set_device)
+                                       current_device=lambda: device, set_device=set_device,
+                                       current_stream=lambda device=None: "default")
     return torch
 
 
-def test_the_follower_thread_makes_the_events_device_its_own(monkeypatch) -> None:
+def test_the_follower_thread_makes_the_events_device_its_own_before_its_first_query(monkeypatch) -> None:
     """On a real GPU the follower's first CUDA call would create a context on GPU 0 otherwise."""
-    calls: list[tuple[int, int]] = []
+    calls: list[tuple[object, int]] = []
     monkeypatch.setitem(sys.modules, "torch", fake_torch(3, calls))
+    monkeypatch.setattr(_FakeCudaEvent, "calls", calls)
 
     class NoEnergy:
         def since(self, t_s: float) -> list:
@@ -175,8 +183,9 @@ def test_the_follower_thread_makes_the_events_device_its_own(monkeypatch) -> Non
         assert ran.wait(2.0)
     finally:
         timeline.close()
-    assert [index for index, _ in calls] == [3]
-    assert calls[0][1] != threading.get_ident()  # on the follower's thread, not the training thread's
+    follower_thread = calls[0][1]
+    assert calls[0][0] == 3 and follower_thread != threading.get_ident()  # on the follower's thread, first
+    assert [what for what, _ in calls] == [3, "query"] and calls[1][1] == follower_thread
 
 
 def test_a_device_that_cannot_be_bound_fails_the_follower(monkeypatch) -> None:
