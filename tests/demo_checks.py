@@ -40,6 +40,7 @@ from perseus.frontier import Frontier, FrontierPoint, load_frontier
 from perseus.gpu.sim.dvfs import get_preset
 from perseus.planner.handoff import sending_keys, with_handoff
 from perseus.profile import InstructionProfile, Profile, load_json
+from perseus.profile.unlocked import Unlocked, is_unlocked
 from perseus.runtime.port.clock_trace import InstructionTrace, from_dict, kernel_on_model
 from perseus.runtime.clocks.straggler import StragglerPolicy
 from perseus.timeline.simulator import longest_path_finish, max_frequency_plan, simulate_plan
@@ -88,12 +89,15 @@ def true_profile(cfg: DemoSettings, keys: Iterable[tuple[int, int, str]]) -> Pro
     model = get_preset(cfg.sim_gpu["preset"])
     clocks = model.supported_sm_clocks()
     runs = [model.throttled_clock(f, 1.0, model.tdp_w) for f in clocks]
+    unlocked_runs = model.throttled_clock(model.sm_max_mhz, 1.0, model.tdp_w)  # no lock: the card's own DVFS
     entries = {}
     for stage, chunk, kind in keys:
         nominal = cfg.nominal_s(stage)[kind]
         entries[(stage, chunk, kind)] = InstructionProfile(
             tuple(clocks), tuple(model.kernel_time_s(nominal, f) for f in runs),
-            tuple(model.kernel_energy_j(nominal, f) for f in runs))
+            tuple(model.kernel_energy_j(nominal, f) for f in runs),
+            Unlocked(model.kernel_time_s(nominal, unlocked_runs), model.kernel_energy_j(nominal, unlocked_runs),
+                     unlocked_runs))
     return Profile(entries, model.p_blocking_w, model.name)
 
 
@@ -150,9 +154,18 @@ class Accounting:
                 f"{100 * self.applied_slowdown:+.2f} %)")
 
 
+def default_clock_mhz(cfg: DemoSettings) -> int:
+    """The clock the simulated GPU reports set with no lock (default clocks): its max clock, which
+    its own DVFS then throttles under the power limit, as ``true_profile``'s ``Unlocked`` runs."""
+    return get_preset(cfg.sim_gpu["preset"]).sm_max_mhz
+
+
 def applied_share(results: list[dict[str, Any]], frontier: Frontier, point: FrontierPoint,
-                  steps: list[int]) -> float:
+                  steps: list[int], default_mhz: int) -> float:
     """Share of the instructions of ``steps`` that ended at ``point``'s planned clock.
+
+    An instruction planned unlocked (``UNLOCKED_MHZ``: default clocks) ran as planned where the GPU
+    held no lock: the clock recorded is then the GPU's default one, ``default_mhz``.
 
     Also checks what is exact: each of those iterations executed the stage plan's instructions
     in the planned order.
@@ -165,7 +178,7 @@ def applied_share(results: list[dict[str, Any]], frontier: Frontier, point: Fron
         for step in steps:
             executed = by_step[step]["instructions"]
             assert [i[:3] for i in executed] == want, f"rank {result['rank']} step {step}: executed order differs from the plan"
-            hits += sum(i[3] == f for i, (_, f) in zip(executed, plan))
+            hits += sum(i[3] == (default_mhz if is_unlocked(f) else f) for i, (_, f) in zip(executed, plan))
             total += len(plan)
     assert total, "no deployed instructions to check"
     return hits / total
@@ -190,7 +203,7 @@ def account(results: list[dict[str, Any]], cfg: DemoSettings, cache_dir: Path, p
     base = simulate_plan(dag, truth, max_frequency_plan(dag, truth))
     applied = [simulate_plan(dag, truth, clocks) for clocks in applied_clocks(results, frontier, steps)]
     return Accounting(plan.time_s, plan.energy_j, base.time_s, base.energy_j,
-                      applied_share(results, frontier, point, steps),
+                      applied_share(results, frontier, point, steps, default_clock_mhz(cfg)),
                       slowdown_bound(measured, true_profile(cfg, measured.entries)),
                       median(a.time_s for a in applied), median(a.energy_j for a in applied))
 
@@ -350,7 +363,7 @@ def check_straggler_run(results: list[dict[str, Any]], cfg: DemoSettings, stragg
     point = find_point(frontier, data["time_s"], data["energy_j"])
     matched = [s for s in window if s >= matched_at and slowed[0][s] == data["slowdown"]]
     assert matched, (matched_at, window)
-    share = applied_share(others, frontier, point, matched)
+    share = applied_share(others, frontier, point, matched, default_clock_mhz(cfg))
     assert share >= APPLIED_SHARE, f"matched plan's clocks applied: {100 * share:.1f} %"
     pace = frontier.default_point().time_s * ratios[0]
     assert frontier.paced_energy_j(point, pace) < frontier.paced_energy_j(frontier.default_point(), pace)

@@ -5,7 +5,8 @@ into one sorted table of the clocks the file uses, packed as a little-endian uin
 more than 256 clocks appear) matrix points × instructions, zlib-compressed and base64-encoded.
 At 16,384 instructions and hundreds of points that is megabytes where version 1, which spells out
 ``{kind, microbatch, chunk, freq_mhz}`` for every instruction of every point, needs hundreds.
-The layout is documented in docs/frontier-format.md.
+The layout is documented in docs/frontier-format.md. An unlocked instruction's clock
+(``UNLOCKED_MHZ``: default clocks) is spelled ``"unlocked"`` in the clock table.
 
 The same JSON document is what the runtime sends between ranks (``perseus.runtime.plane.collective``).
 """
@@ -24,7 +25,9 @@ import numpy as np
 from perseus.atomic import write_atomic
 from perseus.errors import FrontierError
 from perseus.frontier.model import Frontier, FrontierPoint, thin_points
+from perseus.frontier.non_compute import NonCompute
 from perseus.frontier.v1 import decode_v1_points, document_head, document_provenance
+from perseus.profile.unlocked import UNLOCKED_MHZ, UNLOCKED_NAME, is_unlocked
 from perseus.schedules import Instruction, InstructionKind, Schedule, build_schedule
 
 FORMAT = "perseus-frontier"
@@ -48,7 +51,7 @@ def encode_frontier_json(frontier: Frontier, max_points: int | None = None) -> d
         "instructions": [[_encode_instruction(i) for i in stage] for stage in sched.stages],
         **document_provenance(frontier),
         "metadata": dict(frontier.metadata),
-        "clocks_mhz": table.tolist(),
+        "clocks_mhz": [UNLOCKED_NAME if is_unlocked(f) else f for f in table.tolist()],
         "points": _encode_block(points, index[: len(points)], len(table)),
         "paced_points": _encode_block(paced, index[len(points) :], len(table)),
     }
@@ -159,6 +162,7 @@ def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
             solve_time_s=float(data.get("solve_time_s", 0.0)),
             metadata=dict(data.get("metadata") or {}),
             paced_points=paced,
+            non_compute=_non_compute(data.get("non_compute"), source),
         )
     except FrontierError:
         raise
@@ -166,6 +170,14 @@ def frontier_from_json_dict(data: Any, source: str = "<json>") -> Frontier:
         raise FrontierError(f"{source}: malformed frontier file (missing field {exc.args[0]!r})") from None
     except Exception as exc:  # noqa: BLE001 - malformed structure: report where, not a deep traceback
         raise FrontierError(f"{source}: malformed frontier file ({type(exc).__name__}: {exc})") from None
+
+
+def _non_compute(data: Any, source: str) -> NonCompute:
+    """The file's ``non_compute`` object; absent (every file written before it existed): none."""
+    try:
+        return NonCompute.from_json(data)
+    except FrontierError as exc:
+        raise FrontierError(f"{source}: {exc}") from None
 
 
 def _check_instructions(stages: Any, schedule: Schedule, source: str) -> None:
@@ -180,6 +192,9 @@ def _check_instructions(stages: Any, schedule: Schedule, source: str) -> None:
 
 
 def _decode_table(values: Any, source: str) -> np.ndarray:
+    """The clock table; ``"unlocked"`` (default clocks, the card's own DVFS) is ``UNLOCKED_MHZ``."""
+    if isinstance(values, list):
+        values = [UNLOCKED_MHZ if v == UNLOCKED_NAME else v for v in values]
     table = np.asarray(values, dtype=np.int64)
     if table.ndim != 1 or table.size == 0 or (table.size > 1 and not (np.diff(table) > 0).all()):
         raise FrontierError(f"{source}: \"clocks_mhz\" must be a non-empty, strictly increasing list of clocks")

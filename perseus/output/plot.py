@@ -28,6 +28,7 @@ from perseus.output.run_data import Run, Step
 from perseus.output.run_stats import comparison
 from perseus.output.wording import energy_change
 from perseus.profile import Profile
+from perseus.profile.unlocked import is_unlocked
 from perseus.timeline.simulator import IterationTimeline, max_frequency_plan, simulate_plan
 
 IMAGE_FORMATS = ("png", "pdf", "svg")
@@ -96,7 +97,11 @@ def _draw_timeline(ax: Axes, dag: InstructionDAG, timeline: IterationTimeline, f
         stage = int(dag.node_stage[v])
         start, width = float(timeline.start_s[v]), float(timeline.finish_s[v] - timeline.start_s[v])
         y = num_stages - 1 - stage
-        ax.add_patch(Rectangle((start, y + 0.08), width, 0.84, facecolor=cmap(norm(freqs[v])), edgecolor="black", linewidth=0.4))
+        # unlocked (default clocks, planned as clock 0): the top of the scale, hatched, not the bottom
+        unlocked = is_unlocked(int(freqs[v]))
+        color = cmap(1.0 if unlocked else norm(freqs[v]))
+        ax.add_patch(Rectangle((start, y + 0.08), width, 0.84, facecolor=color, edgecolor="black", linewidth=0.4,
+                               hatch="//" if unlocked else None))
         if width >= min_label_width:
             ax.text(start + width / 2, y + 0.5, inst.short(), ha="center", va="center", fontsize=7)
     ax.set_xlim(0, xmax)

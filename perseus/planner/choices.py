@@ -4,7 +4,9 @@ The planner minimises Σ (e − P_b·t) over instructions subject to the deadlin
 frequency becomes a choice with time ``t`` and *effective cost* ``c = e − P_b·t``. A choice that
 is slower and not cheaper in ``c`` than another can never help (it lengthens paths and costs more)
 and is dropped. Instructions that share a profile entry (all forwards of a stage) share one table,
-so tables are built once per (stage, chunk, kind) and nodes refer to them by index.
+so tables are built once per (stage, chunk, kind) and nodes refer to them by index. A kind whose
+profile knows the unlocked card also has the choice ``UNLOCKED_MHZ`` and none of its clocks above
+its sustained one (``perseus.planner.unlocked.choice_clocks``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perseus.schedules.dag import InstructionDAG
+from perseus.planner.unlocked import choice_clocks
 from perseus.profile import InstructionProfile, Profile
 
 
@@ -34,9 +37,10 @@ class ChoiceTable:
 
 def useful_choices(measured: InstructionProfile, p_blocking_w: float) -> ChoiceTable:
     """Drop choices dominated in (time, effective cost); keep the rest fastest first."""
-    times = np.asarray(measured.times_s, dtype=float)
-    energies = np.asarray(measured.energies_j, dtype=float)
-    freqs = np.asarray(measured.freqs_mhz, dtype=np.int64)
+    clocks = choice_clocks(measured)
+    times = np.asarray([t for _, t, _ in clocks], dtype=float)
+    energies = np.asarray([e for _, _, e in clocks], dtype=float)
+    freqs = np.asarray([f for f, _, _ in clocks], dtype=np.int64)
     costs = energies - p_blocking_w * times
     # Sort by time, ties broken by cost, then by higher frequency (deterministic choice).
     order = np.lexsort((-freqs, costs, times))

@@ -30,7 +30,8 @@ from perseus.profile import InstructionProfile, Profile
 from perseus.profile.model import ProfileKey
 from perseus.schedules import Schedule
 from perseus.schedules.dag import InstructionDAG
-from perseus.timeline.simulator import max_frequency_plan, simulate_plan
+from perseus.planner.unlocked import reference_plan
+from perseus.timeline.simulator import simulate_plan
 
 ITERATIONS = 40  # bisection steps: the interval shrinks 2^40-fold, far below a microsecond
 MIN_EXCESS = 0.002  # a measured step within this fraction of the model's needs no hand-off
@@ -49,26 +50,31 @@ def sending_keys(schedule: Schedule) -> frozenset[ProfileKey]:
 
 
 def with_handoff(profile: Profile, handoff_s: float, senders: Collection[ProfileKey]) -> Profile:
-    """``profile`` with the ``senders``' entries ``handoff_s`` longer at every clock, idle at P_blocking."""
+    """``profile`` with the ``senders``' entries ``handoff_s`` longer at every clock (and unlocked),
+    idle at P_blocking."""
     if handoff_s < 0 or not math.isfinite(handoff_s):
         raise PerseusError(f"a hand-off time is seconds >= 0, got {handoff_s!r}")
     if handoff_s == 0:
         return profile
     idle_j = handoff_s * profile.require_p_blocking()
     entries = {key: InstructionProfile(e.freqs_mhz, tuple(t + handoff_s for t in e.times_s),
-                                       tuple(j + idle_j for j in e.energies_j)) if key in senders else e
+                                       tuple(j + idle_j for j in e.energies_j),
+                                       None if e.unlocked is None else
+                                       replace(e.unlocked, time_s=e.unlocked.time_s + handoff_s,
+                                               energy_j=e.unlocked.energy_j + idle_j)) if key in senders else e
                for key, e in profile.entries.items()}
     return replace(profile, entries=entries)
 
 
 def calibrate_handoff(schedule: Schedule, profile: Profile, measured_s: float) -> float:
-    """The hand-off per instruction that makes the all-max makespan ``measured_s`` (0 when the
+    """The hand-off per instruction that makes the all-max makespan (``reference_plan``: the
+    unlocked card where the profile knows it, as warm-up ran) ``measured_s`` (0 when the
     model is within ``MIN_EXCESS`` of it or above it: a profile's pessimism is not a hand-off; at
     most ``MAX_SHARE`` of the shortest sender's time)."""
     if measured_s <= 0 or not math.isfinite(measured_s):
         raise PerseusError(f"a measured step time is seconds > 0, got {measured_s!r}")
     dag = InstructionDAG.from_schedule(schedule)
-    freqs = max_frequency_plan(dag, profile)
+    freqs = reference_plan(dag, profile)
     senders = sending_keys(schedule)
     if not senders:  # one stage: nothing is handed off
         return 0.0

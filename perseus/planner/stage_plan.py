@@ -12,8 +12,9 @@ cached or provided one (at start-up). Rank 0 sends each rank its own stage's byt
 replicas of a stage receive the same bytes, and a rank owns all virtual chunks of its stage. ``decode_stage`` checks the slice against the rank's own
 schedule, so a plan is never applied to another instruction order.
 
-``lookup``, ``paced_lookup`` and ``default_point`` choose the same point as the ``Frontier``
-they were cut from (tests/runtime/supply/test_stage_plan.py compares them).
+``lookup``, ``lookup_slowdown``, ``paced_lookup`` and ``default_point`` choose the same point as
+the ``Frontier`` they were cut from, whose non-compute time each slice carries
+(tests/runtime/supply/test_stage_plan.py compares them).
 
 With a clock-switch latency to hide, a rank also needs each point's planned timeline of its
 stage (when each instruction begins and ends, ``StagePlan.timeline``), because the runtime times
@@ -37,9 +38,10 @@ import numpy as np
 
 from perseus.errors import FrontierError
 from perseus.schedules.dag import InstructionDAG
-from perseus.frontier import Frontier, FrontierPoint, clock_table
+from perseus.frontier import NO_NON_COMPUTE, Frontier, FrontierPoint, NonCompute, clock_table
 from perseus.profile import Profile
 from perseus.schedules import Instruction, Schedule
+from perseus.planner.unlocked import with_unlocked_clock
 from perseus.timeline.simulator import plan_timelines
 
 WIRE_VERSION = 1
@@ -75,6 +77,7 @@ class StagePlan:
         gpu_name: str = "unknown",
         solve_time_s: float = 0.0,
         timing: np.ndarray | None = None,
+        non_compute: NonCompute = NO_NON_COMPUTE,
     ) -> None:
         if not points:
             raise FrontierError("a stage plan needs at least one point")
@@ -97,6 +100,7 @@ class StagePlan:
         self.index = index
         self.gpu_name = gpu_name
         self.solve_time_s = solve_time_s
+        self.non_compute = non_compute  # the iteration's time outside the instructions (the frontier's)
         self.points = [StagePoint(t, e, i) for i, (t, e) in enumerate(points)]
         self.paced_points = [StagePoint(t, e, len(points) + i) for i, (t, e) in enumerate(paced_points)]
         self.points.sort(key=lambda p: p.time_s)
@@ -124,6 +128,14 @@ class StagePlan:
     def default_point(self) -> StagePoint:
         """Least energy with no slowdown against the all-max-frequency baseline."""
         return self.lookup(self.baseline_time_s)
+
+    def lookup_slowdown(self, max_slowdown: float) -> StagePoint:
+        """Least-energy point whose job slowdown, non-compute time included, is at most ``max_slowdown``."""
+        return self.lookup(self.non_compute.time_budget_s(self.baseline_time_s, max_slowdown))
+
+    def non_compute_energy_j(self) -> float:
+        """The whole pipeline's non-compute energy per iteration (``Frontier.non_compute``)."""
+        return self.non_compute.energy_j(self.p_blocking_w, self.num_stages)
 
     def clocks(self, point: StagePoint) -> np.ndarray:
         """This stage's planned clocks (MHz) of ``point``, in execution order."""
@@ -175,10 +187,11 @@ def stage_slice(frontier: Frontier, stage: int) -> slice:
 
 def frontier_timing(frontier: Frontier, profile: Profile) -> np.ndarray:
     """Every point's (then every paced point's) planned begin and end of every instruction,
-    ``(rows, 2, instructions)`` float32 seconds, simulated on ``profile``."""
+    ``(rows, 2, instructions)`` float32 seconds, simulated on ``profile`` (unlocked instructions at
+    its unlocked points)."""
     dag = InstructionDAG.from_schedule(frontier.schedule)
     plans = np.stack([np.asarray(p.freqs_mhz) for p in frontier.points + frontier.paced_points])
-    begin, end = plan_timelines(dag, profile, plans)
+    begin, end = plan_timelines(dag, with_unlocked_clock(profile), plans)
     return np.stack([begin, end], axis=1).astype(np.float32)
 
 
@@ -203,6 +216,7 @@ def encode_stage(frontier: Frontier, stage: int, timing: np.ndarray | None = Non
         "baseline": (frontier.baseline_time_s, frontier.baseline_energy_j),
         "gpu_name": frontier.gpu_name,
         "solve_time_s": frontier.solve_time_s,
+        "non_compute": frontier.non_compute.as_json() if frontier.non_compute else None,
         "times": np.array([p.time_s for p in rows]).tobytes(),
         "energies": np.array([p.energy_j for p in rows]).tobytes(),
         "num_points": len(frontier.points),
@@ -251,6 +265,7 @@ def decode_stage(data: bytes, schedule: Schedule, stage: int) -> StagePlan:
             gpu_name=str(doc["gpu_name"]),
             solve_time_s=float(doc["solve_time_s"]),
             timing=timing,
+            non_compute=NonCompute.from_json(doc.get("non_compute")),
         )
     except FrontierError:
         raise

@@ -3,8 +3,8 @@
 The CSV is what the Perseus/Zeus tools write (``stage,instruction,frequency,time,energy`` and an
 optional ``chunk`` column, plus the optional clock-note columns ``reasons`` and ``equal_to_mhz``);
 the JSON is versions 1 and 2 of ``perseus.profile.encode``'s document (version 1 has no quality;
-files without clock notes or a switch latency load with none). Every error names the file, the
-row and the problem.
+files without clock notes, a switch latency, unlocked points, work between steps or notes load
+with none). Every error names the file, the row and the problem.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from perseus.errors import ProfileError
 from perseus.profile.encode import CSV_COLUMNS, CSV_NOTE_COLUMNS, PROFILE_FORMAT, PROFILE_VERSIONS
 from perseus.profile.model import (ClockNote, InstructionProfile, Profile, ProfileKey, StageClock, SwitchLatency,
                                    check_positive, required_kinds)
+from perseus.profile.unlocked import Unlocked
 from perseus.schedules import FUSED, KINDS
 
 
@@ -161,7 +163,7 @@ def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
             for f, t, e in zip(freqs, times, energies):
                 yield stage, chunk, kind, f, t, e, f"{where} at {f} MHz"
 
-    entries = _assemble(rows(), source)
+    entries = _with_unlocked(_assemble(rows(), source), data.get("unlocked"), source)
     quality = _quality(measurements, source)
     p_blocking = data.get("p_blocking_w")
     if p_blocking is not None:
@@ -171,7 +173,66 @@ def profile_from_json_dict(data: Any, source: str = "<json>") -> Profile:
         raise ProfileError(f"{source}: \"config\" must be an object")
     notes, sustained = _clock_notes(data, source)
     return Profile(entries, p_blocking, str(data.get("gpu_name", "unknown")), config, source, quality, notes, sustained,
-                   _switch_latency(data.get("switch_latency"), source))
+                   _switch_latency(data.get("switch_latency"), source),
+                   _between_steps(data.get("between_steps"), source), _notes(data.get("notes"), source))
+
+
+def _between_steps(raw: Any, source: str) -> dict[int, InstructionProfile]:
+    """The optional ``between_steps`` list, one stage's work between steps per item (absent in older profiles)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise ProfileError(f"{source}: \"between_steps\" must be a list")
+    out: dict[int, InstructionProfile] = {}
+    for n, item in enumerate(raw):
+        where = f"{source}: between_steps[{n}]"
+        try:
+            stage, freqs, times, energies = int(item["stage"]), item["freq_mhz"], item["time_s"], item["energy_j"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{where}: missing or invalid field ({exc})") from None
+        if not (isinstance(freqs, list) and isinstance(times, list) and isinstance(energies, list)) or not freqs \
+                or not len(freqs) == len(times) == len(energies):
+            raise ProfileError(f"{where}: freq_mhz, time_s, energy_j must be non-empty lists, equally long")
+        if stage < 0 or stage in out:
+            raise ProfileError(f"{where}: stage must be >= 0 and appear once, got {stage}")
+        for f, t, e in zip(freqs, times, energies):
+            for value, what in ((f, "frequency"), (t, "time"), (e, "energy")):
+                check_positive(value, what, f"{where} at {f} MHz")
+        out[stage] = InstructionProfile(tuple(int(f) for f in freqs), tuple(times), tuple(energies))
+    return out
+
+
+def _notes(raw: Any, source: str) -> dict[str, str]:
+    """The optional ``notes`` object: how the profile was measured, names to words."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise ProfileError(f"{source}: \"notes\" must map names to text")
+    return dict(raw)
+
+
+def _with_unlocked(entries: dict[ProfileKey, InstructionProfile], raw: Any,
+                   source: str) -> dict[ProfileKey, InstructionProfile]:
+    """``entries`` with the optional top-level ``unlocked`` points (absent in older profiles)."""
+    if raw is None:
+        return entries
+    if not isinstance(raw, list):
+        raise ProfileError(f"{source}: \"unlocked\" must be a list")
+    out = dict(entries)
+    for n, item in enumerate(raw):
+        where = f"{source}: unlocked[{n}]"
+        try:
+            key = (int(item["stage"]), int(item.get("chunk", 0)), str(item["kind"]))
+            sustained = item.get("sustained_mhz")
+            point = Unlocked(item["time_s"], item["energy_j"], None if sustained is None else int(sustained))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProfileError(f"{where}: missing or invalid field ({exc})") from None
+        except ProfileError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+        if key not in out:
+            raise ProfileError(f"{where}: stage {key[0]} chunk {key[1]} {key[2]} has no measurements")
+        out[key] = replace(out[key], unlocked=point)
+    return out
 
 
 def _switch_latency(raw: Any, source: str) -> SwitchLatency | None:

@@ -6,7 +6,12 @@ profile without quality is still written as version 1 so older readers take it. 
 JSON's top-level ``clock_notes`` and ``sustained_mhz``, and to CSV's optional ``reasons``
 (``;``-separated) and ``equal_to_mhz`` columns. The measured switch latency goes to JSON's optional
 top-level ``switch_latency`` (``{"seconds": s, "samples": n}``) in either version: readers before
-it skip unknown top-level fields, so the version stays; the CSV has no place for it.
+it skip unknown top-level fields, so the version stays; the CSV has no place for it. What the
+unlocked card did under each kind goes to JSON's optional top-level ``unlocked`` (one object per
+(stage, chunk, kind): ``time_s``, ``energy_j``, ``sustained_mhz``) the same way; not to the CSV.
+So do each stage's work between steps (optional top-level ``between_steps``: one object per stage,
+``freq_mhz``, ``time_s``, ``energy_j`` as a measurement's) and how the profile was measured
+(optional top-level ``notes``, names to words).
 
 Why this module never imports the model: ``Profile``'s save methods call it, so it reads a
 profile through the structural types below instead.
@@ -29,6 +34,17 @@ CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 CSV_NOTE_COLUMNS = ("reasons", "equal_to_mhz")  # optional
 
 
+class UnlockedData(Protocol):
+    """What writing reads of an ``Unlocked``."""
+
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def energy_j(self) -> float: ...
+    @property
+    def sustained_mhz(self) -> int | None: ...
+
+
 class MeasurementsData(Protocol):
     """What writing reads of an ``InstructionProfile``."""
 
@@ -38,6 +54,8 @@ class MeasurementsData(Protocol):
     def times_s(self) -> tuple[float, ...]: ...
     @property
     def energies_j(self) -> tuple[float, ...]: ...
+    @property
+    def unlocked(self) -> UnlockedData | None: ...
 
 
 class ClockNoteData(Protocol):
@@ -77,6 +95,10 @@ class ProfileData(Protocol):
     def sustained_mhz(self) -> Mapping[int, int]: ...
     @property
     def switch_latency(self) -> SwitchLatencyData | None: ...
+    @property
+    def between_steps(self) -> Mapping[int, MeasurementsData]: ...
+    @property
+    def notes(self) -> Mapping[str, str]: ...
 
 
 def encode_profile_json(profile: ProfileData) -> dict[str, Any]:
@@ -103,8 +125,18 @@ def encode_profile_json(profile: ProfileData) -> dict[str, Any]:
                               for (stage, f), note in sorted(profile.clock_notes.items())]
     if profile.sustained_mhz:
         out["sustained_mhz"] = {str(stage): f for stage, f in sorted(profile.sustained_mhz.items())}
+    unlocked = [{"stage": stage, "chunk": chunk, "kind": kind, "time_s": p.unlocked.time_s,
+                 "energy_j": p.unlocked.energy_j, "sustained_mhz": p.unlocked.sustained_mhz}
+                for (stage, chunk, kind), p in sorted(profile.entries.items()) if p.unlocked is not None]
+    if unlocked:
+        out["unlocked"] = unlocked
     if profile.switch_latency is not None:
         out["switch_latency"] = {"seconds": profile.switch_latency.seconds, "samples": profile.switch_latency.samples}
+    if profile.between_steps:
+        out["between_steps"] = [{"stage": stage, "freq_mhz": list(p.freqs_mhz), "time_s": list(p.times_s),
+                                 "energy_j": list(p.energies_j)} for stage, p in sorted(profile.between_steps.items())]
+    if profile.notes:
+        out["notes"] = dict(profile.notes)
     return out
 
 

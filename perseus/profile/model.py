@@ -16,13 +16,22 @@ An online profile also keeps, per (stage, clock), what the card reported there
 names, e.g. ``sw_power_cap``), and for clocks above the stage's sustained clock (the clock the
 unlocked card ran at under this load: locking higher changes nothing) that the point was not
 profiled but recorded equal to the sustained clock's measurement (``equal_to_mhz``), plus each
-stage's sustained clock (``Profile.sustained_mhz``). Both are optional.
+stage's sustained clock (``Profile.sustained_mhz``). Both are optional. Each instruction kind
+may also carry what the unlocked card did under it (``InstructionProfile.unlocked``, an
+``Unlocked``: its own sustained clock, its time and energy at default clocks), which a plan
+chooses with the clock ``UNLOCKED_MHZ`` (``perseus.profile.unlocked``).
 
 An online profile also says how long a clock change took to land on the card
 (``Profile.switch_latency``, a ``SwitchLatency``: the median request-to-applied time over the
 sweep's clock changes and how many there were), so a run that reuses the profile hides the same
 latency (the planner's ``switch_latency_s``, the runtime's request lead). Optional: a profile
 from a backend that does not report its applied clock, or an older one, has none.
+
+An online profile also keeps each stage's work between steps (``Profile.between_steps``: the
+optimizer and the gradient all-reduce after a step's last instruction, 30-40 ms at high power on an
+H200) as its own time and energy per clock, not billed at P_blocking nor to the instructions; and
+notes on how it was measured (``Profile.notes``, e.g. ``p_blocking_source``: the pipeline's own
+waits, or a gloo receive on an idle GPU where no wait was long enough). Both optional.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import Any, Mapping
 from perseus.errors import ProfileError
 from perseus.profile.encode import encode_profile_json, profile_csv_rows, save_profile_csv, save_profile_json
 from perseus.schedules import FUSED, KINDS, SPLIT_BACKWARD, InstructionKind, Schedule
+from perseus.profile.unlocked import UNLOCKED_MHZ, Unlocked
 
 QUALITY_FIELDS = ("raw_time_s", "fitted_time_s", "fit_residual_s", "samples", "spread_s", "se_s", "interpolated")
 
@@ -75,11 +85,13 @@ class SwitchLatency:
 
 @dataclass(frozen=True)
 class InstructionProfile:
-    """Time and energy of one (stage, chunk, kind) at each frequency, fastest clock first."""
+    """Time and energy of one (stage, chunk, kind) at each frequency, fastest clock first, and
+    on the unlocked card (``unlocked``; None: not measured)."""
 
     freqs_mhz: tuple[int, ...]
     times_s: tuple[float, ...]
     energies_j: tuple[float, ...]
+    unlocked: Unlocked | None = None
 
     def __post_init__(self) -> None:
         order = sorted(range(len(self.freqs_mhz)), key=lambda i: -self.freqs_mhz[i])
@@ -88,7 +100,12 @@ class InstructionProfile:
         object.__setattr__(self, "energies_j", tuple(float(self.energies_j[i]) for i in order))
 
     def at(self, freq_mhz: int) -> tuple[float, float]:
-        """(time, energy) at a measured frequency."""
+        """(time, energy) at a measured frequency, or on the unlocked card (``UNLOCKED_MHZ``): its
+        measurement, else (a profile that never measured it, e.g. a model's) the highest clock's."""
+        if freq_mhz == UNLOCKED_MHZ:
+            if self.unlocked is not None:
+                return self.unlocked.time_s, self.unlocked.energy_j
+            return self.times_s[0], self.energies_j[0]
         try:
             i = self.freqs_mhz.index(int(freq_mhz))
         except ValueError:
@@ -111,6 +128,9 @@ class Profile:
     clock_notes: Mapping[StageClock, ClockNote] = field(default_factory=dict)
     sustained_mhz: Mapping[int, int] = field(default_factory=dict)
     switch_latency: SwitchLatency | None = None  # measured while profiling; None: unknown
+    # stage -> its work between steps at each profiled clock; how the profile was measured (name -> words)
+    between_steps: Mapping[int, InstructionProfile] = field(default_factory=dict)
+    notes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def num_stages(self) -> int:

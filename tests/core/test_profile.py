@@ -92,3 +92,15 @@ def test_p_blocking_is_required_and_validated(tmp_path):
         p.require_p_blocking()
     with pytest.raises(ProfileError, match="P_blocking must be a positive"):
         p.with_p_blocking(math.nan)
+
+
+def test_the_unlocked_card_is_its_measurement_else_the_highest_clock():
+    """A plan may name the unlocked card; a profile that measured it answers with that, one that did
+    not (a model's, an older file's) with its highest clock, the baseline it always stood for."""
+    from perseus.profile import InstructionProfile
+    from perseus.profile.unlocked import UNLOCKED_MHZ, Unlocked
+
+    plain = InstructionProfile((1410, 1200), (0.010, 0.012), (2.0, 1.8))
+    assert plain.at(UNLOCKED_MHZ) == (0.010, 2.0)
+    measured = InstructionProfile((1410, 1200), (0.010, 0.012), (2.0, 1.8), Unlocked(0.0095, 2.1, 1530))
+    assert measured.at(UNLOCKED_MHZ) == (0.0095, 2.1)

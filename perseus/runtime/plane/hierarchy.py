@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from perseus.errors import ProfileError
-from perseus.profile.aggregate import RankMeasurements, combine_tensor_parallel, replica_vector, replicas_mean
+from perseus.profile.aggregate import (RankMeasurements, combine_kinds, combine_tensor_parallel, replica_vector,
+                                       replicas_mean)
 from perseus.runtime.config import ControlPlaneDesign
 from perseus.runtime.plane.axis_group import AxisGroup
 from perseus.runtime.plane.collective import DEFAULT_TIMEOUT_S, Collective, PairChannel, PipelineRow, collective_errors
@@ -230,12 +231,14 @@ class HierarchicalCollective(Collective):
             pb = replica.p_blocking_w
             total = torch.tensor(vector + [pb or 0.0, 1.0 if pb is not None else 0.0], dtype=torch.float64)
             dp.all_reduce(total, dist.ReduceOp.SUM)
+            kinds = dp.gather_objects(replica.kinds)  # warm-up's per kind: their mean, as aggregate_profile's
             if dp.index != 0:
                 return None
             values = total.tolist()
             replica = RankMeasurements(me.stage, 0, 0, replicas_mean(values[:-2], dp.size, keys, grid),
                                        values[-2] / values[-1] if values[-1] else None, replica.gpu_name,
-                                       sustained_mhz=replica.sustained_mhz, reasons=replica.reasons)  # replica 0's
+                                       sustained_mhz=replica.sustained_mhz, reasons=replica.reasons,  # replica 0's
+                                       kinds=combine_kinds(kinds or [replica.kinds], "mean"))
         pipeline = self._axes.get("pp")
         stages = pipeline.gather_objects(replica) if pipeline is not None else [replica]
         return stages if self.is_root else None
