@@ -65,9 +65,10 @@ class SimulatedCompute:
     started and its times are the kernel's. ``gpu_step_s`` is the runtime's own step time
     (``StepMetrics.gpu_step_s``) where the runtime timed the step, else None.
 
-    A step ends with the GPU's step tail where its model has one (``SimulatedKernels.step_end``: the
-    optimizer and all-reduce, inside the step as on a real trainer), and every iteration also keeps
-    the simulator's exact energy (``true_energy_j``), the truth a real card's meter is judged by.
+    A step ends with the GPU's step tail where its model has one (the runtime launches it at its step
+    end, ``SimulatedKernels.step_end``: the optimizer and all-reduce, inside the step as on a real
+    trainer), and every iteration also keeps the simulator's exact energy (``true_energy_j``), the
+    truth a real card's meter is judged by.
     """
 
     def __init__(self, runtime: Any, gpu: Any, nominal_s: dict[str, float] | None = None) -> None:
@@ -105,11 +106,14 @@ class SimulatedCompute:
         self._step_true0 = self.gpu.true_energy_j()
 
     def on_step_end(self) -> None:
-        self.kernels.step_end()  # the optimizer's GPU work, where the simulated GPU has it
         if self.stream is None:
+            tail = self.kernels.device.model.step_tail_s > 0  # the runtime's step end runs it: measured after
+            if tail:
+                self.listener.on_step_end()
             self.iterations.append(self._iteration(time.perf_counter() - self._step_t0,
                                                    self.gpu.total_energy_j() - self._step_e0, None))
-            self.listener.on_step_end()
+            if not tail:
+                self.listener.on_step_end()
             return
         records = self.listener.reporter.records
         timed = len(records)

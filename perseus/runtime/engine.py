@@ -57,7 +57,7 @@ class PerseusRuntime:
         self.job = job
         self.config = c = config if config is not None else PerseusConfig()
         self._closed = self._stopped = False
-        self._hot = _HOT_IDLE
+        self._hot = _HOT_PROFILE  # warm-up times instructions one by one: the clock sustained under each kind
         self.sim_kernels: SimulatedKernels | None = None  # on a simulated GPU: each instruction is a kernel
         self.clock_trace: ClockTrace | None = None  # per-instruction clock events, with trace_clocks only
         self.prometheus: Any = None  # the PrometheusExporter when prometheus_port is set
@@ -176,14 +176,17 @@ class PerseusRuntime:
     def on_step_end(self) -> None:
         if self.clock_trace is not None and not self._closed:
             self.clock_trace.step_end()
-        if not self.enabled or self._closed or self._stopped or not self._in_step:
+        live = self.enabled and not self._closed and not self._stopped and self._in_step
+        if live and self._hot == _HOT_DEPLOY:
+            self.deployment.step_ending()  # default clocks for the work between steps (deploy.py)
+        if self.sim_kernels is not None:  # the simulated GPU's optimizer tail, where its model has one
+            self.sim_kernels.step_end(self.steps.host.mark_tail)
+        if not live:
             return
         self._in_step = False
-        if self._hot == _HOT_DEPLOY:
-            self.deployment.step_ending()
         phase = self.phases.phase
-        self.measured = numbers = self.steps.step_end(phase is Phase.PROFILING)  # GPU time where the GPU runs behind
-        step_time, energy, span = numbers.time_s, numbers.energy_j, numbers.span_s
+        self.measured = numbers = self.steps.step_end(phase in (Phase.PROFILING, Phase.WARMUP))  # GPU time where behind
+        step_time, energy, span, between = numbers.time_s, numbers.energy_j, numbers.span_s, numbers.non_instruction_s
         profiling = self.supply.profiling if phase is Phase.PROFILING else None
         probe = phase is Phase.DEPLOYED and self.loop.probing  # this step ran at default clocks
         record = self.observe.record(self)
@@ -191,11 +194,11 @@ class PerseusRuntime:
         self._check_notices()
         try:
             if phase is Phase.WARMUP:
-                self.supply.warmup_spans.append(span)  # the all-max step as the job runs it (planner.handoff)
+                self.supply.warmup_step(numbers)  # the all-max step as the job runs it (hand-off, non-compute time)
                 if self.step >= self.config.warmup_steps:
                     self._end_warmup()
             elif phase is Phase.PROFILING:
-                if profiling is not None and profiling.step(list(numbers.instructions), step_time, energy):
+                if profiling is not None and profiling.take(numbers):
                     self._finish_profiling()
             elif phase is Phase.PLANNING:
                 self._poll_plan()
@@ -204,7 +207,7 @@ class PerseusRuntime:
                 self._after_deployed_step(natural_time(numbers.straggler_s, 1.0 if probe else self.targeting.slowdown),
                                           float("nan") if energy is None else energy)  # unmeasured: NaN (job check)
                 running = self.phases.phase is Phase.DEPLOYED  # fallen back or not, a window's end is a collective
-                decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time, running)
+                decision = self.loop.end_step(span, energy, self.targeting, self.frontier, step_time, running, between)
                 if decision is not None:  # every rank the same, at the same step: an event; a faster point or fallback
                     self._event("guard", self.loop.event(decision))
                     for what, data in self.loop.notes(self.is_root):
@@ -224,7 +227,7 @@ class PerseusRuntime:
 
     def _end_warmup(self) -> None:
         self.reporter.set_baseline([r for r in self.reporter.records if r.phase is Phase.WARMUP])
-        self._event("sustained_clock", self.gpu.end_warmup_clocks().as_dict())  # the sweep starts there
+        self._event("sustained_clock", self.gpu.end_warmup_clocks(self.supply.warmup_timed).as_dict())  # sweep starts
         phase, why = after_warmup(self.frontier is not None, self.supply.have_profile, self.config.mode)
         {Phase.DEPLOYED: self._deploy, Phase.PLANNING: self._start_planning,
          Phase.PROFILING: self._start_profiling}.get(phase, lambda: self._steady(why or ""))()
@@ -237,8 +240,7 @@ class PerseusRuntime:
                 self._fall_back(f"{FALLBACK_EVENTS[what]} on rank {self.rank}")
 
     def _fall_back(self, problem: str) -> None:
-        """Default clocks from the next step on (in its records too), if a plan runs and did not fall
-        back yet. Between steps only (a hook's is ``Deployment.diverged``): the host resets the clock."""
+        """Default clocks from the next step on if a plan runs and has not fallen back (the host resets them)."""
         if self.phases.phase is Phase.DEPLOYED and self.deployment.problem is None:
             self._hot = _HOT_IDLE
             self.deployment.fall_back(problem, between_steps=True)
@@ -420,10 +422,8 @@ class PerseusRuntime:
         return self.observe.summary(self.observe.facts(self))
 
     def close(self, *, plan_wait_s: float | None = None) -> None:
-        """Reset clocks to default and release the GPU; idempotent, safe in error paths.
-
-        While planning, rank 0 first gives the planner up to ``plan_wait_s`` (default: the config's
-        ``close_plan_wait_s``) to write the frontier to the cache (``planning.finish_at_close``)."""
+        """Reset clocks to default and release the GPU; idempotent, safe in error paths. While planning, rank 0 first
+        gives the planner up to ``plan_wait_s`` (default ``close_plan_wait_s``) to cache the frontier (``planning``)."""
         if self._closed:
             return
         self._closed, self._hot = True, _HOT_IDLE

@@ -15,14 +15,12 @@ class _Kernels:
 
     def __init__(self, log: list[str]):
         self.log, self.padded = log, []
-        self.device = SimpleNamespace(asynchronous=False)  # a synchronous simulated GPU
+        # a synchronous simulated GPU without a step tail (the runtime's step end would run one)
+        self.device = SimpleNamespace(asynchronous=False, model=SimpleNamespace(step_tail_s=0.0))
 
     def pad(self, t_max_s: float) -> None:
         self.log.append("pad")
         self.padded.append(t_max_s)
-
-    def step_end(self) -> None:
-        """No step tail (a plain simulated GPU)."""
 
 
 class _Recorder:

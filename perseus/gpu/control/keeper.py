@@ -57,6 +57,9 @@ class ClockKeeper:
         self.checked_at = self.applied_at
         self.last_error = ""  # "<ErrorType>: <message>" of the last refused call
         self.refusals = 0  # refused calls in a row (retries included); 0 after one goes through
+        # refused locks since the last lock that went through: resets between them (a plan resets
+        # the clocks after every step) neither end nor hide a lock refused for good
+        self.lock_refusals = 0
         self._retry: tuple[int | None, float] | None = None  # (target, when) of the refused call to retry
 
     def restart(self) -> None:
@@ -65,6 +68,7 @@ class ClockKeeper:
         self.failed = None
         self.overrides = 0
         self.refusals, self._retry = 0, None
+        self.lock_refusals = 0
 
     def apply(self, target: int | None, *, force: bool = False) -> Outcome:
         """Bring the device to ``target`` (None = reset). A refusal that may pass is retried later
@@ -92,16 +96,23 @@ class ClockKeeper:
             self.last_error = f"{type(exc).__name__}: {exc}"
             return self._refused(target, exc)
         self.refusals, self._retry = 0, None
+        if target is not None:
+            self.lock_refusals = 0
         self.current = target
         self.applied_at = self._clock()
         return "applied"
 
     def _refused(self, target: int | None, exc: Exception) -> Outcome:
         self.refusals += 1
-        if _may_pass(exc) and self.refusals <= len(RETRY_DELAYS_S):
-            self._retry = (target, self._clock() + RETRY_DELAYS_S[self.refusals - 1])
+        if target is not None:
+            self.lock_refusals += 1
+        spent = max(self.refusals, self.lock_refusals)
+        if _may_pass(exc) and spent <= len(RETRY_DELAYS_S):
+            self._retry = (target, self._clock() + RETRY_DELAYS_S[spent - 1])
             return "retrying"
         self.refusals, self._retry = 0, None
+        if target is not None:
+            self.lock_refusals = 0
         if target is not None:
             self.give_up(self.last_error)
         return "error"

@@ -24,6 +24,10 @@ i is seen to begin, stamped with the time it is due; otherwise the follower wait
 No request is handed where the clock does not change, and no event is recorded at a boundary
 nothing hangs on (an instruction whose clock and next clock are the one already asked for), unless
 the caller keeps it (the step timer's): an event is the hook's largest cost on a real card.
+
+A request for ``mhz`` <= 0 is one for default clocks (the controller's reset): the GPU's work
+between steps runs there (``ahead``), and counts as the highest clock when a switch's direction
+sets its lead.
 """
 
 from __future__ import annotations
@@ -80,18 +84,18 @@ class StreamClocks:
             if prev is None or prev[1] is None:
                 self.follower.follow(event, lambda seen: self._request(mhz, None))
             else:
-                self._hang(prev, mhz, down=last is not None and mhz < last)
+                self._hang(prev, mhz, down=_lower(mhz, last))
         if next_mhz is not None and planned_s is not None and next_mhz != mhz:
             self._last_mhz = next_mhz
             self.requests += 1
-            self._hang((event, planned_s), next_mhz, down=next_mhz < mhz)
+            self._hang((event, planned_s), next_mhz, down=_lower(next_mhz, mhz))
         return event
 
     def ahead(self, mhz: int) -> None:
-        """The clock of the next instruction, handed now because a host gap comes first (the next
-        step's first instruction, at step end): requested as if it followed the last instruction
-        handed, so it is in effect when that work is done; the next ``instruction`` with this clock
-        sends nothing."""
+        """The clock of the GPU's work after the last instruction handed (at step end: the work
+        between steps, at default clocks), requested as if it followed that instruction, so it is
+        in effect when the instruction is done. Nothing hangs on the work after it: the next
+        ``instruction`` asks for its own clock at its own begin, and sends nothing if it is this one."""
         prev, self._prev = self._prev, None
         last = self._last_mhz
         if mhz == last:
@@ -101,7 +105,7 @@ class StreamClocks:
         if prev is None or prev[1] is None:
             self.follower.follow(self.recorder.record(), lambda seen: self._request(mhz, None))
             return
-        self._hang(prev, mhz, down=last is not None and mhz < last)
+        self._hang(prev, mhz, down=_lower(mhz, last))
 
     def _hang(self, prev: tuple[BoundaryEvent, float | None], mhz: int, down: bool = False) -> None:
         """The request for ``mhz`` on ``prev`` (an instruction's begin event, its planned time).
@@ -133,3 +137,10 @@ class StreamClocks:
         """The next instruction starts a fresh chain (after a fallback or a plan change)."""
         self._prev = None
         self._last_mhz = None
+
+
+def _lower(mhz: int, than: int | None) -> bool:
+    """Whether a switch from ``than`` to ``mhz`` goes down (default clocks, <= 0, are the highest)."""
+    if than is None or mhz <= 0:
+        return False
+    return than <= 0 or mhz < than

@@ -3,6 +3,18 @@ and the hooks that ask for its clock switches at planned times (``TimedSwitches`
 deployed point by ``SwitchTiming``). ``Deployment`` holds both for the point being run, with what
 the deployed steps gather for the periodic job check.
 
+The GPU's work between steps (the optimizer, the gradient all-reduce: 30-40 ms at high power on
+an H200) is no planned instruction: it runs at default clocks (``BETWEEN_STEPS_MHZ``), asked for
+after a step's last instruction, and the next step's first clock is asked for at that step's first
+instruction, not ahead across that work (where it would run at a planned, maybe low, clock). A
+GPU with no such work (``works_between_steps``: a simulated one without a step tail) keeps one
+lock across steps: the next step's first clock is asked for ahead, as for any instruction.
+
+A planned clock may be ``UNLOCKED_MHZ``: default clocks, the card's own DVFS (the GPU stream reads
+a clock <= 0 so; on the host it is ``GPUPort.release``, asked once until a locked clock is). No
+locked clock above the one this card sustained under the instruction's kind in warm-up is ever
+asked for (``capped``): the card would throttle back to it anyway.
+
 The plan is only valid for the instruction order it was made for. ``PlanFollower.next`` is called
 on every instruction (the hottest path in perseus): it compares the executed instruction with
 the planned one by index — a tuple comparison and a list read, nothing else — and returns the
@@ -22,14 +34,18 @@ from typing import Sequence
 from perseus.runtime.plane.collective import Collective, PipelineRow
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort
+from perseus.runtime.port.gpu_timeline import RESET_MHZ
 from perseus.runtime.clocks.job_check import JobCheck, job_check, start_check
+from perseus.gpu.meter.clock_samples import SustainedClock
 from perseus.planner.stage_plan import StagePlan, StagePoint
+from perseus.profile.unlocked import UNLOCKED_MHZ
 from perseus.schedules import Instruction
 from perseus.timeline.switch_timing import TimedRequest, request_schedule
 
 log = logging.getLogger("perseus.runtime")
 
 GAP_STEPS = 5  # steps whose time between steps sets the shift of requests made for the next step
+BETWEEN_STEPS_MHZ = RESET_MHZ  # the clock of the GPU's work between steps: default (unlocked) clocks
 
 
 class TimedSwitches:
@@ -171,11 +187,17 @@ class PlanFollower:
         )
         return -1
 
-    def peek(self) -> int:
-        """The clock of the instruction after the last one followed (the next step's first at the
-        end of a step): what to request ahead, so the switch lands before it starts."""
+    def peek(self) -> int | None:
+        """The clock of the instruction after the last one followed: what to request ahead, so the
+        switch lands before it starts; None after the step's last (the work between steps runs at
+        default clocks, and the next step's first clock is asked for at its own begin)."""
         pos = self._pos
-        return self._freqs[pos] if pos < len(self._freqs) else self._freqs[0]
+        return self._freqs[pos] if pos < len(self._freqs) else None
+
+    @property
+    def first(self) -> int:
+        """The clock of a step's first instruction (0 for a plan of none: nothing to ask for)."""
+        return self._freqs[0] if self._freqs else 0
 
     @property
     def index(self) -> int:
@@ -242,6 +264,8 @@ class Deployment:
         self._pending: tuple[Future[list[PipelineRow]], int] | None = None
         self.problem: str | None = None  # why this rank runs default clocks; None while it follows
         self._warned = False
+        self._unlocked: bool | None = None  # whether the host asked for default clocks last (None: unknown)
+        self.between_steps = works_between_steps(gpu)  # default clocks after a step's last instruction
 
     def restart(self) -> None:
         """A (new) deployment: the job check counts from here."""
@@ -250,27 +274,57 @@ class Deployment:
         self._pending = None  # every rank restarts at the same step: the answer is dropped everywhere
 
     def follow(self, plan: StagePlan, point: StagePoint) -> None:
-        """Follow ``point``'s clocks of this stage from the next instruction on."""
-        pairs = plan.stage_plan(point, self.stage)
+        """Follow ``point``'s clocks of this stage from the next instruction on (``capped``)."""
+        pairs = capped(plan.stage_plan(point, self.stage), getattr(self.gpu, "sustained", None))
         self.follower = PlanFollower(pairs, self.stage)
+        self._unlocked = None
         if self.gpu.timeline is not None:  # requests follow the stream (gpu_timeline.py), in GPU time
             self.timed = None
             timeline = plan.timeline(point)
             clocks = [int(f) for _, f in pairs]
             planned: list[float | None] = ([float(e - b) for b, e in zip(*timeline)] if timeline is not None
                                            else [None] * len(clocks))
-            # the last one's next clock: the next step's first (handed ahead at step end, ``step_ending``)
-            self.stream_requests = list(zip(clocks, planned, clocks[1:] + clocks[:1]))
+            # the last one's next clock: the work between steps' (default), the next step's first is
+            # asked for at its own begin (``step_ending``)
+            after = [BETWEEN_STEPS_MHZ] if self.between_steps else clocks[:1]
+            self.stream_requests = list(zip(clocks, planned, clocks[1:] + after))
             self.watches_end = False
             if pairs:  # between steps (the GPU passed the last one's end): the first clock, in effect now
-                self.gpu.apply(pairs[0][1])
+                first = pairs[0][1]
+                if first == UNLOCKED_MHZ:
+                    self.gpu.reset()
+                else:
+                    self.gpu.apply(first)
             return
         self.timed = self.switches.for_point(plan, point, [f for _, f in pairs])
         self.watches_end = self.timed is not None or self.switches.switch_ahead
         if self.timed is not None and pairs:
             # The new plan's first clock at once (and no request of the old plan still held): the
-            # requests for a step's first instructions are made in the step before.
-            self.gpu.request_now(pairs[0][1])
+            # requests for a step's first instructions are made in the step before. ``_ask`` with
+            # the host's state unknown: ``request_now`` (default clocks: ``release``), not a timed one.
+            self._ask(pairs[0][1])
+
+    def _ask(self, freq: int) -> None:
+        """A planned clock asked for on the host now: default clocks for ``UNLOCKED_MHZ`` (once
+        until a locked clock is asked for), else the clock where it is not the one asked already."""
+        gpu = self.gpu
+        if freq == UNLOCKED_MHZ:
+            if self._unlocked is not True:
+                self._unlocked = True
+                gpu.release()
+        elif self._unlocked is not False:  # released (the port reads default clocks, maybe this one) or unknown
+            self._unlocked = False
+            gpu.request_now(freq)
+        elif freq != gpu.current_mhz:
+            gpu.request(freq)
+
+    def _ask_at(self, freq: int, at: float) -> None:
+        """A timed switch, held until ``at``. The controller holds clocks, not resets, so an unlocked
+        instruction's switch is the card's default clock locked at ``at``: a reset sent now would
+        run the instructions before it at default clocks (the unlocked card's clock under their load
+        wherever the default clock is above what the power cap sustains)."""
+        self._unlocked = False
+        self.gpu.request_at(self.gpu.default_mhz if freq == UNLOCKED_MHZ else freq, at)
 
     # ---------------------------------------------------------------- the hooks (hot path: O(1))
 
@@ -296,9 +350,9 @@ class Deployment:
             index = follower.index  # type: ignore[union-attr]  # as above: a point is followed
             if timed.watches(index, False):
                 for clock, at in timed.begin(index, monotonic()):
-                    self.gpu.request_at(clock, at)
-        elif freq != self.gpu.current_mhz:
-            self.gpu.request(freq)
+                    self._ask_at(clock, at)
+        else:
+            self._ask(freq)
         return freq
 
     def end_instruction(self) -> None:
@@ -311,18 +365,32 @@ class Deployment:
             index = self.follower.index  # type: ignore[union-attr]  # hooks run only while following a point
             if timed.watches(index, True):
                 for clock, at in timed.end(index, monotonic()):
-                    self.gpu.request_at(clock, at)
+                    self._ask_at(clock, at)
         elif self.switches.switch_ahead:
-            freq = self.follower.peek()  # type: ignore[union-attr]  # hooks run only while following a point
-            if freq != self.gpu.current_mhz:
-                self.gpu.request(freq)
+            follower = self.follower
+            freq = follower.peek()  # type: ignore[union-attr]  # hooks run only while following a point
+            if freq is None and not self.between_steps:  # nothing runs between steps: the next step's first
+                freq = follower.first  # type: ignore[union-attr]  # as above
+            if freq is not None:  # None: the step's last, default clocks next (``step_ending``)
+                self._ask(freq)
 
     def step_ending(self) -> None:
-        """The step's last instruction was handed (before the step's end): with a GPU timeline, the
-        next step's first clock is asked for now, in GPU time, not after the host's gap."""
+        """The step's last instruction was handed (before the step's end and its work between
+        steps): default clocks for that work, with a GPU timeline in GPU time, in effect when the
+        GPU finishes the last instruction (``StreamClocks.ahead``); on the host at once, unless
+        timed switches hold the plan's own requests across the gap. A GPU with no work between
+        steps (``works_between_steps``) gets the next step's first clock ahead instead."""
         stream, follower = self.gpu.timeline, self.follower
-        if stream is not None and follower is not None and not follower.broken:
-            stream.ahead(follower.peek())
+        if follower is None or follower.broken:
+            return
+        if not self.between_steps:  # no work between steps: the next step's first clock, in GPU time
+            if stream is not None:
+                stream.ahead(follower.first)
+            return
+        if stream is not None:
+            stream.ahead(BETWEEN_STEPS_MHZ)
+        elif self.timed is None:
+            self._ask(UNLOCKED_MHZ)  # once: not again after an unlocked last instruction
 
     def fall_back(self, problem: str, *, between_steps: bool = False) -> None:
         """Default clocks from now on, for ``problem``: from a hook without waiting, for the work
@@ -367,3 +435,24 @@ class Deployment:
             return None
         # Asked a whole check period ago: answered by now (gloo's timeout bounds it if a rank died).
         return job_check(previous[0].result(), job, previous[1], collective.is_root, answered_step=step)
+
+
+def capped(pairs: Sequence[tuple[Instruction, int]], sustained: SustainedClock | None) -> list[tuple[Instruction, int]]:
+    """The plan's clocks with none above the one this card sustained under the instruction's kind
+    in warm-up (``SustainedClock.by_key``; a kind without one keeps its clocks): a locked clock
+    there runs at that one anyway. Unlocked instructions stay unlocked."""
+    by_key = sustained.by_key if sustained is not None else {}
+    out: list[tuple[Instruction, int]] = []
+    for inst, freq in pairs:
+        load = by_key.get((inst.chunk, inst.kind))
+        top = load.clock.mhz if load is not None else None
+        out.append((inst, min(int(freq), top) if top is not None and freq != UNLOCKED_MHZ else int(freq)))
+    return out
+
+
+def works_between_steps(gpu: object) -> bool:
+    """Whether the GPU runs work between steps that no instruction times (after a step's last
+    instruction, before the next one's first): a real GPU's optimizer and gradient all-reduce,
+    always assumed; a simulated GPU's only where its model has a step tail (the runtime runs it)."""
+    sim = getattr(gpu, "sim_device", None)
+    return sim is None or sim.model.step_tail_s > 0

@@ -7,9 +7,10 @@ is not (other nodes, other cooling, another profile); a guard that judges rank 0
 it. The job is as slow as its slowest pipeline, so it moves faster (or falls back) when any
 pipeline's test alarms, by the largest excess the alarming pipelines measured.
 
-What is judged (``StepNumbers.span_s``, given to ``ClosedLoop.end_step``): the span of the step's instructions, the part of the step the
-plan's clocks control. Host work outside the instructions (data loading before the first
-instruction, logging after the last) is reported, not judged.
+What is judged (``StepNumbers.judged_s``, given to ``ClosedLoop.end_step``): the span of the step's
+instructions, the part of the step the plan's clocks control, and the GPU's work between steps
+after the last one (optimizer, gradient all-reduce), which runs at default clocks in plan steps and
+probes alike. Host work before the first instruction (data loading) is reported, not judged.
 
 Whose span decides (``judging_stages``): a pipeline's iteration runs from its first instruction to
 its last, and only the stages that hold one of those (a source or a sink of the instruction DAG:

@@ -20,11 +20,17 @@ the step boundary until the device reports the new clock and keeps the time it t
 (``SwitchSample``); ``switch_latency`` makes the job's latency of them for the profile, which the
 planner and the GPU timeline's request lead then use (a card that takes 10 ms ran half a plan's
 instructions at the previous one's clock with the latency left at 0).
+
+Each profiled step's work between steps (optimizer, gradient all-reduce) is kept per clock as a
+bucket of its own (``between_steps.py``), and the first clock's steps measure P_blocking in the
+pipeline's own waits (``wait_power.py``), where the gloo receive at the start (an idle GPU) stays
+as the fallback; ``with_run_notes`` puts both in rank 0's profile.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from statistics import median
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
@@ -34,19 +40,23 @@ from perseus.gpu.meter.clock_samples import UNKNOWN, SustainedClock, reason_name
 from perseus.gpu.meter.energy import attribution_window_s
 from perseus.profile.fit import interpolation_ok, loo_errors
 from perseus.profile.aggregate import ClockPoint, RankMeasurements, as_point, noisy_points
-from perseus.profile.model import SwitchLatency
+from perseus.profile.model import Profile, SwitchLatency
 from perseus.runtime.measure.clock_sweep import ClockSweep, energy_stopped_falling, select_frequencies
 from perseus.runtime.plane.collective import Collective, CollectiveError
 from perseus.runtime.config import PerseusConfig
 from perseus.runtime.job import PipelineJob
 from perseus.runtime.port.gpu_port import GPUPort
-from perseus.runtime.measure.instruction_samples import Key, SweepRecorder
-from perseus.runtime.measure.sustained import agree_start, equal_above
+from perseus.runtime.measure import between_steps, wait_power
+from perseus.runtime.measure.between_steps import BetweenSteps
+from perseus.runtime.measure.instruction_samples import Key, SweepRecorder, power_limit_of
+from perseus.runtime.measure.wait_power import WaitPower
+from perseus.runtime.measure.sustained import agree_start, equal_above, kind_warmups
 
 if TYPE_CHECKING:
     from perseus.gpu.device import ClockEventReason
     from perseus.gpu.meter.energy import EnergyPoller
     from perseus.runtime.port.clock_trace import SwitchSample
+    from perseus.runtime.port.gpu_timeline import StepNumbers
 
 
 class ClockWatch(Protocol):
@@ -77,8 +87,14 @@ class ProfilingRun:
         self.reasons: dict[int, tuple[str, ...]] = {}  # clock -> reason names seen while measured there
         self._clocks = clocks
         self._clock_since = monotonic()
-        self.recorder = SweepRecorder(keys)
+        # no attributed power above the card's limit (a stand-in port without a device: none known)
+        self.recorder = SweepRecorder(keys, power_limit_of(getattr(gpu, "device", None)))
         self.p_blocking_w = 0.0
+        # where P_blocking came from (``wait_power``: WAITS, GLOO, CONFIGURED); the first clock's
+        # waits while they may still replace the gloo measurement (None: configured, resumed, decided)
+        self.p_blocking_source = wait_power.CONFIGURED if c.p_blocking_w is not None else wait_power.GLOO
+        self.waits: WaitPower | None = WaitPower() if c.p_blocking_w is None else None
+        self.between = BetweenSteps()  # the work between steps, per clock
         self.resumed_clocks: list[int] = []
         self._gpu = gpu
         self._collective = collective
@@ -118,6 +134,8 @@ class ProfilingRun:
         self.sweep.restore(partial["sweep"])
         self.resumed_clocks = list(self.sweep.visited)
         self.p_blocking_w = float(mine["p_blocking_w"])
+        self.p_blocking_source, self.waits = str(mine.get("p_blocking_source") or wait_power.GLOO), None
+        self.between.restore(mine.get(between_steps.EXTRA_KEY))
         return True
 
     def share(self) -> dict[str, Any]:
@@ -126,6 +144,7 @@ class ProfilingRun:
         assert job is not None
         return {"stage": job.stage, "tp_rank": job.tp_rank, "dp_rank": job.dp_rank, "p_blocking_w": self.p_blocking_w,
                 "trusted": self.trusted, "reasons": {str(f): list(names) for f, names in self.reasons.items()},
+                "p_blocking_source": self.p_blocking_source, between_steps.EXTRA_KEY: self.between.share(),
                 "measurements": [{"chunk": chunk, "kind": kind,
                                   "points": {str(f): list(as_point(p)) for f, p in per_freq.items()}}
                                  for (chunk, kind), per_freq in sorted(self.recorder.measurements.items())]}
@@ -142,13 +161,23 @@ class ProfilingRun:
         self._gpu.apply(self.sweep.current_mhz)
         self._clock_since = monotonic()
 
-    def step(self, timed: list[Any], step_time_s: float, energy_j: float | None) -> bool:
+    def take(self, numbers: StepNumbers) -> bool:
+        """``step`` with a step as the step clock measured it (its work between steps too)."""
+        return self.step(list(numbers.instructions), numbers.time_s, numbers.energy_j,
+                         between=(numbers.non_instruction_s, numbers.non_instruction_energy_j))
+
+    def step(self, timed: list[Any], step_time_s: float, energy_j: float | None,
+             between: tuple[float, float | None] = (0.0, None)) -> bool:
         """One profiled iteration (collectives at the end of each clock); True once the sweep is
         over, with the clocks back at default and the poller stopped. ``energy_j`` None: unmeasured
-        (its times still count; its energy is left out of the per-step attribution)."""
+        (its times still count; its energy is left out of the per-step attribution). ``between``:
+        its work between steps (seconds, joules or None)."""
         sweep, recorder, is_root = self.sweep, self.recorder, self._collective.is_root
         freq = sweep.current_mhz
         recorder.add_step(timed, step_time_s, energy_j, self.p_blocking_w, first=sweep.first_iteration)
+        self.between.add(*between)
+        if self.waits is not None:
+            self.waits.add_step(timed)
         if not sweep.count_iteration():
             return False
         if self._lengthen():
@@ -163,7 +192,9 @@ class ProfilingRun:
                              sweep.iters_per_freq, sweep.remeasured, self._remeasure_max)
                 return False
         updates = self._poller.updates() if self._poller is not None else None
+        self._wait_power(updates or [])
         energies = recorder.finish_frequency(freq, updates, self.p_blocking_w)
+        self.between.finish(freq)
         if self._clocks is not None:
             self.reasons[freq] = tuple(reason_names(self._clocks.clock_reasons_since(self._clock_since)))
         stopped = self._collective.all_true(energy_stopped_falling(self._lowest, energies))
@@ -193,6 +224,19 @@ class ProfilingRun:
                 len(recorder.fallback_reasons), recorder.fallback_reasons[0],
             )
         return True
+
+    def _wait_power(self, updates: list[Any]) -> None:
+        """At the end of the first clock measured: P_blocking from the pipeline's waits where they
+        were long enough (``wait_power.py``), else the gloo measurement stays; decided once."""
+        waits, self.waits = self.waits, None
+        found = waits.power_w(updates) if waits is not None else None
+        if found is None:
+            return
+        gloo, (self.p_blocking_w, seconds) = self.p_blocking_w, found
+        self.p_blocking_source = wait_power.WAITS
+        log.info("perseus: rank %d: P_blocking %.1f W in this stage's pipeline waits (%.2f s of them at %d MHz; the "
+                 "separate measurement on the idle GPU read %.1f W)", self._collective.rank, self.p_blocking_w,
+                 seconds, self.sweep.current_mhz, gloo)
 
     def _lengthen(self) -> bool:
         """Collective: measure this clock longer while its iterations span fewer energy-counter
@@ -234,9 +278,10 @@ class ProfilingRun:
             return
         failing: set[int] = set()
         own = self.sweep_start.own_mhz
-        for measured in self.recorder.measurements.values():
-            # above this rank's sustained clock the card ran at that one: nothing to interpolate there
-            per_freq = {f: p for f, p in measured.items() if own is None or f <= own}
+        for key, measured in self.recorder.measurements.items():
+            # above the clock sustained under this kind the card ran at that one: nothing to interpolate there
+            mine = self.sweep_start.own_for(key)
+            per_freq = {f: p for f, p in measured.items() if mine is None or f <= mine}
             freqs = sorted(per_freq, reverse=True)
             pts = [as_point(per_freq[f]) for f in freqs]
             for f, te, ee in loo_errors(freqs, [p.time_s for p in pts], [p.decision_energy_j for p in pts]):
@@ -277,8 +322,11 @@ class ProfilingRun:
         reasons = dict(self.reasons)
         if own is not None:
             reasons.update({f: tuple(reason_names(self.sustained.reasons)) for f in grid if f > own})
-        return RankMeasurements(job.stage, job.tp_rank, job.dp_rank, equal_above(self.recorder.measurements, own, grid),
-                                self.p_blocking_w, gpu_name, sustained_mhz=own, reasons=reasons)
+        extra = {between_steps.EXTRA_KEY: self.between.share(), "p_blocking_source": self.p_blocking_source}
+        measured = equal_above(self.recorder.measurements, own, grid, self.sweep_start.own_by_key)
+        return RankMeasurements(job.stage, job.tp_rank, job.dp_rank, measured, self.p_blocking_w, gpu_name, extra,
+                                sustained_mhz=own, reasons=reasons,
+                                kinds=kind_warmups(self.sweep_start, self.sustained, measured))
 
     def iterations(self) -> int:
         """Iterations this run spent profiling (a resumed run does not count the earlier one's)."""
@@ -294,6 +342,20 @@ class ProfilingRun:
         if self._gpu.reports_clock is False:
             return "the GPU does not report its applied clock"
         return f"fewer than {MIN_SWITCHES} clock changes were seen to land in this run's sweep"
+
+
+def with_run_notes(profile: Profile, ranks: Iterable[Any] | None) -> Profile:
+    """Rank 0's ``profile`` with what the ranks measured beside their instructions
+    (``RankMeasurements.extra``): each stage's work between steps and where P_blocking came from
+    (the hierarchical control plane's combined entries carry neither: the profile then has none)."""
+    ranks = [r for r in ranks or () if getattr(r, "extra", None)]
+    if not ranks:
+        return profile
+    notes = dict(profile.notes)
+    sources = [str(r.extra["p_blocking_source"]) for r in ranks if "p_blocking_source" in r.extra]
+    if sources:
+        notes["p_blocking_source"] = wait_power.source_note(sources)
+    return replace(profile, between_steps=between_steps.combine(ranks), notes=notes)
 
 
 def switch_latency_of(samples: Iterable[SwitchSample]) -> SwitchLatency | None:

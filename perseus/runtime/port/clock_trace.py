@@ -30,6 +30,8 @@ from statistics import median
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from perseus.profile.unlocked import UNLOCKED_MHZ
+
 if TYPE_CHECKING:
     from perseus.gpu.sim.device import SimulatedGPU
 
@@ -159,7 +161,9 @@ class ClockTrace:
         self._kernel = {"wait_returned": t_waited, "kernel_start": k.start, "kernel_s": k.duration_s,
                         "work_s": k.work_s, "start_mhz": k.start_mhz, "end_mhz": k.end_mhz,
                         "clock_applied_at": k.clock_applied_at,
-                        "model_s": self.device.kernel_time_s(k.work_s, planned if planned is not None else k.end_mhz)}
+                        # unplanned or unlocked (the card's own clock): the model at the clock it ran at
+                        "model_s": self.device.kernel_time_s(k.work_s, k.end_mhz if planned in (None, UNLOCKED_MHZ)
+                                                             else planned)}
 
     def end(self, t0: float, t1: float) -> None:
         """The end hook ran from ``t0`` to ``t1``."""
@@ -265,6 +269,7 @@ def breakdown(instructions: Iterable[InstructionTrace], steps: Iterable[StepTrac
     late = [lateness_s(i) for i in traced]
     late_pos = [x for x in late if x > 0]
     faster = sum(1 for i in all_inst if i.planned_mhz is not None and i.start_mhz is not None
+                 and i.planned_mhz != UNLOCKED_MHZ  # default clocks: no card runs above them
                  and i.start_mhz > i.planned_mhz)  # the traced ones (clocks narrowed to int)
 
     def per(fn: Callable[[InstructionTrace], float]) -> float:

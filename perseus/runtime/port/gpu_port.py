@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.gpu.device import ENERGY_UPDATE_PERIOD_S
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from perseus.gpu.meter.energy import EnergyPoller
     from perseus.gpu.control.notice import ClockNotice
     from perseus.gpu.sim.device import SimulatedGPU
-    from perseus.gpu.meter.timing import InstructionTimer
+    from perseus.gpu.meter.timing import InstructionTimer, TimedInstruction
     from perseus.runtime.plane.collective import Collective, PairChannel
     from perseus.runtime.config import PerseusConfig
 
@@ -133,9 +133,12 @@ class GPUPort:
 
     def request_now(self, mhz: int) -> None:
         """Ask for a clock at once, dropping the timed requests the controller still holds (a new
-        plan's first clock)."""
+        plan's first clock, a step's first after the work between steps ran at default clocks);
+        noted in the clock trace, if any."""
         self.current_mhz = mhz
         self.controller.set_frequency(mhz)
+        if self.trace is not None:
+            self.trace.requested(mhz, monotonic())
 
     @contextmanager
     def _host_change(self) -> Iterator[None]:
@@ -376,17 +379,24 @@ class GPUPort:
 
     # ---------------------------------------------------------------- the clock under load
 
-    def end_warmup_clocks(self) -> SustainedClock:
+    def end_warmup_clocks(self, instructions: Sequence[TimedInstruction] = ()) -> SustainedClock:
         """The clock the unlocked card sustained in the later half of warm-up (the poller's busy
-        samples, snapped to a supported clock) and the reasons it reported; kept as ``sustained``."""
-        from perseus.gpu.meter.clock_samples import nearest_clock, sustained_clock
+        samples, snapped to a supported clock) and the reasons it reported, and the same per
+        instruction key of warm-up's timed ``instructions`` (``kind_loads``); kept as ``sustained``."""
+        from perseus.gpu.meter.clock_samples import kind_loads, nearest_clock, sustained_clock
 
         now = monotonic()
         since = self._poller_started_s + 0.5 * (now - self._poller_started_s)
-        found = sustained_clock(self.energy_source().clock_samples(since))
-        if found.mhz is not None and self.supported_mhz:
-            found = replace(found, mhz=nearest_clock(found.mhz, self.supported_mhz))
-        self.sustained = found
+        samples = self.energy_source().clock_samples(since)
+        found = sustained_clock(samples)
+        loads = kind_loads(samples, [i for i in instructions if i.start_s >= since])
+        if self.supported_mhz:
+            def snap(clock: SustainedClock) -> SustainedClock:
+                return clock if clock.mhz is None else replace(clock, mhz=nearest_clock(clock.mhz, self.supported_mhz))
+
+            found = snap(found)
+            loads = {key: replace(load, clock=snap(load.clock)) for key, load in loads.items()}
+        self.sustained = found = replace(found, by_key=loads)
         return found
 
     def clock_reasons_since(self, t_s: float) -> frozenset[ClockEventReason]:

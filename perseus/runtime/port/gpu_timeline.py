@@ -21,7 +21,9 @@ with CUDA, the simulated GPU's asynchronous mode) the hooks only record events o
 - the step timer (``GPUStepTimer``) shares those begin events, and a step's begin is its first
   instruction's: one event per boundary, none where nothing hangs on it (an instruction whose
   clock does not change and that the timer does not mark). A step's time is the GPU span of its
-  instructions, its non-instruction work (optimizer, gradient all-reduce) a bucket of its own;
+  instructions and its work between steps (optimizer, gradient all-reduce: after its last
+  instruction up to its end event), a bucket of its own, at default clocks when a plan runs
+  (``Deployment.step_ending``);
 - energy is the poller thread's counter updates interpolated at the step's GPU times: no
   energy read on the training thread.
 
@@ -43,14 +45,15 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import monotonic
-from typing import Any, Protocol
+from typing import Protocol
 
 from perseus.gpu.stream.gpu_time import GPUStep, GPUStepTimer, StreamTimeline, non_instruction_work
 from perseus.gpu.errors import GPUError
 from perseus.gpu.meter.energy import AfterLast, CounterUpdate, energy_at
 from perseus.gpu.stream.clocks import StreamClocks
+from perseus.gpu.stream.compute_stream import ComputeStream, StreamRecorder
 from perseus.gpu.stream.follow import BoundaryEvent, FollowMechanism, StreamFollower
 from perseus.gpu.meter.timing import CPUInstructionTimer, InstructionTimer, TimedInstruction
 
@@ -58,18 +61,10 @@ RESET_MHZ = 0  # a stream request for default clocks (the controller's reset), n
 SPAN = "__instructions__"  # the one mark of a step whose instructions are not timed one by one
 
 
-class RecyclingRecorder(Protocol):
-    """``SimStream`` and ``CudaEventRecorder``: record an event, take a finished one back."""
-
-    def record(self) -> Any: ...
-
-    def recycle(self, event: Any) -> None: ...
-
-
 class _PooledRecorder:
     """Records through ``base`` and gives a step's events back once nobody reads them."""
 
-    def __init__(self, base: RecyclingRecorder) -> None:
+    def __init__(self, base: ComputeStream) -> None:
         self._base = base
         self._issued: list[BoundaryEvent] = []
         self._generations: deque[tuple[list[BoundaryEvent], int]] = deque()
@@ -113,7 +108,10 @@ class _Requests:
 class StepNumbers:
     """One step as the runtime reports it (seconds, joules). ``time_s``: the GPU's step (first
     instruction begin to the step's end event) where there is a GPU timeline, host time otherwise;
-    ``span_s``: its instructions' span; ``instructions``: what profiling attributes energy to.
+    ``span_s``: its instructions' span; ``instructions``: what profiling attributes energy to;
+    ``non_instruction_s`` / ``non_instruction_energy_j``: the work between steps (after the last
+    instruction up to the step's end on the GPU's clock; host-timed, what the runtime ran from its
+    tail mark to the step end, ``HostSteps``); ``judged_s``: the span and it, what the guard judges.
     ``energy_j`` None: unmeasured (the counter's reads failed over the step, ``EnergySource.covers``),
     never 0 J or the counter's last value: every consumer leaves such a step out of its energies."""
 
@@ -130,6 +128,13 @@ class StepNumbers:
     gpu_time: bool = False
     host_s: float | None = None  # the step on the host (begin hook to end hook)
     start_s: float = math.nan  # where the GPU began its first instruction (CLOCK_MONOTONIC)
+
+    @property
+    def judged_s(self) -> float:
+        """The step time the guard judges, plan steps and default-clock probes alike: the
+        instructions' span and the work between steps (host work before the first instruction,
+        the data's, is left out)."""
+        return self.span_s + self.non_instruction_s
 
     @property
     def straggler_s(self) -> float:
@@ -156,12 +161,14 @@ class EnergySource(Protocol):
 class GPUTimeline:
     """The hooks' events, the stream-ordered clock requests and the GPU step timer of one GPU."""
 
-    def __init__(self, recorder: RecyclingRecorder, timeline: StreamTimeline, energy: EnergySource,
+    def __init__(self, recorder: StreamRecorder, timeline: StreamTimeline, energy: EnergySource,
                  send: Callable[[int, float | None], None], *, instructions: int = 0, switch_latency_s: float = 0.0,
                  timed: bool = False, mechanism: FollowMechanism = FollowMechanism.POLL) -> None:
-        # On a real GPU the follower's thread makes the events' device its own (``bind_thread``).
-        self.follower = StreamFollower(mechanism, on_start=getattr(recorder, "bind_thread", None))
-        self._recorder = _PooledRecorder(recorder)
+        # The follower's thread makes the events' device its own before it asks about any
+        # (``CudaEventRecorder.bind_thread``): no stray context on GPU 0.
+        self.follower = StreamFollower(mechanism, on_start=recorder.bind_thread)
+        self.streams = ComputeStream(recorder)  # events on the framework's compute stream, not the current one
+        self._recorder = _PooledRecorder(self.streams)
         self._energy = energy
         self._send = send
         self._latency = switch_latency_s
@@ -171,6 +178,7 @@ class GPUTimeline:
         self._requests = _Requests(send, self.lock)
         self.clocks = self._new_clocks()
         self._event: BoundaryEvent | None = None  # the begin event the clock request just recorded
+        self._stream_read = False  # this begin hook read the compute stream already (``clock``)
         self._instructions = instructions  # a step's (the stage's) instruction count
         self._count = 0  # instructions begun in this step
         self._open = False
@@ -190,12 +198,18 @@ class GPUTimeline:
         next one's (``next_mhz``), in effect when the GPU is done with this one (``planned_s``).
         A step's first instruction keeps its event (the step timer's); others record one only
         where a request hangs on it (``StreamClocks.instruction``)."""
+        self.streams.instruction_begins()
+        self._stream_read = True
         self._event = self.clocks.instruction(mhz, planned_s, next_mhz, keep=self._count == 0)
 
     def begin(self, key: Hashable, profiling: bool) -> None:
         """An instruction begins. ``profiling``: timed one by one; otherwise only the step's
         span is (its first begin, its last end): one event per instruction at most, the clock
         request's, shared."""
+        if self._stream_read:
+            self._stream_read = False
+        else:
+            self.streams.instruction_begins()
         event, self._event = self._event, None
         first = self._count == 0
         self._count += 1
@@ -205,12 +219,14 @@ class GPUTimeline:
 
     def end(self, profiling: bool) -> None:
         if self._open and (profiling or self._count >= self._instructions):
+            self.streams.ends_here()  # work the instruction left on a side stream current now counts
             self.timer.end()
             self._open = False
 
     def ahead(self, mhz: int) -> None:
-        """The next step's first clock, at step end: in effect when the GPU finishes this step's
-        last instruction (``StreamClocks.ahead``)."""
+        """The clock of the work between steps (``RESET_MHZ``: default clocks), at step end: in
+        effect when the GPU finishes this step's last instruction (``StreamClocks.ahead``); the
+        next step's first clock is asked for at its own first instruction."""
         self.clocks.ahead(mhz)
 
     def boundary(self, mhz: int) -> None:
@@ -244,10 +260,13 @@ class GPUTimeline:
         """The step's numbers, once the GPU passed its end (``GPUStepTimer.fence``: about a step at
         most); None when it did not settle in time or the follower failed."""
         if self._open:  # fewer instructions than the stage has: the span ends here
+            self.streams.ends_here()
             self.timer.end()
             self._open = False
         if self.follower.failed:
             return None
+        if self._count:  # the step's end is an end hook too (a step without instructions records its begin here)
+            self.streams.step_ends()
         self.timer.step_end()
         steps = self.timer.fence()
         self._recorder.close_generation(self.follower.handed)
@@ -283,7 +302,11 @@ class GPUTimeline:
 
 class HostSteps:
     """Host timestamps for a GPU without a timeline (the synchronous simulated GPU: its kernels
-    run inside the hooks, so host time is GPU time); energy from the poller's updates too."""
+    run inside the hooks, so host time is GPU time); energy from the poller's updates too. The
+    GPU's work between steps is what runs from ``mark_tail`` (the synchronous simulator's step
+    tail, which the runtime runs at step end) to the step end: its own time and energy (the
+    direct counter's where there is one, else the poller's); none where nothing was marked (the
+    host's own waits after the last instruction, for its sends, are no GPU work)."""
 
     def __init__(self, energy: EnergySource, clock: Callable[[], float],
                  read_now: Callable[[], float] | None = None) -> None:
@@ -291,13 +314,22 @@ class HostSteps:
         self._clock = clock
         self._read_now = read_now  # the synchronous simulator's counter (GPUPort.direct_energy_reader)
         self._t0 = self._first_begin = self._last_end = self._e0 = 0.0
+        self._t_tail = self._e_tail = math.nan  # when the work between steps began, the counter then
         self._begun = False
 
     def step_begin(self) -> None:
         self._t0 = self._first_begin = self._last_end = self._clock()
         if self._read_now is not None:
             self._e0 = self._read(self._read_now)
+        self._t_tail = self._e_tail = math.nan
         self._begun = False
+
+    def mark_tail(self) -> None:
+        """The work between steps begins (the synchronous simulator runs it next): its start, and
+        the direct counter now where there is one, so that work has its own time and energy."""
+        self._t_tail = self._clock()
+        if self._read_now is not None:
+            self._e_tail = self._read(self._read_now)
 
     @staticmethod
     def _read(read: Callable[[], float]) -> float:
@@ -321,18 +353,25 @@ class HostSteps:
         or the poller's updates do not cover it."""
         t1 = self._clock()
         energy: float | None
+        marked = not math.isnan(self._t_tail)
+        tail_s = t1 - self._t_tail if marked else 0.0
+        tail: float | None = 0.0
         if self._read_now is not None:
-            energy = self._read(self._read_now) - self._e0  # NaN (unmeasured) when either read failed
+            e1 = self._read(self._read_now)
+            energy = e1 - self._e0  # NaN (unmeasured) when either read failed
+            tail = e1 - self._e_tail if marked else 0.0  # NaN: a read failed
         else:
             updates = self._energy.since(self._t0)
-            energy = (energy_at(updates, t1, AfterLast.EXTEND)
-                      - energy_at(updates, self._t0, AfterLast.EXTEND))
+            e0, e1 = (energy_at(updates, t, AfterLast.EXTEND) for t in (self._t0, t1))
+            energy = e1 - e0
+            tail = e1 - energy_at(updates, self._t_tail, AfterLast.EXTEND) if marked else 0.0
             if not self._energy.covers(self._t0, t1):
-                energy = None
-        if energy is not None and math.isnan(energy):
-            energy = None
+                energy = tail = None
+        energy = None if energy is None or math.isnan(energy) else energy
+        tail = None if tail is None or math.isnan(tail) else tail
         return StepNumbers(t1 - self._t0, energy, max(self._last_end - self._first_begin, 1e-9),
-                           until_last_end_s=max(self._last_end - self._t0, 1e-9))
+                           until_last_end_s=max(self._last_end - self._t0, 1e-9), non_instruction_s=tail_s,
+                           non_instruction_energy_j=tail)
 
 
 class StepClock:
@@ -375,8 +414,7 @@ class StepClock:
         if numbers is not None:
             return StepNumbers(**{**vars(numbers), "host_s": host.time_s})
         timed = tuple(self.timer.resolve()) if profiling else ()
-        return StepNumbers(host.time_s, host.energy_j, host.span_s, until_last_end_s=host.until_last_end_s,
-                           instructions=timed, host_s=host.time_s)
+        return replace(host, instructions=timed, host_s=host.time_s)
 
     def discard(self) -> None:
         """Forget instructions timed so far (profiling starts)."""

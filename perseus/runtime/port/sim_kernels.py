@@ -29,20 +29,28 @@ the pipeline's dependencies stay real. Only stage-local instructions let the hos
 
 A real step does GPU work after its last instruction: the optimizer and the gradient all-reduce
 (31.6 ms of it on a measured H200). A model with a step tail (``DVFSModel.step_tail_s``, the
-"H200-hostile" preset) runs it as one kernel at ``step_end``, which whoever sees the step end
-calls after its last instruction (the demos' ``SimulatedCompute``); nothing without one.
+"H200-hostile" preset) runs it as one kernel at ``step_end``, which the runtime calls at every
+step's end (``PerseusRuntime.on_step_end``, before it times the step), so every client on such a
+preset shows it, not only the demos; nothing without one.
+
+On the replay preset (``DVFSModel.replays``) the measured runs decide each forward's and
+backward's time: ``end`` draws one measured instance of the stage's instruction at the clock set
+(``perseus.measured.replay``) and makes it the kernel's work, at least; other kinds keep theirs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
 
 from perseus.schedules.dag import InstructionDAG
 
 if TYPE_CHECKING:
     from perseus.gpu.sim.device import SimulatedGPU
+    from perseus.measured.replay import ReplaySource
     from perseus.gpu.sim.stream import OpenKernel
     from perseus.schedules import InstructionKind, Schedule
 
@@ -81,6 +89,13 @@ class SimulatedKernels:
         self._kernel: OpenKernel | None = None  # asynchronous mode: the open instruction's kernel
         self.launched = 0  # kernels put on the stream, step tails included (asynchronous mode)
         self._stream = device.stream if device.asynchronous else None
+        m = device.model  # the replay preset: measured runs decide each forward's and backward's time
+        self._replay: ReplaySource | None = None
+        if m.replays:
+            from perseus.measured.replay import load_replay  # numpy, scipy: only where a GPU replays
+
+            self._replay = load_replay(m.replay_dir, m.replay_time_scale)
+        self._rng = np.random.default_rng([device.seed, device.index])
 
     def begin(self) -> None:
         """An instruction starts: its kernel starts (one left open by an instruction that never
@@ -104,6 +119,8 @@ class SimulatedKernels:
         (asynchronous: launch it, and wait for it only if another stage needs its output)."""
         if self._open:
             self._open = False
+            if self._replay is not None and kind in ("forward", "backward"):
+                self._min_s = max(self._min_s, self._replayed_work_s(kind))
             stream = self._stream
             if stream is not None and self._kernel is not None:  # asynchronous: close it, the host goes on
                 self._kernel.close(max(time.perf_counter() - self._t0, self._min_s))
@@ -114,14 +131,26 @@ class SimulatedKernels:
             else:
                 self.device.end_busy(min_s=self._min_s)
 
-    def step_end(self) -> None:
+    def _replayed_work_s(self, kind: str) -> float:
+        """One measured instance of this stage's ``kind`` at the clock set now, as max-clock work: the
+        GPU's slowdown at that clock stretches it back (a clock that lands mid-kernel changes the rest)."""
+        m = self.device.model
+        clock = self.device.locked_sm_clock_mhz() or m.sm_max_mhz
+        assert self._replay is not None
+        return self._replay.draw_s(m.replay_stage, kind, clock, self._rng) / m.slowdown(clock, self.compute_fraction)
+
+    def step_end(self, before: Callable[[], None] | None = None) -> None:
         """After a step's last instruction: the model's optimizer + all-reduce tail as one kernel
-        (launched on the stream, or run here on a synchronous GPU); nothing if it has none."""
+        (launched on the stream, or run here on a synchronous GPU); nothing if it has none.
+        ``before`` runs first where there is a tail (the host step clock's mark, so the synchronous
+        tail's energy is its own: ``HostSteps.mark_tail``)."""
         m = self.device.model
         if m.step_tail_s <= 0:
             return
         if self._open:
             self.close()
+        if before is not None:
+            before()
         if self._stream is not None:
             self._stream.launch(m.step_tail_s, activity=m.step_tail_activity,
                                 compute_fraction=m.step_tail_compute_fraction, tag=STEP_TAIL_TAG)

@@ -131,3 +131,20 @@ def test_the_controller_answers_its_pipe_while_a_refused_lock_waits_for_its_retr
     assert answers["last"]["current"] == 1005 and answers["last"]["history"][-1] == 1005
     assert not [e for e in lines if e["event"] == "failed"]
     assert not gpu.is_clock_locked(), "CLOSE resets"
+
+
+def test_a_lock_refused_for_good_fails_though_a_reset_follows_every_step(sim_dir):
+    """A plan resets the clocks after each step; the resets must not hide that every lock is refused."""
+    keeper, gpu, clock, events = _keeper(sim_dir, SimFaults(lock_refused_from_s=1.0))  # locks and resets, for good
+    clock.sleep(1.1)
+    for _ in range(40):  # steps of 0.3 s: a lock at the step's start, a reset after its last instruction
+        keeper.apply(1005)
+        clock.sleep(0.15)
+        keeper.maybe_retry()
+        keeper.apply(None)
+        clock.sleep(0.15)
+        keeper.maybe_retry()
+        if keeper.failed is not None:
+            break
+    assert keeper.failed is not None and len([e for e in events if e["event"] == "failed"]) == 1
+    assert keeper.apply(1005) == "skipped"

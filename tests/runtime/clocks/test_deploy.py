@@ -53,14 +53,16 @@ def test_a_step_without_instruction_hooks_names_cuda_graphs():
     assert "no instruction hook ran" in f.problem and "full_iteration" in f.problem
 
 
-def test_peek_is_the_next_instructions_clock_and_wraps_to_the_next_step():
+def test_peek_is_the_next_instructions_clock_and_none_after_the_steps_last():
+    """After the last instruction comes the work between steps, at default clocks: nothing to
+    request ahead (it asked for the next step's first clock, which then ran that work)."""
     sched, f = follower()
     insts = sched.stages[1]
     f.start_step()
     assert f.peek() == 1000
     for i, inst in enumerate(insts):
         f.next(inst.kind, inst.microbatch, inst.chunk)
-        assert f.peek() == (1000 + 10 * (i + 1) if i + 1 < len(insts) else 1000)
+        assert f.peek() == (1000 + 10 * (i + 1) if i + 1 < len(insts) else None)
 
 
 def test_timed_switches_send_each_request_from_its_hook_after_its_delay():

@@ -20,10 +20,14 @@ from perseus.runtime import PerseusConfig, PerseusRuntime
 from perseus.runtime.phases import Phase
 
 STEPS = 12
-# 4 events a warm-up step, 11 a deployed one (its begin, 8 instruction begins, the span's end, its
-# end): the instruction begins of the third deployed step (events 31-41), where the plan's clock
-# requests hang, which only the follower asks about (a failing step end: the fence unit test's).
-FAULT = {"event_error_at": 32, "event_error_count": 8}
+# 17 events a warm-up step (warm-up times each of the 8 instructions one by one: its begin and its
+# end, and the step's end), 9 a deployed one of this plan (a begin event for 7 of its 8
+# instructions: the step's first marks the step's begin, the last hangs the request for the
+# between-steps default clocks, and one whose next instruction keeps its clock has nothing hanging
+# on it; the span's end; its end): the instruction begins of the third deployed step (events
+# 35+9+9=53 to 59), where the plan's clock requests hang, which only the follower asks about (a
+# failing step end: the fence unit test's).
+FAULT = {"event_error_at": 53, "event_error_count": 7}
 MAX_STALL_S = 1.0  # a correct step end waits for the step's queued GPU work: ~0.1 s here
 
 
