@@ -12,6 +12,10 @@ Two questions, two answers:
   pipeline then waits (for a straggling data-parallel replica). A plan of time t ≤ T then costs
   its energy plus P_blocking × stages × (T − t), so a slower plan can win even though it has
   more energy at its own pace. Those plans are kept in ``paced_points``.
+
+Times and energies are the instructions' (critical path, P_blocking while waiting). The job's
+iteration adds ``non_compute`` (``perseus.frontier.non_compute``): ``slowdown``, ``saving`` and
+``lookup_slowdown`` count it, so a slowdown target is the one the job will see.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from perseus.errors import FrontierError
+from perseus.frontier.non_compute import NO_NON_COMPUTE, NonCompute
 from perseus.schedules import Instruction, Schedule
 
 
@@ -50,6 +55,9 @@ class Frontier:
     # Plans not in `points` (a faster plan has less energy at its own pace) that have less energy
     # than every faster plan when the iteration is stretched to their time: see paced_lookup.
     paced_points: list[FrontierPoint] = field(default_factory=list)
+    # Each iteration's time outside the instructions (data, exchanges, the optimizer): not in the
+    # points' numbers, counted in the job's slowdown and saving (perseus.frontier.non_compute).
+    non_compute: NonCompute = NO_NON_COMPUTE
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -88,6 +96,20 @@ class Frontier:
     def default_point(self) -> FrontierPoint:
         """Least energy with no slowdown against the all-max-frequency baseline."""
         return self.lookup(self.baseline_time_s)
+
+    def lookup_slowdown(self, max_slowdown: float) -> FrontierPoint:
+        """Least-energy point whose job slowdown, non-compute time included, is at most
+        ``max_slowdown`` (0.05: +5 %) against the all-max baseline."""
+        return self.lookup(self.non_compute.time_budget_s(self.baseline_time_s, max_slowdown))
+
+    def slowdown(self, point: FrontierPoint) -> float:
+        """The job's slowdown of ``point`` against the all-max baseline, non-compute time included."""
+        return self.non_compute.slowdown(point.time_s, self.baseline_time_s)
+
+    def saving(self, point: FrontierPoint) -> float:
+        """The job's energy saving of ``point`` against the all-max baseline, non-compute energy included."""
+        return self.non_compute.saving(point.energy_j, self.baseline_energy_j, self.p_blocking_w,
+                                       self.schedule.num_stages)
 
     def stage_plan(self, point: FrontierPoint, stage: int) -> list[tuple[Instruction, int]]:
         """(instruction, frequency) pairs of one stage in execution order."""

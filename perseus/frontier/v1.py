@@ -28,10 +28,12 @@ def document_head(frontier: Frontier, version: int) -> dict[str, Any]:
 
 
 def document_provenance(frontier: Frontier) -> dict[str, Any]:
-    """Where a frontier came from, in every version: P_blocking, the GPU, the all-max baseline, the solve time."""
+    """Where a frontier came from, in every version: P_blocking, the GPU, the all-max baseline, the
+    solve time, and the non-compute time per iteration where there is any (absent: none)."""
+    extra = {"non_compute": frontier.non_compute.as_json()} if frontier.non_compute else {}
     return {"p_blocking_w": frontier.p_blocking_w, "gpu_name": frontier.gpu_name,
             "baseline": {"time_s": frontier.baseline_time_s, "energy_j": frontier.baseline_energy_j},
-            "solve_time_s": frontier.solve_time_s}
+            "solve_time_s": frontier.solve_time_s, **extra}
 
 
 def encode_v1(frontier: Frontier, max_points: int | None = None) -> dict[str, Any]:

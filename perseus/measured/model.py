@@ -17,6 +17,7 @@ from typing import Iterable
 import numpy as np
 
 from perseus.errors import ProfileError
+from perseus.frontier import NonCompute
 from perseus.measured.power import PowerFit, fit_power
 from perseus.measured.runs import ScheduleRun, Workload
 from perseus.measured.table import KINDS, TimeTable, build_time_table
@@ -55,6 +56,11 @@ class MeasuredModel:
     @property
     def p_blocking_w(self) -> float:
         return self.power.p_blocking_w
+
+    @property
+    def non_compute(self) -> NonCompute:
+        """The non-compute time as a frontier carries it (at P_blocking, as ``predict`` charges it)."""
+        return NonCompute(max(self.overhead_s, 0.0), None, "the all-max runs less their critical path")
 
     def profile(self, extra: dict[tuple[int, str], set[int]] | None = None) -> Profile:
         """The model as a profile: every measured clock, plus the ``extra`` clocks per (stage, kind)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from perseus.errors import ProfileError
 from perseus.measured.model import MeasuredModel
 from perseus.measured.runs import Workload
+from perseus.frontier import Frontier
 from perseus.planner import PlannerOptions, plan_frontier
 
 
@@ -26,13 +27,19 @@ class Baseline:
 
 @dataclass(frozen=True)
 class PlannedSaving:
-    """The frontier point at the measured all-max time against the all-max plan, both predicted."""
+    """The frontier point for a slowdown target against the all-max plan, both predicted with the
+    non-compute time (its time, and its energy at P_blocking on every stage)."""
 
     saving: float
     time_s: float  # predicted, non-compute time included
     energy_j: float
     baseline_time_s: float
     baseline_energy_j: float
+    max_slowdown: float = 0.0  # the target it was looked up at
+
+    @property
+    def slowdown(self) -> float:
+        return self.time_s / self.baseline_time_s - 1
 
 
 def measured_baseline(workload: Workload) -> Baseline:
@@ -52,16 +59,21 @@ def measured_best_saving(workload: Workload, max_slowdown: float = 0.005) -> flo
     return max(savings) if savings else None
 
 
-def planned_saving(model: MeasuredModel, workload: Workload, options: PlannerOptions | None = None) -> PlannedSaving:
-    """``plan_frontier`` on the model's profile, looked up at the measured all-max time.
+def model_frontier(model: MeasuredModel, options: PlannerOptions | None = None) -> Frontier:
+    """``plan_frontier`` on the model's profile, carrying the model's non-compute time."""
+    return plan_frontier(model.dag.schedule, model.profile(), options, non_compute=model.non_compute)
 
-    The frontier's times are critical paths; the model adds the non-compute time (and its energy at
-    P_blocking on every stage) to the point and to the all-max plan alike.
-    """
-    base = measured_baseline(workload)
-    frontier = plan_frontier(model.dag.schedule, model.profile(), options)
-    point = frontier.lookup(base.time_s - model.overhead_s)
-    extra_j = model.p_blocking_w * model.stages * model.overhead_s
-    energy, baseline_energy = point.energy_j + extra_j, frontier.baseline_energy_j + extra_j
-    return PlannedSaving(1 - energy / baseline_energy, point.time_s + model.overhead_s, energy,
-                         frontier.baseline_time_s + model.overhead_s, baseline_energy)
+
+def planned_saving(model: MeasuredModel, workload: Workload, options: PlannerOptions | None = None,
+                   max_slowdown: float = 0.0, frontier: Frontier | None = None) -> PlannedSaving:
+    """The project's plan for at most ``max_slowdown`` (the job's slowdown, non-compute time
+    included: ``Frontier.lookup_slowdown``) against the all-max plan; ``frontier``: one
+    ``model_frontier`` already planned."""
+    if not workload.all_max:
+        raise ProfileError(f"{workload.path}: no run holds every instruction at the max clock: no baseline")
+    frontier = model_frontier(model, options) if frontier is None else frontier
+    point = frontier.lookup_slowdown(max_slowdown)
+    outside_s = frontier.non_compute.time_s
+    outside_j = frontier.non_compute.energy_j(frontier.p_blocking_w, frontier.schedule.num_stages)
+    return PlannedSaving(frontier.saving(point), point.time_s + outside_s, point.energy_j + outside_j,
+                         frontier.baseline_time_s + outside_s, frontier.baseline_energy_j + outside_j, max_slowdown)

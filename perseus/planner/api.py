@@ -9,14 +9,15 @@ import numpy as np
 
 from perseus.schedules.dag import InstructionDAG
 from perseus.errors import PerseusError
-from perseus.frontier import Frontier, FrontierPoint
+from perseus.frontier import NO_NON_COMPUTE, Frontier, FrontierPoint, NonCompute
 from perseus.planner.choices import build_node_choices
 from perseus.planner.deadlines import Candidates, evaluate, own_pace, pareto, search_deadlines
 from perseus.planner.latency import land_switches, late_plans, with_lag
 from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
 from perseus.schedules import Schedule
-from perseus.timeline.simulator import max_frequency_plan, simulate_plan
+from perseus.planner.unlocked import reference_plan
+from perseus.timeline.simulator import simulate_plan
 
 ProgressCallback = Callable[[float], None]  # fraction done in [0, 1]
 _PACED_TOLERANCE = 1e-4  # relative to the baseline energy: see the thinning of paced points
@@ -28,12 +29,15 @@ def plan_frontier(
     options: PlannerOptions | None = None,
     *,
     progress: ProgressCallback | None = None,
+    non_compute: NonCompute = NO_NON_COMPUTE,
 ) -> Frontier:
     """Compute the iteration time–energy Pareto frontier of ``schedule`` on ``profile``.
 
     Every point's (time, energy) is its frequency plan simulated on the profile's measured values.
     ``options`` sets how hard the planner works (``PlannerOptions``; the defaults plan 16 stages
     × 4 chunks × 128 microbatches in about half a minute on 2 cores); ``progress`` hears the fraction done.
+    ``non_compute``: each iteration's time outside the instructions; it moves no point (every plan
+    has it) but the frontier's slowdowns, savings and ``lookup_slowdown`` count it.
     """
     options = PlannerOptions() if options is None else options
     if not isinstance(options, PlannerOptions):
@@ -46,7 +50,7 @@ def plan_frontier(
     profile.check_matches(schedule)
     p_blocking = profile.require_p_blocking()
     dag = InstructionDAG.from_schedule(schedule)
-    base_freqs = max_frequency_plan(dag, profile)
+    base_freqs = reference_plan(dag, profile)  # the unlocked card where measured: "no slowdown" means against it
     base = simulate_plan(dag, profile, base_freqs)
     node_choices = build_node_choices(dag, profile, p_blocking)
     beamed = options.beam_runs_on(dag.num_nodes) and options.lp_runs_on(dag.num_nodes)
@@ -68,6 +72,7 @@ def plan_frontier(
         baseline_energy_j=base.energy_j,
         points=kept,
         paced_points=paced,
+        non_compute=non_compute,
         gpu_name=profile.gpu_name,
         solve_time_s=time.perf_counter() - started,
         metadata={

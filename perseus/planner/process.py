@@ -47,7 +47,7 @@ from typing import Any, Callable
 from perseus.atomic import remove_temporaries
 from perseus.store.cache import RunCache
 from perseus.errors import FrontierError
-from perseus.frontier import Frontier
+from perseus.frontier import NO_NON_COMPUTE, Frontier, NonCompute
 from perseus.planner import PlannerOptions
 from perseus.planner.handoff import calibrate_handoff, sending_keys, with_handoff
 from perseus.profile import Profile
@@ -147,11 +147,14 @@ class ProcessPlanner:
     ``cache``: where the child writes the frontier (rank 0's cache entry), None for nowhere.
     ``timelines``: each stage's bytes carry every point's planned timeline (``stage_plan.frontier_timing``).
     ``measured_s``: the all-max step as the job ran it; the child plans with the hand-off that makes
-    the profile's all-max makespan that long (``handoff.calibrate_handoff``; None: none)."""
+    the profile's all-max makespan that long (``handoff.calibrate_handoff``; None: none).
+    ``non_compute``: each iteration's time outside the instructions, measured on the same steps;
+    the frontier carries it (``perseus.frontier.non_compute``)."""
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions, plan: PlanFunction,
                  nice: int = NICE, started: subprocess.Popen[bytes] | None = None,
-                 cache: RunCache | None = None, timelines: bool = False, measured_s: float | None = None) -> None:
+                 cache: RunCache | None = None, timelines: bool = False, measured_s: float | None = None,
+                 non_compute: NonCompute = NO_NON_COMPUTE) -> None:
         self.result: PlannedStages | None = None
         self.error: str | None = None
         self._done = threading.Event()
@@ -159,8 +162,8 @@ class ProcessPlanner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._writes_in = cache.dir if cache is not None else None  # the child's files go there
         try:  # two pickles: the path first, so the child can import the planner function's module
-            request = pickle.dumps(list(sys.path)) + pickle.dumps((plan, schedule, profile, options, cache, timelines, measured_s),
-                                                                  pickle.HIGHEST_PROTOCOL)
+            job = (plan, schedule, profile, options, cache, timelines, measured_s, non_compute)
+            request = pickle.dumps(list(sys.path)) + pickle.dumps(job, pickle.HIGHEST_PROTOCOL)
             self._proc = started if started is not None and started.poll() is None else start_child(nice)
         except Exception as exc:  # noqa: BLE001 - a planner function defined inside another, no python to run
             if started is not None:
@@ -243,12 +246,13 @@ def child_main(parent: int) -> None:
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed (a solver's banner) goes to stderr, never into the reply
     try:
-        plan, schedule, profile, options, cache, timelines, measured_s = _read_request()
+        plan, schedule, profile, options, cache, timelines, measured_s, non_compute = _read_request()
         _writes_in = cache.dir if cache is not None else None
         handoff_s = calibrate_handoff(schedule, profile, measured_s) if measured_s is not None else 0.0
         frontier = plan(schedule, with_handoff(profile, handoff_s, sending_keys(schedule)), options)
-        if handoff_s > 0 and isinstance(frontier, Frontier):
-            frontier = replace(frontier, metadata={**frontier.metadata, "handoff_s": handoff_s})
+        if isinstance(frontier, Frontier) and (handoff_s > 0 or non_compute):
+            metadata = {**frontier.metadata, "handoff_s": handoff_s} if handoff_s > 0 else frontier.metadata
+            frontier = replace(frontier, metadata=metadata, non_compute=non_compute or frontier.non_compute)
         from perseus.planner import stage_plan as slices
         # the instructions' own durations: the runtime times each clock request by them, not by the hand-off
         timing = slices.frontier_timing(frontier, profile) if timelines and isinstance(frontier, Frontier) else None
@@ -262,7 +266,8 @@ def child_main(parent: int) -> None:
         os._exit(0)
 
 
-def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool, float | None]:
+def _read_request() -> tuple[PlanFunction, Schedule, Profile, PlannerOptions, RunCache | None, bool, float | None,
+                             NonCompute]:
     stream = sys.stdin.buffer
     path = pickle.load(stream)
     sys.path[:] = path + [p for p in sys.path if p not in path]  # the planner function's module imports

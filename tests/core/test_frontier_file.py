@@ -185,3 +185,33 @@ def test_float_clocks_are_written_as_whole_mhz():
     half = Frontier(f.schedule, 80.0, 1.0, 10.0, [FrontierPoint(1.0, 1.0, np.full(f.schedule.num_instructions, 1000.5))])
     with pytest.raises(FrontierError, match="whole MHz"):
         encode_frontier_json(half)
+
+
+@pytest.mark.parametrize("write", [encode_frontier_json, encode_v1], ids=["v2", "v1"])
+def test_the_non_compute_time_round_trips_and_a_file_without_it_has_none(tmp_path, write):
+    """Files before it existed have no ``non_compute``: they read as none; a frontier with it (its
+    power given or P_blocking's) keeps it, and one without writes no such field."""
+    from dataclasses import replace
+
+    from perseus.frontier import NonCompute
+
+    plain = random_frontier()
+    data = write(plain)
+    assert "non_compute" not in data
+    assert frontier_from_json_dict(json.loads(json.dumps(data))).non_compute == NonCompute()
+    for kept in (NonCompute(0.125, None, "warm-up"), NonCompute(0.25, 61.5, "--non-compute")):
+        path = tmp_path / "f.json"
+        path.write_text(json.dumps(write(replace(plain, non_compute=kept))))
+        back = load_frontier(path)
+        assert back.non_compute == kept
+        assert back.slowdown(back.points[-1]) == pytest.approx(
+            (back.points[-1].time_s + kept.time_s) / (back.baseline_time_s + kept.time_s) - 1)
+        assert_same(plain, back)
+
+
+def test_a_malformed_non_compute_time_names_the_file_and_the_field(tmp_path):
+    def negative(d):
+        d["non_compute"] = {"time_s": -1.0, "power_w": None, "source": ""}
+
+    assert "non-compute time is seconds >= 0" in _corrupt(tmp_path, negative)
+    assert "\"non_compute\" must be an object" in _corrupt(tmp_path, lambda d: d.update(non_compute=0.1))

@@ -61,3 +61,13 @@ def test_table_for_people(workload_dirs, tmp_path, capsys):
 def test_a_missing_path_is_one_line(tmp_path, capsys):
     assert bench_artifact.main(["--runs", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_plan_at_half_a_percent_and_the_default_run_measured_and_predicted(workload_dirs, tmp_path, capsys):
+    source = workload_dirs["wide-resnet101_8"]
+    (entry,) = _json(capsys, ["--runs", str(source), "--json"])["workloads"]
+    assert entry["planned_saving_0p5"] >= entry["planned_saving"]
+    run = entry["default_run"]
+    assert isinstance(run["schedule"], int) and run["schedule"] not in entry["baseline_schedules"]
+    for key in ("measured_slowdown", "predicted_slowdown", "measured_saving", "predicted_saving"):
+        assert isinstance(run[key], float) and abs(run[key]) < 0.5, key

@@ -53,3 +53,20 @@ def test_planned_saving_on_the_smallest_workload(workloads):
     assert planned.time_s <= base.time_s * (1 + 1e-9)
     assert 0.0 < planned.saving < 0.3
     assert planned.energy_j == pytest.approx(planned.baseline_energy_j * (1 - planned.saving))
+
+
+def test_the_plan_for_a_slowdown_target_counts_the_non_compute_time(workloads):
+    """The model's frontier carries its non-compute time, so a +0.5 % target is the job's: the
+    predicted iteration, non-compute time included, is at most 0.5 % slower than the all-max one,
+    and the saving is a share of the iteration's energy, the non-compute energy included."""
+    from perseus.measured import model_frontier
+
+    workload = workloads["wide-resnet101_8"]
+    model = fit_model(workload)
+    frontier = model_frontier(model)
+    assert frontier.non_compute.time_s == pytest.approx(model.overhead_s) and model.overhead_s > 0
+    at_zero, at_half = (planned_saving(model, workload, max_slowdown=x, frontier=frontier) for x in (0.0, 0.005))
+    assert at_half.max_slowdown == 0.005 and at_half.slowdown <= 0.005 + 1e-12
+    assert at_half.saving >= at_zero.saving
+    alone = 1 - frontier.default_point().energy_j / frontier.baseline_energy_j
+    assert at_zero.saving < alone  # the non-compute energy is in the iteration's, a plan saves none of it

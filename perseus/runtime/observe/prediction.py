@@ -8,6 +8,13 @@ so ``measured = median(plan steps) / median(probe steps)`` is the like-for-like 
 Time is this rank's (a pipeline's ranks share its step time); energy is the job's where the guard's
 energy test has summed every rank's medians (the frontier's energy is the job's), else this rank's
 when it is the whole job, else unknown.
+
+Both are the job's iteration, non-compute time included (``StagePlan.non_compute``: the data, the
+exchanges and the optimizer outside the instructions, the same in plan and probe steps). The
+prediction adds it to the point and to its baseline, energy at its power; the measured energy is
+the whole step's already; the measured time is the instructions' span (what the A/B and the guard
+judge), lifted to the iteration by the same constant. Without it a plan that slows the
+instructions by x would be predicted to slow the job by x, which it does not.
 """
 
 from __future__ import annotations
@@ -70,15 +77,17 @@ def predict(plan: StagePlan, point: StagePoint, reference: StagePoint | None, ru
             job_energy: EnergyVerdict | None, whole_job: bool) -> PredictionCheck:
     """The check for ``point`` (``reference``: where probes run, None for default clocks ≈ all-max);
     ``run``: this rank's same-run A/B; ``job_energy``: the guard's job-wide energy test."""
-    base_t = reference.time_s if reference is not None else plan.baseline_time_s
-    base_e = reference.energy_j if reference is not None else plan.baseline_energy_j
+    outside_s, outside_j = plan.non_compute.time_s, plan.non_compute_energy_j()
+    base_t = (reference.time_s if reference is not None else plan.baseline_time_s) + outside_s
+    base_e = (reference.energy_j if reference is not None else plan.baseline_energy_j) + outside_j
     measured_e = None
     if job_energy is not None and job_energy.windows > 0:
         measured_e = 1.0 - job_energy.saving
     elif whole_job and run is not None:
         measured_e = 1.0 - run.saving
-    return PredictionCheck(point.time_s / base_t, None if run is None else 1.0 + run.time_change,
-                           point.energy_j / base_e, measured_e)
+    measured_t = None if run is None else 1.0 + run.time_change * (base_t - outside_s) / base_t
+    return PredictionCheck((point.time_s + outside_s) / base_t, measured_t, (point.energy_j + outside_j) / base_e,
+                           measured_e)
 
 
 def text(check: PredictionCheck | dict[str, float | None] | None) -> str:

@@ -16,9 +16,11 @@ profiling sweep measured (or a cached profile recorded), else 0; each decision i
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from perseus.frontier import NO_NON_COMPUTE, NonCompute
 from perseus.gpu.stream.clocks import DEFAULT_LEAD_S
 from perseus.planner.settings import PlannerOptions
 from perseus.profile import Profile
@@ -32,13 +34,20 @@ from perseus.runtime.port.gpu_port import GPUPort
 from perseus.runtime.supply.planning import (BackgroundPlanner, PlanOutcome, finish_at_close, log_planned, share_outcome, start_child,
                                       stop_child)
 from perseus.runtime.measure.instruction_samples import Key
-from perseus.runtime.measure.profiling_run import ProfilingRun, describe_noise, measure_p_blocking, partial_saver
+from perseus.runtime.measure.profiling_run import (ProfilingRun, describe_noise, measure_p_blocking, partial_saver,
+                                                   with_run_notes)
 from perseus.runtime.supply.sources import (Sources, cache_key, open_cache, save_quietly, share_sources, stage_gpus,
                                             stage_models)
 from perseus.planner.stage_plan import StagePlan
 from perseus.schedules import Schedule
 
+if TYPE_CHECKING:
+    from perseus.runtime.port.gpu_timeline import StepNumbers
+
 log = logging.getLogger("perseus.runtime")
+# Warm-up time outside the instructions, summed, that the energy counter must cover before its power
+# replaces P_blocking: a few tail milliseconds per step read between counter updates say little.
+NON_COMPUTE_POWER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,9 @@ class PlanSupply:
         # The warm-up steps' instruction spans at default clocks: the all-max step as this job runs
         # it, hand-offs between stages included (rank 0's: stage 0 begins first and ends last).
         self.warmup_spans: list[float] = []
+        # and each one's time outside that span, with its energy where measured (``warmup_step``)
+        self.warmup_outside: list[tuple[float, float | None]] = []
+        self.warmup_timed: list[Any] = []  # and their timed instructions: the clock under each kind
         self.switch_latency: LatencyInForce | None = None  # None: nothing measured or found yet
         self._events: list[tuple[str, Any]] = []  # (what, data) for the run's events (``take_events``)
 
@@ -191,7 +203,7 @@ class PlanSupply:
             profile = aggregate_profile(gathered, self.schedule.num_stages, self.job.tp_size, fields,
                                         grid=run.sweep.frequencies, noise_k=self.config.noise_k,
                                         spread_k=self.config.spread_k)
-            self.profile = replace(profile, switch_latency=latency)
+            self.profile = with_run_notes(replace(profile, switch_latency=latency), gathered)  # between steps, P_blocking
             noise = describe_noise(self.profile)
             if noise:
                 log.info("%s", noise)
@@ -248,7 +260,7 @@ class PlanSupply:
         c = self.config
         self._planner = BackgroundPlanner(self.schedule, self.profile, self.planner_options(), child,
                                           nice=c.planner_nice, cache=self.cache, timelines=self.timelines,
-                                          measured_s=self.measured_step_s())
+                                          measured_s=self.measured_step_s(), non_compute=self.measured_non_compute())
 
     def measured_step_s(self) -> float | None:
         """The shortest warm-up span, for the planner's hand-off (``planner.handoff``); None
@@ -257,6 +269,25 @@ class PlanSupply:
         slack the job does not have (the planner also caps it)."""
         spans = [s for s in self.warmup_spans if s > 0]
         return min(spans) if spans else None
+
+    def warmup_step(self, numbers: StepNumbers) -> None:
+        """A warm-up step at default clocks: its instructions' span (the hand-off's) and the time
+        outside it (the non-compute time's), with that time's energy where the counter covered it."""
+        self.warmup_spans.append(numbers.span_s)
+        self.warmup_timed.extend(numbers.instructions)  # ``GPUPort.end_warmup_clocks``
+        outside = numbers.time_s - numbers.span_s
+        if math.isfinite(outside):
+            energy = numbers.non_instruction_energy_j if numbers.gpu_time and numbers.non_instruction_s > 0 else None
+            self.warmup_outside.append((max(outside, 0.0), energy))
+
+    def measured_non_compute(self) -> NonCompute:
+        """Each iteration's time outside the instructions, from the warm-up steps (``warmup_non_compute``)."""
+        found = warmup_non_compute(self.warmup_outside)
+        if found:
+            log.info("perseus: %.2f ms per iteration outside the instructions (the shortest warm-up step), at %s; "
+                     "the frontier's slowdowns and savings count it", 1e3 * found.time_s,
+                     "P_blocking" if found.power_w is None else f"{found.power_w:.0f} W measured")
+        return found
 
     def poll(self) -> PlanOutcome | None:
         """Collective, every step of planning: None while rank 0 still plans, else this rank's
@@ -293,6 +324,22 @@ class PlanSupply:
         child, self._child = self._child, None
         if child is not None:
             stop_child(child)
+
+
+def warmup_non_compute(outside: Sequence[tuple[float, float | None]]) -> NonCompute:
+    """The non-compute time per iteration (``perseus.frontier.non_compute``) from the warm-up
+    steps' (time outside the instructions' span, its energy or None): the shortest step's, as the
+    hand-off takes the shortest span (noise only lengthens a step, and a non-compute time read too
+    long lets a slowdown target spend time the job does not have). Its power is the measured one
+    where the counter covered every step's and at least ``NON_COMPUTE_POWER_S`` in all, else
+    P_blocking (None)."""
+    seconds = min((s for s, _ in outside), default=0.0)
+    if seconds <= 0:
+        return NO_NON_COMPUTE
+    energies = [e for _, e in outside if e is not None]
+    covered = sum(s for s, _ in outside)
+    power = sum(energies) / covered if len(energies) == len(outside) and covered >= NON_COMPUTE_POWER_S else None
+    return NonCompute(seconds, power, "the shortest warm-up step less its instructions' span")
 
 
 def ready_line(plan: StagePlan, mode: Mode) -> str:

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from time import monotonic
 
+from perseus.frontier import NO_NON_COMPUTE, NonCompute
 from perseus.store.cache import RunCache
 from perseus.planner import PlannerOptions, plan_frontier
 from perseus.profile import Profile
@@ -39,9 +40,10 @@ class BackgroundPlanner(ProcessPlanner):
 
     def __init__(self, schedule: Schedule, profile: Profile, options: PlannerOptions,
                  started: subprocess.Popen[bytes] | None = None, nice: int = NICE,
-                 cache: RunCache | None = None, timelines: bool = False, measured_s: float | None = None) -> None:
+                 cache: RunCache | None = None, timelines: bool = False, measured_s: float | None = None,
+                 non_compute: NonCompute = NO_NON_COMPUTE) -> None:
         super().__init__(schedule, profile, options, plan_frontier, nice=nice, started=started, cache=cache,
-                         timelines=timelines, measured_s=measured_s)
+                         timelines=timelines, measured_s=measured_s, non_compute=non_compute)
 
 
 @dataclass(frozen=True)
