@@ -13,6 +13,8 @@ from perseus.frontier import load_frontier
 from perseus.gpu.sim.stream import DEFAULT_DEPTH
 from perseus.profile import load_json
 from perseus_demo.common import format_report, phase_table, true_energy_line
+from perseus_demo.replay import TIME_SCALE as REPLAY_TIME_SCALE
+from perseus_demo.replay import predicted_line, replay_lines, replay_settings, replay_source
 
 FRAMEWORKS = {"megatron": "perseus_demo.megatron_demo", "deepspeed": "perseus_demo.deepspeed_demo",
               "torch": "perseus_demo.torch_demo"}
@@ -103,13 +105,21 @@ MOE = {"num_experts": 4, "expert_parallel": 2, "dp_size": 2, "forward_ms": 30.0,
 
 def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | None, out_dir: Path,
              schedule: str | None = None, carbon_trace: Path | None = None, moe: bool = False,
-             stream_depth: int = 0, hostile: bool = False) -> str:
+             stream_depth: int = 0, hostile: bool = False, replay: Path | None = None) -> str:
     """Run the demo and return the printable report (``schedule``: the torch demo's schedule;
     ``carbon_trace``: replay it with a compressed clock, one frontier point per trace hour;
     ``moe``: the megatron demo with expert-parallel MoE layers; ``stream_depth``: how many kernels
     the host may run ahead of each simulated GPU, 0 for a synchronous one; ``hostile``: GPUs that
-    behave as real cards do, ``HOSTILE_SIM_GPU``, asynchronous)."""
+    behave as real cards do, ``HOSTILE_SIM_GPU``, asynchronous; ``replay``: GPUs replaying that
+    workload directory's measured runs, ``perseus_demo.replay``)."""
     module = _framework_demo(framework)
+    source = None
+    if replay is not None:
+        for flag, given in (("--hostile-gpu", hostile), ("--moe", moe), ("--schedule", schedule is not None)):
+            if given:
+                raise PerseusError(f"--gpu-replay replays a 1F1B pipeline's forwards and backwards on its own GPUs; "
+                                   f"leave out {flag}")
+        source = replay_source(replay, stages)
     grid = carbon_settings(carbon_trace) if carbon_trace is not None else None
     if schedule is not None and framework != "torch":
         raise PerseusError(f"--schedule picks a torch.distributed.pipelining schedule; the {framework} demo runs 1F1B")
@@ -126,6 +136,11 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
     if hostile:
         stream_depth = stream_depth or ASYNC_STREAM_DEPTH
         cfg.sim_gpu = dict(HOSTILE_SIM_GPU)  # the real counter period too, not the demo's fast one
+    if source is not None:
+        sim_gpu, settings, runtime = replay_settings(source)
+        cfg.sim_gpu, cfg.perseus = sim_gpu, {**cfg.perseus, **runtime}
+        for name, value in settings.items():
+            setattr(cfg, name, value)
     cfg.sim_gpu = {**cfg.sim_gpu, "stream_depth": stream_depth}
     cfg.perseus = {**cfg.perseus, "cache_dir": str((out_dir / "cache").resolve())}
     if grid is not None:
@@ -136,14 +151,17 @@ def run_demo(framework: str, stages: int, microbatches: int, max_steps: int | No
     started = time.perf_counter()
     results = module.launch(cfg, out_dir)
     name = f"{framework} ({schedule})" if schedule else f"{framework} (MoE, EP {MOE['expert_parallel']})" if moe else framework
-    preset = cfg.sim_gpu["preset"]
+    preset = f"A100 replaying {source.model}" if source is not None else cfg.sim_gpu["preset"]
     gpus = (f"asynchronous simulated {preset} GPUs (host up to {stream_depth} kernels ahead; "
             "times in GPU time)" if stream_depth else f"simulated {preset} GPUs")
     lines = [
         f"{name} pipeline on CPU: {stages} stages x {microbatches} microbatches, {gpus} "
         f"({time.perf_counter() - started:.0f} s)",
+        *(replay_lines(source, microbatches) if source is not None else []),
         format_report(phase_table(results)),
     ]
+    if source is not None:
+        lines.append(predicted_line(out_dir / "cache"))
     if hostile and (exact := true_energy_line(results)) is not None:
         lines.append(exact)
     pictures = draw_pictures(out_dir / "cache", out_dir)
@@ -190,12 +208,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise PerseusError("--carbon-trace runs with the tiny demo loop; leave out --megatron-lm")
         if args.hostile_gpu:
             raise PerseusError("--hostile-gpu runs with the tiny demo loop; leave out --megatron-lm")
+        if args.gpu_replay:
+            raise PerseusError("--gpu-replay runs with the tiny demo loop; leave out --megatron-lm")
         print(run_megatron_lm_demo(Path(args.megatron_lm).expanduser().resolve(), args.stages, args.microbatches,
                                    args.max_steps, Path(args.out), args.chunks))
         return 0
     print(run_demo(args.framework, args.stages, args.microbatches, args.max_steps, Path(args.out), args.schedule,
                    Path(args.carbon_trace) if args.carbon_trace else None, args.moe,
-                   ASYNC_STREAM_DEPTH if args.async_gpu or args.hostile_gpu else 0, args.hostile_gpu))
+                   ASYNC_STREAM_DEPTH if args.async_gpu or args.hostile_gpu else 0, args.hostile_gpu,
+                   Path(args.gpu_replay) if args.gpu_replay else None))
     return 0
 
 
@@ -227,6 +248,11 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:
                    help="simulated GPUs that behave as real ones do (implies --async-gpu): an H200 whose energy "
                         "meter samples a quarter of each 100 ms period and reports late, clock switches of "
                         "5-15 ms by target clock, an optimizer tail after each step and spinning pipeline waits")
+    p.add_argument("--gpu-replay", metavar="DIR",
+                   help="simulated GPUs that replay one workload directory of measured A100 runs (the Perseus "
+                        "artifact's layout, e.g. .../perseus/A100/dp1+pp4+tp1/merak+gpt3-xl+...): GPU i replays "
+                        f"stage i, instruction times x{REPLAY_TIME_SCALE:g}, power and P_blocking as fitted "
+                        "(--stages must be the runs' stage count)")
     p.add_argument("--out", default="perseus-demo", help="output directory (default: perseus-demo)")
     p.add_argument("--megatron-lm", metavar="PATH",
                    help="run this Megatron-LM checkout's own pretrain_gpt.py (unmodified; tiny GPT, mock data) "

@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -6,21 +5,17 @@ import pytest
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+sys.path.insert(0, str(HERE))
 
-# The public Perseus artifact's data live in ../shared beside the checkout (never copied in).
-DATA = Path(os.environ.get("PERSEUS_ARTIFACT_DATA", HERE.resolve().parents[1].parent / "shared" / "data" / "perseus-sosp24"))
-TARBALL = DATA / "measured-a100.tar.xz"
+from artifact import unpack
+
 MODELS = ("bert-huge-uncased", "bloom-3b", "gpt3-xl", "t5-3b", "wide-resnet101_8")
 
 
 @pytest.fixture(scope="session")
 def artifact_root(tmp_path_factory):
     """The measured runs, unpacked once per session into a temporary directory."""
-    if not TARBALL.exists():
-        pytest.skip("measured A100 runs (measured-a100.tar.xz) not present")
-    from perseus.measured import extract_archive
-
-    return extract_archive(TARBALL, tmp_path_factory.mktemp("measured-a100"))
+    return unpack(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

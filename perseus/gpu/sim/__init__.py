@@ -7,7 +7,8 @@ without a GPU (tests, demos, CI).
 - ``params``: its parameters, checked, defaulted and matched against the state file;
 - ``state``: the shared, crash-safe state file every process of one simulated GPU sees;
 - ``dvfs``: the frequency → time, power, energy model and the GPU presets ("H200-hostile": what real
-  cards add, a part-time late meter, target-dependent switches, a step tail, spinning waits);
+  cards add, a part-time late meter, target-dependent switches, a step tail, spinning waits; the
+  replay preset, ``replay_preset``: one stage of measured A100 runs);
 - ``stream``: the asynchronous mode, a bounded stream a device thread runs, events with GPU timestamps;
 - ``virtual_clock``: ``VirtualClock``, time that passes only when slept, for deterministic tests;
 - ``faults``: ``SimFaults``, the faults real cards show, on demand (stored in the state file).

@@ -26,7 +26,7 @@ from typing import Any
 
 from perseus.gpu.device import BusyResult, ClockEventReason, GPUDevice, check_sm_clock
 from perseus.gpu.errors import GPUError, GPUInvalidArgumentError, GPUNotSupportedError, GPUPermissionError
-from perseus.gpu.sim.dvfs import DVFSModel
+from perseus.gpu.sim.dvfs import DVFSModel, replay_preset
 from perseus.gpu.sim.faults import SimFaults
 from perseus.gpu.sim.integrator import StateIntegrator
 from perseus.gpu.sim.kernels import KernelRecord, KernelRunner
@@ -50,6 +50,9 @@ class SimulatedGPU(GPUDevice):
     Opening an index whose state file exists *attaches* to it (clock lock, energy, model are
     kept, like a real GPU after a crash); ``reset_state=True`` starts fresh. Parameters left as
     ``None`` come from the existing file or the defaults; explicit ones must match the file.
+    ``replay`` (a directory of measured runs, or ``{"dir": ..., "time_scale": ...}``) is the replay
+    preset instead of ``preset`` or ``model``: GPU ``index`` replays stage ``index`` of those runs
+    (``dvfs.replay_preset``).
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class SimulatedGPU(GPUDevice):
         seed: int | None = None,
         switch_latency_s: float | None = None,
         faults: SimFaults | dict[str, Any] | None = None,
+        replay: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         stream_depth: int = 0,
         allow_clock_setting: bool = True,
         reset_state: bool = False,
@@ -72,6 +76,10 @@ class SimulatedGPU(GPUDevice):
     ) -> None:
         if not isinstance(index, int) or index < 0:
             raise GPUInvalidArgumentError(f"simulated GPU index must be an int >= 0, got {index!r}")
+        if replay is not None:  # a JSON config's ``sim_gpu`` names a directory, not a DVFSModel
+            if preset is not None or model is not None:
+                raise GPUInvalidArgumentError("replay= is the GPU's preset: pass it without preset= or model=")
+            model = replay_preset(replay, index)
         check_params(preset=preset, model=model, energy_update_period_s=energy_update_period_s, noise=noise,
                      switch_latency_s=switch_latency_s)
         if not isinstance(stream_depth, int) or stream_depth < 0:

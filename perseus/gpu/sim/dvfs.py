@@ -24,12 +24,20 @@ H200: 2.4 ms and 10 µs), so code that reads the counter on the training thread 
 What real cards add, off in the plain presets and all on in "H200-hostile": a counter that samples
 only part of each period, reports late and with noise; a switch latency that depends on the target
 clock; an optimizer tail after each step and spinning pipeline waits on the asynchronous stream.
+
+The replay preset (``replay_preset``) is no equation: one stage of measured A100 runs, its time and
+power per clock as measured (``perseus.measured.replay``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
 
 from perseus.gpu.errors import GPUInvalidArgumentError
 
@@ -75,8 +83,24 @@ class DVFSModel:
     step_tail_activity: float = 0.0
     step_tail_compute_fraction: float = 0.0
     spin_activity: float = 0.0
+    # The replay preset (``replay_preset``): at each of ``table_clocks_mhz`` the work's slowdown
+    # against the max clock and the power while it runs, as one stage of measured runs had them
+    # (linear between the clocks), instead of the equations above, whatever the activity; and where
+    # each instruction's own time comes from (the runs' directory, the stage, the time scale: the
+    # runtime's ``sim_kernels`` draws it). Empty: the equations (``REPLAY_FIELDS``).
+    table_clocks_mhz: tuple[int, ...] = ()
+    table_slowdown: tuple[float, ...] = ()
+    table_power_w: tuple[float, ...] = ()
+    replay_dir: str = ""
+    replay_stage: int = 0
+    replay_time_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("table_clocks_mhz", "table_slowdown", "table_power_w"):  # JSON gives lists
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not len(self.table_clocks_mhz) == len(self.table_slowdown) == len(self.table_power_w):
+            raise GPUInvalidArgumentError(f"{self.name}: table_clocks_mhz, table_slowdown and table_power_w "
+                                          "must be equally long")
         if not 0 < self.sm_min_mhz <= self.knee_mhz <= self.sm_max_mhz:
             raise GPUInvalidArgumentError(
                 f"{self.name}: need 0 < sm_min ({self.sm_min_mhz}) <= knee ({self.knee_mhz}) "
@@ -115,10 +139,14 @@ class DVFSModel:
     # -- model ------------------------------------------------------------------------------
     def slowdown(self, mhz: float, compute_fraction: float) -> float:
         """t(f) / t_max: compute-bound work scales with 1/f, memory-bound work does not."""
+        if self.table_clocks_mhz:
+            return float(np.interp(mhz, self.table_clocks_mhz, self.table_slowdown))
         return compute_fraction * self.sm_max_mhz / mhz + (1.0 - compute_fraction)
 
     def busy_power_w(self, mhz: float, activity: float = 1.0) -> float:
         """Board power while running a kernel at ``mhz`` with the given SM activity (0–1)."""
+        if self.table_clocks_mhz:
+            return float(np.interp(mhz, self.table_clocks_mhz, self.table_power_w))
         x = mhz / self.sm_max_mhz
         exp = (self.gamma - 1.0) / 2.0
         v = max((self.knee_mhz / self.sm_max_mhz) ** exp, x**exp)
@@ -150,13 +178,19 @@ class DVFSModel:
         return self.switch_latency_low_s + x * (self.switch_latency_high_s - self.switch_latency_low_s)
 
     @property
+    def replays(self) -> bool:
+        """Whether this is the replay preset: measured runs decide time and power."""
+        return bool(self.replay_dir)
+
+    @property
     def hostile(self) -> bool:
         """Whether any real-card behaviour (``HOSTILE_FIELDS``) is on."""
         return any(getattr(self, k) != v for k, v in HOSTILE_FIELDS.items())
 
     def to_dict(self) -> dict[str, object]:
-        """Plain fields; the real-card ones only where on, so the plain presets' record is unchanged."""
-        return {k: v for k, v in asdict(self).items() if k not in HOSTILE_FIELDS or v != HOSTILE_FIELDS[k]}
+        """Plain fields; the real-card and replay ones only where on, so the plain presets' record is unchanged."""
+        off = {**HOSTILE_FIELDS, **REPLAY_FIELDS}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k not in off or v != off[k]}
 
 
 # The real-card behaviours' fields and their "off" values.
@@ -165,6 +199,9 @@ HOSTILE_FIELDS: dict[str, float] = {
     "switch_latency_high_s": 0.0, "step_tail_s": 0.0, "step_tail_activity": 0.0, "step_tail_compute_fraction": 0.0,
     "spin_activity": 0.0,
 }
+# The replay preset's fields and their "off" values.
+REPLAY_FIELDS: dict[str, object] = {"table_clocks_mhz": (), "table_slowdown": (), "table_power_w": (), "replay_dir": "",
+                                    "replay_stage": 0, "replay_time_scale": 1.0}
 
 
 PRESETS: dict[str, DVFSModel] = {
@@ -232,3 +269,31 @@ def get_preset(name: str) -> DVFSModel:
         if key.lower() == name.lower():
             return model
     raise GPUInvalidArgumentError(f"Unknown simulated GPU preset {name!r}; choose one of {sorted(PRESETS)}")
+
+
+def replay_preset(replay: str | os.PathLike[str] | Mapping[str, Any], stage: int) -> DVFSModel:
+    """The replay preset: the A100-SXM the runs measured, its GPU ``stage`` replaying that stage of them.
+
+    ``replay``: one workload directory of measured runs (``perseus.measured.runs``), or
+    ``{"dir": ..., "time_scale": ...}`` (``time_scale`` < 1 shortens every time: a demo's). The GPU
+    offers the measured clocks; its slowdown and power per clock are the stage's
+    (``perseus.measured.replay``), P_blocking the fitted one. A malformed directory is one
+    ``ProfileError`` line."""
+    from perseus.measured.replay import load_replay
+
+    spec: dict[str, Any] = dict(replay) if isinstance(replay, Mapping) else {"dir": replay}
+    if "dir" not in spec or set(spec) - {"dir", "time_scale"}:
+        raise GPUInvalidArgumentError(f"replay is a workload directory or {{\"dir\": ..., \"time_scale\": ...}}, got {replay!r}")
+    source = load_replay(spec["dir"], spec.get("time_scale", 1.0))
+    if not 0 <= stage < source.stages:
+        raise GPUInvalidArgumentError(f"simulated GPU {stage} has no stage to replay: {source.path} measured "
+                                      f"{source.stages} stages (GPU i replays stage i)")
+    clocks = source.clocks_mhz
+    return replace(
+        PRESETS["A100-SXM"], name=f"NVIDIA A100-SXM4-40GB (replaying {source.model}, stage {stage})",
+        sm_min_mhz=clocks[0], sm_max_mhz=clocks[-1], sm_step_mhz=clocks[1] - clocks[0] if len(clocks) > 1 else 1,
+        knee_mhz=clocks[0], p_blocking_w=source.p_blocking_w, table_clocks_mhz=clocks,
+        table_slowdown=tuple(float(f"{source.slowdown(stage, c):.6g}") for c in clocks),
+        table_power_w=tuple(float(f"{source.power_w(stage, c):.6g}") for c in clocks),
+        replay_dir=str(source.path), replay_stage=stage, replay_time_scale=source.time_scale,
+    )
