@@ -5,8 +5,12 @@
 ``write_events([(name, value, x), ...])``, written on global rank 0 only. ``MonitorSink`` hands
 it the ``perseus/*`` scalars (perseus/runtime/observe/metrics.py) at every step end with DeepSpeed's own
 x-axis, ``engine.global_samples`` (its ``Train/Samples/train_loss`` uses the same), so Perseus's
-curves line up with the loss. The numbers are therefore global rank 0's GPU, plus the whole job's
-``perseus/job_energy_j`` at the steps of a periodic job check.
+curves line up with the loss. Per-GPU numbers are therefore global rank 0's; the whole job's are
+there too: ``perseus/job_energy_j`` at the steps of a periodic job check, and every stage's energy
+with the job's saving against its default-clock probes (``perseus/stage<S>_energy_j``,
+``perseus/job_saving_ratio`` and its interval) at the steps where a probe window ended. Every rank
+learns those from the guard's rows (perseus/runtime/observe/job_saving.py), so rank 0's monitor
+shows every stage, not the first one alone.
 """
 
 from __future__ import annotations

@@ -15,9 +15,13 @@ iteration number, so they sit next to Megatron's own curves. With megatron-core 
 
 It wraps ``megatron.training.training.training_log`` and, only while that runs, the module's
 ``print_rank_last``: the line is extended as it is printed, and nothing else Megatron prints
-changes. The numbers are those of the rank that prints (the last one): mean energy per iteration
-and mean power over the iterations since the previous line, the energy saved so far against the
-warm-up baseline, and the whole job's energy per iteration when a periodic job check has run.
+changes. The rank that prints is the last one, but the line is not that rank's alone: besides its
+own GPU's mean energy per iteration and power since the previous line and the energy it saved
+against the warm-up baseline, it has the whole job's energy per iteration when a periodic job
+check has run, and the whole job's saving against its default-clock probes (all ranks, all
+pipelines, with its 95 % interval) once a probe window ended. The writers get every stage's energy
+and the job's saving too (``perseus/stage<S>_energy_j``, ``perseus/job_saving_ratio``: every rank
+learns them from the guard's rows, so the last rank's writers show the whole job).
 """
 
 from __future__ import annotations
@@ -91,17 +95,19 @@ class IterationLogText:
         self.handle = handle
         self._runtime: Any = None
         self._seen = 0
+        self._job: Any = None  # the last job saving figure seen (observe/job_saving.py)
 
     def __call__(self) -> str:
         runtime = getattr(self.handle, "runtime", None)
         if runtime is None or not getattr(runtime, "enabled", False):
             return ""
         if runtime is not self._runtime:  # restarted for a new job shape
-            self._runtime, self._seen = runtime, 0
+            self._runtime, self._seen, self._job = runtime, 0, None
         records = runtime.reporter.records
         new, self._seen = records[self._seen:], len(records)
         if not new:
             return ""
+        self._job = next((r.job_saving for r in reversed(new) if r.job_saving is not None), self._job)
         measured = [r for r in new if r.energy_j is not None]  # a counter outage leaves steps unmeasured
         text = f" perseus phase: {new[-1].phase.value} |"
         if measured:
@@ -116,6 +122,10 @@ class IterationLogText:
         job = getattr(runtime, "job_numbers", {}) or {}
         if job.get("energy_per_iteration_j") is not None:
             text += f" perseus job energy all GPUs (J/iter, at step {job.get('step')}): {job['energy_per_iteration_j']:.1f} |"
+        if self._job is not None:
+            f = self._job
+            text += (f" perseus job saving all GPUs vs default clocks: {100 * f.saving:.1f}% (95 % interval "
+                     f"{100 * f.saving_low:.1f}..{100 * f.saving_high:.1f}%) |")
         return text
 
 

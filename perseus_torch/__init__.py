@@ -3,7 +3,8 @@
 ``perseus_torch.enable(schedule, stages, config)`` after building the schedule, on every rank;
 ``install_hooks(schedule, listener)`` is the bare event source. Supported: ``Schedule1F1B``,
 ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble`` and
-``ScheduleZBVZeroBubble``. See docs/torch-pipelining.md.
+``ScheduleZBVZeroBubble``. See docs/torch-pipelining.md. TorchTitan's own trainer and job config:
+``perseus_torch.torchtitan`` (which imports TorchTitan, so it is not imported here).
 
 Importing this package does not import torch; the functions do when called.
 """

@@ -83,3 +83,32 @@ def test_without_a_monitor_no_sink_is_added(dist_world, tmp_path, monkeypatch):
         assert get_handle(engine).runtime.observe.sinks == []
     finally:
         engine.destroy()
+
+
+def test_the_monitor_gets_the_job_saving_and_every_stage_at_each_probe_window(dist_world, tmp_path, monkeypatch):
+    """With the guard's default-clock probes on, DeepSpeed's monitor (rank 0's) gets the job's
+    saving against them and every stage's energy at the steps where a probe window ended."""
+    monkeypatch.setenv("PERSEUS_SIM_GPU_DIR", str(tmp_path / "sim"))
+    save_frontier(Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
+                           [FrontierPoint(1.0, 1.5, np.array(PLAN))]), tmp_path / "f.json")
+    section = {"gpu": "sim", "sim_gpu": {"energy_update_period_s": 0}, "warmup_steps": 2, "cache_dir": None,
+               "log_every_steps": 0, "frontier_path": str(tmp_path / "f.json"), "probe_every_steps": 4}
+    config = deepspeed_config(MICROBATCHES, SHAPE, section)
+    config["csv_monitor"] = {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "job"}
+    model = build_pipeline(1, SHAPE)
+    engine, *_ = initialize(model=model, optimizer=client_optimizer(model), config=config)
+    handle = get_handle(engine)
+    data = data_iterator(SHAPE)
+    for _ in range(14):
+        engine.train_batch(data)
+    windows = [r.step for r in handle.runtime.reporter.records if r.job_saving is not None]
+    figure = handle.runtime.observe.job_saving.figure
+    engine.destroy()
+    assert figure is not None and len(windows) == figure.windows >= 2
+    folder = tmp_path / "csv" / "job"
+    samples = [SHAPE.micro_batch_size * MICROBATCHES * (s + 1) for s in windows]  # DeepSpeed's x: global_samples
+    assert [s for s, _ in read_csv(folder, "perseus/job_saving_ratio")] == samples
+    assert read_csv(folder, "perseus/job_saving_ratio")[-1][1] == pytest.approx(figure.saving, rel=1e-9)
+    assert read_csv(folder, "perseus/job_saving_high_ratio")[-1][1] == pytest.approx(figure.saving_high, rel=1e-9)
+    assert read_csv(folder, "perseus/stage0_energy_j")[-1][1] == pytest.approx(figure.stages[0].energy_j, rel=1e-9)
+    assert read_csv(folder, "perseus/stage0_saving_ratio")[-1][1] == pytest.approx(figure.stages[0].saving, rel=1e-9)

@@ -142,3 +142,45 @@ def test_iteration_log_line_gets_perseus_numbers_only_in_training_log(trainer, t
     assert "perseus phase: steady" in last and "perseus phase: warmup" in printed[1]
     assert "perseus saved" not in printed[1]  # no baseline yet
     assert IterationLogText(handle)() != ""  # a fresh reader starts from the first step
+
+
+def test_the_writers_and_the_log_line_get_the_job_saving_against_the_probes(trainer, tmp_path, monkeypatch):
+    """With the guard's default-clock probes on, every probe window's end gives the writers the job's
+    saving (all ranks, all pipelines: here one) and every stage's energy, and the log line the job's
+    saving with its interval."""
+    save_frontier(Frontier(build_schedule("1f1b", 1, MICROBATCHES), 80.0, 1.0, 2.0,
+                           [FrontierPoint(1.0, 3.0, np.array(PLAN))]), tmp_path / "f.json")
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    wandb = Wandb()
+    global_vars = types.ModuleType("megatron.training.global_vars")
+    global_vars.get_tensorboard_writer = lambda: writer
+    global_vars.get_wandb_writer = lambda: wandb
+    monkeypatch.setitem(sys.modules, "megatron.training.global_vars", global_vars)
+    printed: list[str] = []
+    training = types.ModuleType("megatron.training.training")
+    exec("def training_log(iteration):\n    print_rank_last(' iteration {:8d} |'.format(iteration))\n", training.__dict__)
+    training.print_rank_last = printed.append
+    handle = enable(gpu="sim", device_index=0, sim_gpu=sim_gpu(tmp_path), cache_dir=None, warmup_steps=2,
+                    frontier_path=str(tmp_path / "f.json"), log_every_steps=0, probe_every_steps=4)
+    undo = add_to_iteration_log(handle, training)
+    try:
+        with cpu_execution():
+            for _ in range(14):
+                trainer.step(MICROBATCHES)
+        training.training_log(14)
+        windows = [r.step for r in handle.runtime.reporter.records if r.job_saving is not None]
+        figure = handle.runtime.observe.job_saving.figure
+    finally:
+        handle.close()
+        undo()
+    writer.close()
+    assert figure is not None and len(windows) == figure.windows >= 2
+    scalars = read_scalars(tmp_path / "tb")
+    assert [s for s, _ in scalars["perseus/job_saving_ratio"]] == windows  # at the steps a window ended
+    assert scalars["perseus/job_saving_ratio"][-1][1] == pytest.approx(figure.saving, rel=1e-6)
+    assert scalars["perseus/job_saving_low_ratio"][-1][1] == pytest.approx(figure.saving_low, rel=1e-6)
+    assert scalars["perseus/stage0_energy_j"][-1][1] == pytest.approx(figure.stages[0].energy_j, rel=1e-6)
+    assert scalars["perseus/stage0_baseline_energy_j"][-1][1] == pytest.approx(figure.baseline_energy_j, rel=1e-6)
+    assert wandb.logged[windows[-1]][0]["perseus/job_saving_ratio"] == figure.saving
+    assert (f"perseus job saving all GPUs vs default clocks: {100 * figure.saving:.1f}% (95 % interval "
+            f"{100 * figure.saving_low:.1f}..{100 * figure.saving_high:.1f}%) |") in printed[-1]

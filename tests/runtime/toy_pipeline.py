@@ -267,6 +267,11 @@ def run_rank(rank: int, world_size: int, cfg: ToyConfig, out_dir: str, store_pat
                 step += 1
             result["summary"] = runtime.summary()
             result["stage_clocks"] = runtime.stage_clocks()
+            if runtime.prometheus is not None:  # what a scrape sees at the end of training
+                import urllib.request
+
+                with urllib.request.urlopen(runtime.prometheus.url, timeout=30) as resp:
+                    result["prometheus"] = resp.read().decode()
         device.close()
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher through the result file
         result["error"] = f"{type(exc).__name__}: {exc}"

@@ -14,8 +14,12 @@ a plan whose job-wide energy per step is not measurably lower than the probes' f
 (``sequential.EnergyTest``: the row carries each rank's energy medians, and every rank runs the
 same test on their sum).
 
-What is judged is the step's instruction span (``StepNumbers.span_s``: on the GPU's clock where
-the GPU runs behind the host, else the host's), not the whole step call.
+What is judged is the step's instruction span and its GPU work between steps (the optimizer, the
+gradient all-reduce: ``StepNumbers.judged_s``, on the GPU's clock where the GPU runs behind the
+host, else the host's), not the whole step call. That work runs at default clocks in plan steps and
+probes alike (``Deployment.step_ending``), so both sides carry it; a clock that slowed it would
+show. The A/B figure (``figure``) compares the instructions' spans, which is what the frontier
+predicts (``observe/prediction.py`` lifts it to the iteration).
 """
 
 from __future__ import annotations
@@ -77,9 +81,11 @@ log = logging.getLogger("perseus.runtime")
 AB_WINDOW = 400
 DECISIONS_KEPT = 50  # acting decisions the summary lists (every window's is in the metrics file)
 # The gathered row: the time verdict (``verdict_row``, 6), at the fastest point, probe share, probe
-# extra J, judges; then the energy medians (``RankEnergy.row``) and whether this rank retargeted.
+# extra J, judges; then the energy medians (``RankEnergy.row``), whether this rank retargeted, and
+# its pipeline stage (every stage's energy and the job's saving: observe/job_saving.py).
 ENERGY_AT = 10
 RETARGETED_AT = ENERGY_AT + 5
+STAGE_AT = RETARGETED_AT + 1
 
 
 @dataclass
@@ -154,6 +160,7 @@ class ClosedLoop:
         self.counted_per_block = config.probe_block_steps
         self.collective = collective
         self.dp = job.dp_rank if job is not None else 0
+        self.stage = job.stage if job is not None else 0
         # whether this rank's span is its pipeline's (``judging_stages``): only those vote
         self.judges = job is None or job.stage in judging_stages(schedule or job.build_schedule())
         self._seed_text = job_seed_text(job) if job is not None else "local"
@@ -168,6 +175,7 @@ class ClosedLoop:
         self.windows = 0
         self.pipelines: dict[int, PipelineGuard] = {}
         self.last: JobDecision | None = None
+        self.window_rows: list[list[float]] = []  # the last window's gathered rows, one per rank in rank order
         self.periods = PeriodWatch(self.settings.backoff.first)  # the loop's own period, said once
         self._notes: list[tuple[str, dict[str, object]]] = []  # events for the engine to write
         # the run's A/B and the samples' changes it was computed at: recomputed only when they change
@@ -222,19 +230,22 @@ class ClosedLoop:
         return self.reference_point(targeting, plan) if self.probing else targeting.point
 
     def end_step(self, span_s: float, energy_j: float | None, targeting: Targeting, plan: StagePlan,
-                 step_s: float | None = None, running: bool = True) -> JobDecision | None:
+                 step_s: float | None = None, running: bool = True, between_s: float = 0.0) -> JobDecision | None:
         """Count the step that ended, judged on its instructions' span (``StepNumbers.span_s``: the
         GPU's first instruction begin to last end where the GPU runs behind the host, the host's
-        otherwise; host work outside instructions is reported, not judged: ``step_s``, the whole
-        step, feeds the loop-period report); at a window's end, the job's decision (a collective on
-        every rank at that step). None at other steps, with probes off and after the job fell back.
-        ``running`` False: this rank fell back for another reason, so its plan steps ran default
-        clocks and its energy says nothing about the plan (it sends none from then on)."""
-        judged_s = max(span_s, 1e-9)
+        otherwise) and its work between steps (``between_s``: after the last instruction up to the
+        step's end); host work before the first instruction is reported, not judged (``step_s``,
+        the whole step, feeds the loop-period report). The A/B keeps the spans. At a window's end,
+        the job's decision (a collective on every rank at that step). None at other steps, with
+        probes off and after the job fell back. ``running`` False: this rank fell back for another
+        reason, so its plan steps ran default clocks and its energy says nothing about the plan (it
+        sends none from then on)."""
+        span_s = max(span_s, 1e-9)
+        judged_s = span_s + max(between_s, 0.0)
         self.plan_running = self.plan_running and running
         role = self.role
         if role.counted:
-            (self.plan if role is StepRole.PLAN else self.probes).add(judged_s, energy_j)
+            (self.plan if role is StepRole.PLAN else self.probes).add(span_s, energy_j)
         if role is StepRole.PLAN:
             self.periods.add(self.steps, judged_s if step_s is None else step_s, judged_s)
         if self.reason_source is not None and self.rank_guard is not None and self._samples_reasons(role):
@@ -252,9 +263,9 @@ class ClosedLoop:
         mine = verdict_row(self.dp, end.verdict) + [float(at_fastest), guard.cost.share, guard.cost.extra_energy_j,
                                                     float(self.judges)]
         energy = end.energy if self.plan_running else None
-        mine += (no_energy_row() if energy is None else energy.row()) + [float(self._retargeted)]
+        mine += (no_energy_row() if energy is None else energy.row()) + [float(self._retargeted), float(self.stage)]
         self._retargeted = False
-        rows = self.collective.all_gather_floats(mine)
+        rows = self.window_rows = self.collective.all_gather_floats(mine)
         decision = agree([r[:6] for r in rows], end.length, self.settings, at_fastest=all(r[6] for r in rows),
                          judges=[bool(r[9]) for r in rows])
         decision = with_energy(decision, self._energy_verdict(rows), end.length, self.settings)

@@ -10,16 +10,23 @@ followed, not from counting instructions as they run.
 Names are the same whatever writes them (``SCALARS``, documented with units in
 docs/observability.md): ``perseus/energy_j``, ``perseus/power_w``, ``perseus/saving_j_total``, ...
 Energies are this rank's GPU; ``perseus/job_energy_j`` (all GPUs of the job) only exists at the
-steps where the runtime's periodic job check ran, the only time a rank learns the others' energy.
+steps where the runtime's periodic job check ran, and the job's saving against the default-clock
+probes with every stage's energy (``perseus/job_saving_ratio``, ``perseus/stage0_energy_j``, ...)
+at the steps where a probe window ended (``job_saving.py``): so whichever rank writes the
+dashboards, they show every stage and the whole job, not that rank's GPU alone.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from perseus.runtime.phases import Phase
+
+if TYPE_CHECKING:
+    from perseus.runtime.observe.job_saving import JobSavingFigure
 
 log = logging.getLogger("perseus.runtime")
 
@@ -51,11 +58,24 @@ SCALARS: dict[str, tuple[str, str]] = {
     "non_instruction_gpu_s": ("s", "the step's GPU work after its last instruction (optimizer, gradient all-reduce)"),
     "non_instruction_energy_j": ("J", "energy of that non-instruction work"),
     "host_time_s": ("s", "the step on the host: step begin hook to step end hook"),
+    "between_steps_s": ("s", "the step's work between steps after its last instruction (optimizer, all-reduce), "
+                             "on the GPU's clock where it runs behind the host, else the host's; judged by the guard"),
+    "between_steps_energy_j": ("J", "energy of that work between steps"),
     "predicted_slowdown": ("ratio", "deployed point's planned time / the probes' baseline (all-max) planned time"),
     "measured_slowdown": ("ratio", "median plan step time / median default-clock probe step time, same run"),
     "predicted_energy_ratio": ("ratio", "deployed point's planned job energy / the probes' baseline planned energy"),
     "measured_energy_ratio": ("ratio", "job energy of plan steps / of probes (the guard's energy test), same run"),
     "instructions_at_<MHz>mhz": ("count", "this step's instructions of this rank run (as planned) at that SM clock"),
+    # at the steps where a probe window ended (job_saving.py): every rank has them, whichever logs
+    "job_saving_ratio": ("fraction", "1 - the job's energy per plan step / per default-clock probe step, all GPUs, "
+                                     "over the deployed steps so far"),
+    "job_saving_low_ratio": ("fraction", "lower end of job_saving_ratio's 95 % interval"),
+    "job_saving_high_ratio": ("fraction", "upper end of job_saving_ratio's 95 % interval"),
+    "job_plan_energy_j": ("J", "energy per plan iteration of all GPUs of the job (the probe windows' medians)"),
+    "job_baseline_energy_j": ("J", "energy per default-clock probe iteration of all GPUs of the job: the baseline"),
+    "stage<S>_energy_j": ("J", "energy per plan iteration of pipeline stage S, all its GPUs (every pipeline)"),
+    "stage<S>_baseline_energy_j": ("J", "energy per default-clock probe iteration of stage S, all its GPUs"),
+    "stage<S>_saving_ratio": ("fraction", "1 - stage<S>_energy_j / stage<S>_baseline_energy_j"),
 }
 
 
@@ -63,12 +83,25 @@ GRID_FIELDS = ("carbon_intensity", "carbon_g", "carbon_g_total", "job_power_w", 
 # Where the GPU runs behind the host (a GPU timeline: runtime/port/gpu_timeline.py); None otherwise.
 GPU_TIME_FIELDS = ("gpu_step_s", "instruction_span_s", "non_instruction_gpu_s", "non_instruction_energy_j",
                    "host_time_s")
+# Every step: its work between steps, a bucket of its own (runtime/port/gpu_timeline.py); None: unmeasured.
+BETWEEN_STEPS_FIELDS = ("between_steps_s", "between_steps_energy_j")
 # Deployed plan steps: the frontier's prediction against the same run's probes (prediction.py).
 PREDICTION_FIELDS = ("predicted_slowdown", "measured_slowdown", "predicted_energy_ratio", "measured_energy_ratio")
 
 
 def instructions_name(mhz: int) -> str:
     return f"{PREFIX}instructions_at_{int(mhz)}mhz"
+
+
+def job_saving_scalars(figure: JobSavingFigure) -> dict[str, float]:
+    """The job's saving and every stage's energy as scalars (names without ``PREFIX``)."""
+    out = {"job_saving_ratio": figure.saving, "job_saving_low_ratio": figure.saving_low,
+           "job_saving_high_ratio": figure.saving_high, "job_plan_energy_j": figure.energy_j,
+           "job_baseline_energy_j": figure.baseline_energy_j}
+    for stage, s in sorted(figure.stages.items()):
+        out |= {f"stage{stage}_energy_j": s.energy_j, f"stage{stage}_baseline_energy_j": s.baseline_energy_j,
+                f"stage{stage}_saving_ratio": s.saving}
+    return out
 
 
 @dataclass(frozen=True)
@@ -112,11 +145,16 @@ class StepMetrics:
     non_instruction_gpu_s: float | None = None
     non_instruction_energy_j: float | None = None
     host_time_s: float | None = None
+    # BETWEEN_STEPS_FIELDS: the GPU's work after the last instruction (the step clock's non-instruction bucket)
+    between_steps_s: float | None = None
+    between_steps_energy_j: float | None = None
     # PREDICTION_FIELDS: the deployed point's predicted ratios to the baseline, and the measured ones
     predicted_slowdown: float | None = None
     measured_slowdown: float | None = None
     predicted_energy_ratio: float | None = None
     measured_energy_ratio: float | None = None
+    # the job's saving against the probes and every stage's energy, at a step whose probe window ended
+    job_saving: JobSavingFigure | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.phase, Phase):  # a phase's name ("deployed") is accepted too
@@ -137,7 +175,7 @@ class StepMetrics:
         if self.clocks is not None:
             row["clocks"] = self.clocks
             row["counted"] = bool(self.counted)
-        for name in GRID_FIELDS + GPU_TIME_FIELDS + PREDICTION_FIELDS:
+        for name in GRID_FIELDS + GPU_TIME_FIELDS + BETWEEN_STEPS_FIELDS + PREDICTION_FIELDS:
             if getattr(self, name) is not None:
                 row[name] = getattr(self, name)
         return row
@@ -154,10 +192,12 @@ class StepMetrics:
             "saving_j_total": self.saving_j_total, "straggler_ratio": self.straggler_ratio,
         }
         for name in ("saving_ratio", "point_slowdown", "point_energy_j", "job_energy_j", *GRID_FIELDS,
-                     *GPU_TIME_FIELDS, *PREDICTION_FIELDS):
+                     *GPU_TIME_FIELDS, *BETWEEN_STEPS_FIELDS, *PREDICTION_FIELDS):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)
+        if self.job_saving is not None:
+            out |= job_saving_scalars(self.job_saving)
         scalars = {PREFIX + k: float(v) for k, v in out.items()}
         for mhz, count in sorted(self.instructions.items()):
             scalars[instructions_name(mhz)] = float(count)
@@ -174,8 +214,20 @@ class StepMetrics:
             "job_energy_per_iteration_j": self.job_energy_j,
             "carbon_intensity": self.carbon_intensity, "carbon_total_g": self.carbon_g_total,
             "job_power_w": self.job_power_w, "power_cap_w": self.power_cap_w,
-            **{name: getattr(self, name) for name in PREDICTION_FIELDS},
+            **{name: getattr(self, name) for name in BETWEEN_STEPS_FIELDS + PREDICTION_FIELDS},
+            **(job_saving_snapshot(self.job_saving) if self.job_saving is not None else {}),
         }
+
+
+def job_saving_snapshot(figure: JobSavingFigure) -> dict[str, Any]:
+    """The Prometheus snapshot keys of the job's saving and every stage's energy (prometheus.py)."""
+    finite = {k: v for k, v in (("job_saving_low", figure.saving_low), ("job_saving_high", figure.saving_high))
+              if math.isfinite(v)}
+    return {"job_saving": figure.saving, **finite, "job_plan_energy_j": figure.energy_j,
+            "job_baseline_energy_j": figure.baseline_energy_j,
+            "stage_energy_j": {str(s): v.energy_j for s, v in figure.stages.items()},
+            "stage_baseline_energy_j": {str(s): v.baseline_energy_j for s, v in figure.stages.items()},
+            "stage_saving": {str(s): v.saving for s, v in figure.stages.items()}}
 
 
 class MetricsBuilder:
@@ -189,7 +241,8 @@ class MetricsBuilder:
 
     def complete(self, record: StepMetrics, *, clock_mhz: int, instructions: dict[int, int] | None,
                  baseline_energy_j: float | None, straggler_ratio: float, point_slowdown: float | None = None,
-                 point_energy_j: float | None = None, job_energy_j: float | None = None) -> StepMetrics:
+                 point_energy_j: float | None = None, job_energy_j: float | None = None,
+                 job_saving: JobSavingFigure | None = None) -> StepMetrics:
         """``record`` with what holds at step end and the running totals (instruction counts only
         when ``instructions`` is given: they are counted for sinks, not kept for every step). An
         unmeasured step adds nothing to the energy totals and has no saving."""
@@ -207,7 +260,7 @@ class MetricsBuilder:
         return replace(
             record, clock_mhz=int(clock_mhz), energy_j_total=self.energy_j_total, saving_j_total=self.saving_j_total,
             straggler_ratio=straggler_ratio, saving_ratio=saving_ratio, point_slowdown=point_slowdown,
-            point_energy_j=point_energy_j, job_energy_j=job_energy_j, **counted,
+            point_energy_j=point_energy_j, job_energy_j=job_energy_j, job_saving=job_saving, **counted,
         )
 
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from statistics import median
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from perseus.errors import ConfigError, PerseusError
+from perseus.runtime.observe.job_saving import JobSaving, JobSavingFigure, WindowSource
 from perseus.runtime.observe.metrics import MetricsBuilder, MetricsSink, PrometheusSink, StepMetrics, close_quietly, write_all
 from perseus.runtime.phases import Phase, PhaseMachine
 from perseus.runtime.observe.prediction import PredictionCheck, PredictionWatch, predict
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from perseus.runtime.clocks.grid import GridControl
     from perseus.runtime.port.gpu_port import GPUPort
     from perseus.runtime.port.gpu_timeline import StepNumbers
-    from perseus.runtime.guard.closed_loop import ClosedLoop
+    from perseus.runtime.guard.closed_loop import ClosedLoop, Samples
     from perseus.runtime.plane.collective import Collective
     from perseus.runtime.config import PerseusConfig
     from perseus.runtime.guard.ab import ABFigure
@@ -88,6 +90,14 @@ class StepEnd:
     stage_instructions: int
 
 
+def step_medians(samples: Samples) -> dict[str, Any] | None:
+    """Median instruction span (GPU time where the GPU runs behind the host) and energy of the
+    guard's counted steps of one kind, with how many; None before one was measured."""
+    if not samples.energy_j:
+        return None
+    return {"time_s": median(samples.time_s), "energy_j": median(samples.energy_j), "steps": len(samples.time_s)}
+
+
 class GridFields(NamedTuple):
     """A step's fields of ``StepMetrics`` from the grid's target (None: no target, or no intensity)."""
 
@@ -111,10 +121,12 @@ class Observer:
         self._totals = MetricsBuilder(rank)
         self.carbon_g_total = 0.0  # this GPU's carbon over the steps with an intensity in force
         self.prediction = PredictionWatch()  # the deployed plan's prediction against the probes
+        self.job_saving = JobSaving()  # the job's and every stage's saving, from the guard's windows
+        self._windows: WindowSource | None = None  # the run's guard, once a step was recorded
 
     def start_prometheus(self, port: int | None, collective: Collective) -> Any:
-        """One exporter per rank on 127.0.0.1 when ``port`` is set (N: N + LOCAL_RANK; 0: any free
-        port), returned. Every rank agrees: if one cannot start, all raise (the caller closes)."""
+        """One exporter per rank on the config's ``prometheus_addr`` when ``port`` is set (N: N + LOCAL_RANK;
+        0: any free port), returned. Every rank agrees: if one cannot start, all raise (the caller closes)."""
         if port is None:
             return None
         from perseus.runtime.observe.prometheus import PrometheusExporter
@@ -123,7 +135,7 @@ class Observer:
             port += int(os.environ.get("LOCAL_RANK", "0") or 0)
         error: PerseusError | None = None
         try:
-            self.prometheus = PrometheusExporter(port, "127.0.0.1")
+            self.prometheus = PrometheusExporter(port, self.config.prometheus_addr)
         except PerseusError as exc:
             error = exc
         if not collective.all_true(error is None):
@@ -149,6 +161,7 @@ class Observer:
         clock): kept, logged (with the same-run A/B, ``closed_loop.py``) and written to the metrics
         file now, before the step's phase logic."""
         numbers, phase, targeting, loop = run.measured, run.phases.phase, run.targeting, run.loop
+        self._windows = loop
         time_s, energy_j = numbers.time_s, numbers.energy_j
         profiling = run.supply.profiling if phase is Phase.PROFILING else None
         sweep = profiling.sweep if profiling is not None else None
@@ -172,6 +185,8 @@ class Observer:
                              non_instruction_gpu_s=gpu.non_instruction_s if gpu else None,
                              non_instruction_energy_j=gpu.non_instruction_energy_j if gpu else None,
                              host_time_s=gpu.host_s if gpu else None,
+                             between_steps_s=numbers.non_instruction_s,
+                             between_steps_energy_j=numbers.non_instruction_energy_j,
                              predicted_slowdown=check.predicted_slowdown if check else None,
                              measured_slowdown=check.measured_slowdown if check else None,
                              predicted_energy_ratio=check.predicted_energy_ratio if check else None,
@@ -226,11 +241,22 @@ class Observer:
             baseline_energy_j=self.reporter.baseline_energy_j, straggler_ratio=end.straggler_ratio,
             point_slowdown=end.slowdown if point is not None else None,
             point_energy_j=point.energy_j if point is not None else None, job_energy_j=end.job_energy_j,
+            job_saving=self._job_window(record.step + 1),
         )
         self.reporter.complete(full)
         if self.sinks:
             write_all(self.sinks, full.step, full)
         return full
+
+    def _job_window(self, step: int) -> JobSavingFigure | None:
+        """The job's saving when a probe window ended at this step (``job_saving.py``), also a
+        ``job_saving`` event (the metrics file's line, at the step the guard's event has); else None."""
+        if self._windows is None or not self.job_saving.follow(self._windows):
+            return None
+        figure = self.job_saving.figure
+        assert figure is not None  # follow() is True only when it made one
+        self.event("job_saving", step, figure.as_dict())
+        return figure
 
     # ---------------------------------------------------------------- results
 
@@ -250,14 +276,17 @@ class Observer:
         c, profiling, loop, latency = self.config, run.supply.profiling, run.loop, run.supply.switch_latency
         return RunFacts(
             rank=self.rank, job=run.job, mode=c.mode.value, phase=run.phases.phase, steps=run.step,
-            phase_history=list(run.phases.history), p_blocking_w=run.supply.p_blocking_w,
+            phase_history=list(run.phases.history),
+            p_blocking_w=profiling.p_blocking_w if profiling is not None else run.supply.p_blocking_w,
             fallback=run.deployment.problem, slowdown=run.targeting.slowdown, clock_mhz=run.gpu.current_mhz,
             events=self.events, job_numbers=run.job_numbers, sweep=profiling.sweep if profiling is not None else None,
             profiling_iterations=c.warmup_steps + profiling.iterations() if profiling is not None else None,
             frontier=run.frontier, point=run.targeting.point,
             closed_loop=loop.summary() if loop.steps else None, grid=run.grid.summary(),
             switch_latency=latency.as_dict() if latency is not None else None,
-            prediction=self.prediction.last.as_dict() if self.prediction.last is not None else None)
+            prediction=self.prediction.last.as_dict() if self.prediction.last is not None else None,
+            probe_baseline=step_medians(loop.probes), plan_medians=step_medians(loop.plan),
+            job_saving=self.job_saving.figure.as_dict() if self.job_saving.figure is not None else None)
 
     def close_sinks(self) -> None:
         """Close every sink (the Prometheus exporter with its sink); no more metrics after this."""

@@ -2,8 +2,11 @@
 
 Optional (``pip install -e '.[prometheus]'``). A ``PrometheusExporter`` owns its own
 ``CollectorRegistry`` (nothing lands in the process-wide default registry) and serves it on
-``addr:port``; port 0 picks a free port, reported as ``exporter.port``. It is updated at most once
-per training iteration from a plain snapshot dict, never from the per-instruction hot path::
+``addr:port``; port 0 picks a free port, reported as ``exporter.port``. ``addr`` is 127.0.0.1 unless
+given (the config's ``prometheus_addr``): the endpoint has no authentication, so only the host it runs
+on reaches it; ``0.0.0.0`` (every IPv4 interface), ``::`` (every interface) or the node's own address
+lets a cluster's Prometheus scrape it. It is updated at most once per training iteration from a plain
+snapshot dict, never from the per-instruction hot path::
 
     exporter = PrometheusExporter(port=9400)
     exporter.update({"phase": "deployed", "clock_mhz": 1200, "energy_total_j": {"0": 1234.5},
@@ -34,6 +37,18 @@ Snapshot keys (all optional; a key left out leaves its metric as it was):
 - ``predicted_slowdown``, ``measured_slowdown``, ``predicted_energy_ratio``,
   ``measured_energy_ratio``: the deployed plan's predicted ratios to the probes' baseline and the
   same run's measured ones (``perseus_predicted_slowdown_ratio``, ...; observe/prediction.py).
+- ``between_steps_s``, ``between_steps_energy_j``: the last step's GPU work between steps
+  (optimizer, gradient all-reduce) and its energy (``perseus_between_steps_seconds``,
+  ``perseus_between_steps_joules``).
+- ``job_saving``, ``job_saving_low``, ``job_saving_high``: the job's energy saving against the
+  default-clock probes, all GPUs, with its 95 % interval (``perseus_job_energy_saving_ratio``,
+  ``perseus_job_energy_saving_low_ratio``, ``perseus_job_energy_saving_high_ratio``);
+  ``job_plan_energy_j``, ``job_baseline_energy_j``: the job's energy per plan and per probe
+  iteration (``perseus_job_plan_energy_joules``, ``perseus_job_baseline_energy_joules``).
+- ``stage_energy_j``, ``stage_baseline_energy_j``, ``stage_saving``: ``{stage: value}``, each
+  pipeline stage's energy per plan and per probe iteration over all its GPUs and its saving
+  (``perseus_stage_energy_joules{stage}``, ``perseus_stage_baseline_energy_joules{stage}``,
+  ``perseus_stage_energy_saving_ratio{stage}``; observe/job_saving.py).
 
 A value of ``None`` also leaves its metric unchanged (e.g. no point deployed yet).
 """
@@ -52,6 +67,9 @@ SNAPSHOT_KEYS = frozenset({
     "straggler_ratio", "energy_saving", "energy_saved_total_j", "job_energy_per_iteration_j",
     "carbon_intensity", "carbon_total_g", "job_power_w", "power_cap_w",
     "predicted_slowdown", "measured_slowdown", "predicted_energy_ratio", "measured_energy_ratio",
+    "between_steps_s", "between_steps_energy_j",
+    "job_saving", "job_saving_low", "job_saving_high", "job_plan_energy_j", "job_baseline_energy_j",
+    "stage_energy_j", "stage_baseline_energy_j", "stage_saving",
 })
 INSTALL_HINT = "pip install -e '.[prometheus]'"
 
@@ -115,6 +133,33 @@ class PrometheusExporter:
             "measured_energy_ratio": Gauge("perseus_measured_energy_ratio", "Plan steps' energy over probes', "
                                            "same run (ratio)", registry=r),
         }
+        self._between = {  # the last step's work between steps (metrics.BETWEEN_STEPS_FIELDS)
+            "between_steps_s": Gauge("perseus_between_steps_seconds", "The last step's GPU work between steps "
+                                     "(optimizer, gradient all-reduce) (s)", registry=r),
+            "between_steps_energy_j": Gauge("perseus_between_steps_joules", "Energy of the last step's work "
+                                            "between steps (J)", registry=r),
+        }
+        self._job_saving = {  # the job's saving against the probes (observe/job_saving.py)
+            "job_saving": Gauge("perseus_job_energy_saving_ratio", "Energy saved by the whole job (all GPUs) against "
+                                "its default-clock probe steps (fraction)", registry=r),
+            "job_saving_low": Gauge("perseus_job_energy_saving_low_ratio", "Lower end of the job saving's 95 % "
+                                    "interval (fraction)", registry=r),
+            "job_saving_high": Gauge("perseus_job_energy_saving_high_ratio", "Upper end of the job saving's 95 % "
+                                     "interval (fraction)", registry=r),
+            "job_plan_energy_j": Gauge("perseus_job_plan_energy_joules", "Energy per plan iteration, all GPUs of "
+                                       "the job (J)", registry=r),
+            "job_baseline_energy_j": Gauge("perseus_job_baseline_energy_joules", "Energy per default-clock probe "
+                                           "iteration, all GPUs of the job (J)", registry=r),
+        }
+        self._stages = {
+            "stage_energy_j": Gauge("perseus_stage_energy_joules", "Energy per plan iteration of a pipeline stage, "
+                                    "all its GPUs (J)", ["stage"], registry=r),
+            "stage_baseline_energy_j": Gauge("perseus_stage_baseline_energy_joules", "Energy per default-clock "
+                                             "probe iteration of a pipeline stage, all its GPUs (J)", ["stage"],
+                                             registry=r),
+            "stage_saving": Gauge("perseus_stage_energy_saving_ratio", "Energy saved by a pipeline stage against "
+                                  "its default-clock probe steps (fraction)", ["stage"], registry=r),
+        }
         for phase in PHASES:
             self._phase.labels(phase=phase).set(0)
         self._last_energy: dict[str, float] = {}
@@ -135,7 +180,8 @@ class PrometheusExporter:
 
     @property
     def url(self) -> str:
-        return f"http://{self.addr}:{self.port}/metrics"
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr  # an IPv6 address goes in brackets
+        return f"http://{host}:{self.port}/metrics"
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         """Set every metric named in ``snapshot`` (see the module docstring for the keys)."""
@@ -156,10 +202,22 @@ class PrometheusExporter:
                                ("point_energy_j", self._point_energy), ("straggler_ratio", self._straggler),
                                ("energy_saving", self._saving), ("energy_saved_total_j", self._saved),
                                ("job_energy_per_iteration_j", self._job_energy), *self._grid.items(),
-                               *self._prediction.items()):
+                               *self._prediction.items(), *self._between.items(), *self._job_saving.items()):
                 value = snapshot.get(key)
                 if value is not None:
                     gauge.set(_finite(value, key))
+            for key, gauge in self._stages.items():
+                self._labelled(snapshot.get(key), key, gauge)
+
+    @staticmethod
+    def _labelled(values: Any, key: str, gauge: Any) -> None:
+        """A gauge per stage from ``{stage: value}``."""
+        if values is None:
+            return
+        if not isinstance(values, Mapping):
+            raise PerseusError(f"prometheus snapshot: {key} must map a stage to a number, got {values!r}")
+        for stage, value in values.items():
+            gauge.labels(stage=str(stage)).set(_finite(value, f"{key}[{stage}]"))
 
     @staticmethod
     def _counters(totals: Any, key: str, counter: Any, label: str, last: dict[str, float]) -> None:

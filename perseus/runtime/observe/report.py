@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from statistics import fmean, median
 from typing import TYPE_CHECKING, Any, Sequence
 
-from perseus.output.wording import saving_phrase
+from perseus.output.wording import Z95, saving_phrase
 from perseus.runtime.guard.ab import ABFigure, energy_text, step_line
 from perseus.runtime.observe.metrics import StepMetrics
 from perseus.runtime.observe.metrics_file import MetricsFile
@@ -41,6 +41,7 @@ class Reporter:
     records: list[StepMetrics] = field(default_factory=list)
     baseline_time_s: float | None = None
     baseline_energy_j: float | None = None
+    baseline_steps: int = 0
     _metrics: MetricsFile | None = None
 
     def __post_init__(self) -> None:
@@ -48,10 +49,14 @@ class Reporter:
             self._metrics = MetricsFile(self.metrics_path)
 
     def set_baseline(self, records: list[StepMetrics]) -> None:
-        """Median of the warm-up steps: robust to the slow first iteration (energy: of the measured ones)."""
+        """Median of the warm-up steps after the first (start-up: allocation, compilation, caches);
+        the per-step ``saving_ratio`` is against it. The summary's baseline is the default-clock
+        probes' where the guard ran them (``summarize``)."""
+        records = records[1:] if len(records) > 1 else records
         if records:
             self.baseline_time_s = median(r.time_s for r in records)
             self.baseline_energy_j = median_energy(records)
+            self.baseline_steps = len(records)
 
     def saving(self, energy_j: float | None) -> float | None:
         if not self.baseline_energy_j or energy_j is None:
@@ -150,6 +155,10 @@ class RunFacts:
     grid: dict[str, Any] | None = None  # ``GridControl.summary()``: carbon/power decisions (None: no grid target)
     switch_latency: dict[str, Any] | None = None  # ``LatencyInForce.as_dict()``: the latency used and why
     prediction: dict[str, Any] | None = None  # ``PredictionCheck.as_dict()``: the last plan step's check
+    # the guard's counted default-clock probes and plan steps: median span (GPU time) and energy, steps
+    probe_baseline: dict[str, Any] | None = None
+    plan_medians: dict[str, Any] | None = None
+    job_saving: dict[str, Any] | None = None  # ``JobSavingFigure.as_dict()``: all ranks, all pipelines
 
 
 def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
@@ -167,13 +176,15 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         "phase": f.phase.value,
         "steps": f.steps,
         "phase_history": [(step, phase.value) for step, phase in f.phase_history],
-        "baseline": {"time_s": reporter.baseline_time_s, "energy_j": reporter.baseline_energy_j},
+        "baseline": _baseline(reporter, f),
         "current": {
             "time_s": fmean(r.time_s for r in recent) if recent else None,
             "energy_j": mean_energy(recent),
         },
         "phases": means,
         "saving": reporter.saving(deployed["energy_j"]) if deployed else None,
+        "saving_interval": None,
+        "job_saving": f.job_saving,
         "p_blocking_w": f.p_blocking_w,
         "fallback": f.fallback,
         "slowdown": f.slowdown,
@@ -189,6 +200,12 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
         out["profiling_overhead"] = profiling_overhead(reporter.records)
     if f.closed_loop is not None:
         out["closed_loop"] = f.closed_loop
+    ab = (f.closed_loop or {}).get("ab")
+    if f.probe_baseline is not None and ab is not None:  # this rank's plan steps against its probes
+        out["saving"] = ab["saving"]
+        stderr = ab["saving_stderr"]
+        out["saving_interval"] = None if stderr is None else [ab["saving"] - Z95 * stderr, ab["saving"] + Z95 * stderr]
+        out["plan"] = f.plan_medians
     if f.grid is not None:
         out["grid"] = f.grid
     if f.switch_latency is not None:
@@ -208,13 +225,40 @@ def summarize(reporter: Reporter, facts: RunFacts) -> dict[str, Any]:
     return out
 
 
+def _baseline(reporter: Reporter, f: RunFacts) -> dict[str, Any]:
+    """What this rank's saving is against: the default-clock probes' medians where the guard ran
+    them (after warm-up, in GPU time where the GPU runs behind the host), else the warm-up steps'."""
+    if f.probe_baseline is not None and (f.closed_loop or {}).get("ab") is not None:
+        return {**f.probe_baseline, "basis": "default-clock probes"}
+    return {"time_s": reporter.baseline_time_s, "energy_j": reporter.baseline_energy_j,
+            "steps": reporter.baseline_steps, "basis": "warm-up"}
+
+
 def summary_line(summary: dict[str, Any]) -> str:
     """The one line rank 0 logs at close."""
     s = summary
+    baseline = s["baseline"]
+    probes = baseline.get("basis") == "default-clock probes"
     saving = f"{100 * s['saving']:.1f}%" if s["saving"] is not None else "n/a"
-    return (f"perseus summary: {s['steps']} steps, phase {s['phase']}, baseline {_fmt(s['baseline'])}, "
-            f"deployed {_fmt(s['phases'].get('deployed'))}, saving {saving}{_guard(s.get('closed_loop'))}"
+    if s.get("saving_interval"):
+        low, high = s["saving_interval"]
+        saving += f" (95 % interval {100 * low:+.1f}..{100 * high:+.1f}%)"
+    against = f" ({baseline['steps']} default-clock probe steps)" if probes else ""
+    deployed = f"plan steps {_fmt(s.get('plan'))}" if probes else f"deployed {_fmt(s['phases'].get('deployed'))}"
+    return (f"perseus summary: {s['steps']} steps, phase {s['phase']}, baseline {_fmt(baseline)}{against}, "
+            f"{deployed}, saving {saving}{_job(s.get('job_saving'))}{_guard(s.get('closed_loop'))}"
             + (f"; prediction vs probes: {prediction_text(s['prediction'])}" if s.get("prediction") else ""))
+
+
+def _job(job: dict[str, Any] | None) -> str:
+    """The job's saving against its probes (all ranks, all pipelines) and every stage's energy."""
+    if not job:
+        return ""
+    stages = ", ".join(f"stage {s} {v['energy_j']:.2f} J ({saving_phrase(v['saving'])})"
+                       for s, v in job["stages"].items())
+    return (f"; job (all GPUs) {job['energy_j']:.2f} J/iteration against {job['baseline_energy_j']:.2f} J at default "
+            f"clocks: {saving_phrase(job['saving'])} (95 % interval {100 * job['saving_low']:+.1f}.."
+            f"{100 * job['saving_high']:+.1f}% saved, {job['windows']} probe windows); {stages}")
 
 
 def _guard(loop: dict[str, Any] | None) -> str:

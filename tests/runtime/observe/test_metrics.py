@@ -182,12 +182,14 @@ def test_the_metrics_file_keeps_its_step_lines_with_one_record_type(tmp_path):
     steps = [line for line in lines if "event" not in line]
     common = ["run_id", "step", "phase", "time_s", "energy_j", "freq_mhz", "target_time_s", "slowdown"]
     baseline = ["baseline_time_s", "baseline_energy_j", "saving"]
+    # every step its work between steps (none here: this simulated GPU runs no step tail)
+    between = ["between_steps_s", "between_steps_energy_j"]
     # deployed steps also say whose clocks they ran (the closed loop's probes run default clocks); plan
     # steps the frontier's prediction (the measured ratios once probes measured: none yet here)
     predicted = ["predicted_slowdown", "predicted_energy_ratio"]
-    deployed = [common + ["clocks", "counted"] + (predicted if line["clocks"] == "plan" else []) + baseline
+    deployed = [common + ["clocks", "counted"] + between + (predicted if line["clocks"] == "plan" else []) + baseline
                 for line in steps[2:]]
-    assert [list(line) for line in steps] == [common + baseline] * 2 + deployed
+    assert [list(line) for line in steps] == [common + between + baseline] * 2 + deployed
     assert steps[2]["clocks"] == "plan"
     assert [line["phase"] for line in steps] == ["warmup", "warmup", "deployed", "deployed"]
     assert [r.file_row() for r in records] == [{k: line[k] for k in line if k not in baseline and k != "run_id"}

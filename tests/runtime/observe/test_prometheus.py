@@ -88,3 +88,27 @@ def test_missing_prometheus_client_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails as if not installed
     with pytest.raises(PerseusError, match=r"pip install -e '\.\[prometheus\]'"):
         PrometheusExporter(port=0)
+
+
+def test_a_steps_work_between_steps_is_in_every_metric_writer():
+    """Its own bucket: the metrics file's line, the scalar writers' names and Prometheus' gauges."""
+    from perseus.runtime.observe.metrics import SCALARS, StepMetrics
+    from perseus.runtime.observe.prometheus import SNAPSHOT_KEYS
+    from perseus.runtime.phases import Phase
+
+    record = StepMetrics(step=3, rank=0, phase=Phase.DEPLOYED, time_s=0.3, energy_j=90.0, between_steps_s=0.035,
+                         between_steps_energy_j=17.5)
+    assert record.file_row()["between_steps_s"] == 0.035 and record.file_row()["between_steps_energy_j"] == 17.5
+    scalars = record.scalars()
+    assert scalars["perseus/between_steps_s"] == 0.035 and scalars["perseus/between_steps_energy_j"] == 17.5
+    assert {"between_steps_s", "between_steps_energy_j"} <= set(SCALARS) & SNAPSHOT_KEYS
+    unmeasured = StepMetrics(step=4, rank=0, phase=Phase.DEPLOYED, time_s=0.3, energy_j=None, between_steps_s=0.03)
+    assert "between_steps_energy_j" not in unmeasured.file_row() and "between_steps_energy_j" not in unmeasured.scalars()
+    exporter = PrometheusExporter(port=0)
+    try:
+        exporter.update(record.prometheus())
+        seen = _scrape(exporter.url)
+        assert seen[("perseus_between_steps_seconds", ())] == 0.035
+        assert seen[("perseus_between_steps_joules", ())] == 17.5
+    finally:
+        exporter.close()
