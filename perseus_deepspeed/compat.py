@@ -12,10 +12,11 @@ import warnings
 from types import ModuleType
 from typing import Any
 
+from perseus import versions
 from perseus.errors import PerseusError
 
-TESTED_VERSIONS = "0.19.x"
-_TESTED_PREFIX = "0.19."
+# The release lines the hooks were tested on (perseus/versions.py, the one table).
+TESTED_VERSIONS = versions.supported("deepspeed").lines_text
 
 ENGINE_METHODS = ("_exec_schedule", "train_batch", "eval_batch", "_exec_forward_pass", "_exec_backward_pass")
 ENGINE_ATTRIBUTES = ("stage_id", "num_stages", "micro_batches", "grid")
@@ -87,7 +88,7 @@ def load_pipe_modules() -> tuple[ModuleType, ModuleType]:
             f"deepspeed {version} is not supported by the Perseus pipeline hooks (tested: {TESTED_VERSIONS}); "
             f"missing: {'; '.join(missing)}. Install deepspeed {TESTED_VERSIONS} or report this version"
         )
-    if not version.startswith(_TESTED_PREFIX):
+    if versions.problem("deepspeed", version) is not None:
         warnings.warn(
             f"deepspeed {version} has the hook points Perseus needs but is untested (tested: {TESTED_VERSIONS}); "
             "check the recorded instruction order with tests/deepspeed before relying on it",

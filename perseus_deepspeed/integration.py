@@ -12,6 +12,7 @@ import logging
 import weakref
 from typing import Any, Callable, Mapping
 
+from perseus import versions
 from perseus.errors import ConfigError
 from perseus.runtime import Attachment, InstructionListener, PerseusConfig, PipelineJob, entry_point_hooks
 from perseus_deepspeed.compat import check_engine, load_pipe_modules
@@ -104,6 +105,7 @@ def attach(
     engine_module, _ = load_pipe_modules()
     check_engine(engine, engine_module)
     entry_point_hooks(config)
+    versions.warn_unsupported(versions.DEEPSPEED, ("torch",))  # deepspeed: compat, with the hook points
     job = job_from_engine(engine, model_config)
     factory = runtime_factory or _default_runtime_factory()
     runtime = factory(job, config, process_group=process_group)

@@ -14,14 +14,13 @@ import warnings
 from types import ModuleType
 from typing import Any
 
+from perseus import versions
 from perseus.errors import PerseusError
 
-# Release lines whose schedules.py was checked against the hook points below: 0.16.1 runs in the
-# tests (real schedules, real pretrain_gpt.py); 0.17.1, 0.18.2, 0.19.0 and 0.19.2 were read
-# (hook points, patch). Other versions run when the hook-point check passes, with a warning.
-SUPPORTED_VERSIONS = "0.16.x–0.19.x"
+# Release lines whose schedules.py was checked against the hook points below (perseus/versions.py,
+# the one table). Other versions run when the hook-point check passes, with a warning.
+SUPPORTED_VERSIONS = versions.supported("megatron-core").lines_text
 TESTED_VERSIONS = SUPPORTED_VERSIONS
-_SUPPORTED_MINORS = ((0, 16), (0, 17), (0, 18), (0, 19))
 
 SCHEDULE_FUNCTIONS: dict[str, str] = {
     "forward_backward_no_pipelining": "1f1b",
@@ -149,11 +148,7 @@ def missing_hook_points_in_source(source: str) -> list[str]:
 
 def is_supported_version(version: str) -> bool:
     """True for the release lines Perseus supports (``SUPPORTED_VERSIONS``)."""
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) in _SUPPORTED_MINORS
+    return versions.problem("megatron-core", version) is None
 
 
 def load_schedules_module() -> ModuleType:

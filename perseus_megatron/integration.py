@@ -12,6 +12,7 @@ import inspect
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
+from perseus import versions
 from perseus.errors import ConfigError, PerseusError
 from perseus.runtime import (Attachment, InstructionListener, PerseusConfig, PipelineJob, describe_value,
                              entry_point_hooks)
@@ -213,6 +214,7 @@ def enable(
         log.info("perseus: disabled by configuration; training runs unchanged")
         return handle
     entry_point_hooks(resolved)
+    versions.warn_unsupported(versions.MEGATRON, ("torch",))  # megatron-core: compat, with the hook points
     handle.hooks = install_hooks(listener_for_step=handle._listener_for_step)
     handle.on_close(handle.hooks.uninstall)
     handle.close_at_exit()

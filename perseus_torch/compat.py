@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from perseus import versions
 from perseus.errors import PerseusError
 
-TESTED_VERSIONS = {"torch": "2.13"}
+# The torch release the schedules were tested on (perseus/versions.py, the one table): {"torch": "2.13"}.
+TESTED_VERSIONS = {"torch": ", ".join(f"{major}.{minor}" for major, minor in versions.supported("torch").lines)}
 
 SCHEDULE_NAMES = {
     "Schedule1F1B": "1f1b",

@@ -30,7 +30,7 @@ GROUP_A: dict[str, Any] = {
     "carbon_source": "trace.csv", "carbon_time_budget": 0.05, "carbon_horizon_windows": 24,
     "carbon_window_s": 900.0, "carbon_stale_s": 1800.0, "carbon_replay_speed": 60.0, "power_cap_w": 1200.0,
     "grid_every_steps": 5, "grid_timeout_s": 2.0, "cache_dir": "/ckpt/perseus", "metrics_file": "m.jsonl",
-    "log_every_steps": 10, "prometheus_port": 9400,
+    "log_every_steps": 10, "prometheus_port": 9400, "prometheus_addr": "0.0.0.0",
 }
 GROUP_B: dict[str, Any] = {"freq_every_k": 2, "frontier_path": "frontier.json", "power_cap_source": "file:cap.txt"}
 GROUPS = [GROUP_A, GROUP_B]

@@ -24,7 +24,7 @@ ADAPTERS = ["perseus_megatron", "perseus_deepspeed", "perseus_torch"]
 
 # Lowest first. A name is a package or module prefix; the longest matching prefix places a module.
 LAYERS: list[tuple[str, ...]] = [
-    ("perseus.errors", "perseus.atomic"),
+    ("perseus.errors", "perseus.atomic", "perseus.versions"),
     ("perseus.schedules",),
     ("perseus.profile", "perseus.frontier", "perseus.examples"),
     ("perseus.timeline", "perseus.store", "perseus.carbon"),

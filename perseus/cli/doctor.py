@@ -39,7 +39,7 @@ def decide_mode(facts: NodeFacts) -> tuple[str, str, str]:
         return UNAVAILABLE, "both perseus clockd and zeusd are configured", "unset PERSEUS_CLOCKD_SOCKET or PERSEUS_ZEUSD_SOCKET"
     if not facts.simulated and not facts.gpus:
         why = "no visible GPU" if facts.nvml else "NVML is unavailable"
-        return UNAVAILABLE, f"{why} and no simulated GPU", "install the NVIDIA driver and nvidia-ml-py, or PERSEUS_GPU=sim"
+        return UNAVAILABLE, f"{why} and no simulated GPU", 'install the NVIDIA driver and `pip install "perseus-energy[gpu]"`, or PERSEUS_GPU=sim'
     mig = [g for g in facts.gpus if g.mig] if not facts.simulated else []
     if mig:
         return (MEASURE_ONLY, f"MIG mode is enabled on GPU {', '.join(str(g.index) for g in mig)}",

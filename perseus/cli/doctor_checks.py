@@ -95,13 +95,16 @@ def gather(*, quick: bool) -> NodeFacts:
 def check_nvml(facts: NodeFacts, *, quick: bool) -> None:
     """NVML importable and initialised, then each visible GPU's facts (getters only)."""
     from perseus.gpu.errors import GPUError, LIBRARY_HINT
-    from perseus.gpu.nvml.device import load_pynvml, translate_nvml_error
+    from perseus.gpu.nvml.device import BINDING_FIX, NVMLBindingMissingError, load_pynvml, translate_nvml_error
     from perseus.gpu.nvml.readonly import ReadOnlyNVML
 
     bad = WARN if facts.simulated else FAIL
     try:
         nv = ReadOnlyNVML(load_pynvml())
         nv.nvmlInit()
+    except NVMLBindingMissingError as exc:
+        facts.add("NVML", bad, exc.what, f"{BINDING_FIX} (or PERSEUS_GPU=sim for the simulated GPU)")
+        return
     except GPUError as exc:
         facts.add("NVML", bad, " ".join(str(exc).split()), LIBRARY_HINT)
         return
@@ -381,6 +384,22 @@ def check_versions(facts: NodeFacts, *, quick: bool) -> None:
             facts.add("torch", WARN, f"{torch} does not import ({exc})", "reinstall torch")
     found = [f"{name} {v}" for name, v in ((n, _version(n)) for n in _FRAMEWORKS) if v]
     facts.add("frameworks", OK, ", ".join(found) or "none of " + ", ".join(_FRAMEWORKS) + " installed")
+    check_supported_versions(facts)
+
+
+def check_supported_versions(facts: NodeFacts) -> None:
+    """The installed torch, megatron-core and deepspeed against perseus/versions.py's table."""
+    from perseus import versions
+
+    installed = {row.package: _version(row.package) for row in versions.SUPPORTED}
+    problems = [p for p in (versions.problem(name, v) for name, v in installed.items() if v) if p]
+    if problems:
+        facts.add("supported versions", WARN, "; ".join(problems),
+                  "the adapters run where their hook points are found; see docs/install.md for the tested releases")
+    else:
+        present = [f"{name} {v}" for name, v in installed.items() if v]
+        facts.add("supported versions", OK, (", ".join(present) + ": supported") if present
+                  else "no framework installed (planning and the CLI need none)")
 
 
 def _version(dist: str) -> str | None:

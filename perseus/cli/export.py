@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
     frontier = load_frontier(args.frontier)
     files = export_zeus(frontier, args.out)
-    order = f" ({files[-1].name} = fastest point, {files[0].name} = slowest)" if len(files) > 1 else ""
+    order = f" ({files[0].name} = fastest point, {files[-1].name} = slowest)"  # files: fastest first if len(files) > 1 else ""
     print(f"wrote {len(files)} Zeus frequency file(s) to {args.out}/{order}; index: {args.out}/frontier_points.csv")
     return 0
 

@@ -7,9 +7,13 @@ Every value is checked before training starts: a typo or an impossible combinati
 from __future__ import annotations
 
 import enum
+import ipaddress
+import os
+import re
 from typing import Annotated, Any, Literal, Mapping, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError,
+                      model_validator)
 
 from perseus.errors import ConfigError, PerseusError
 from perseus.planner.settings import PlannerOptions
@@ -115,8 +119,45 @@ PlannerOptionsField = Annotated[
 ]
 
 
+def default_cache_dir() -> str:
+    """The cache directory when the config names none: ``$PERSEUS_CACHE_DIR``, else the user's cache
+    directory (``$XDG_CACHE_HOME/perseus``, else ``~/.cache/perseus``); absolute, so every rank and
+    launcher finds the same one whatever its working directory."""
+    chosen = os.environ.get("PERSEUS_CACHE_DIR")
+    if not chosen:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        chosen = os.path.join(xdg if xdg and os.path.isabs(xdg) else os.path.join("~", ".cache"), "perseus")
+    return os.path.abspath(os.path.expanduser(chosen))
+
+
+def _expand_cache_dir(value: Any) -> Any:
+    """``~`` in a configured cache directory is the user's home, as in a shell."""
+    return os.path.expanduser(value) if isinstance(value, str) else value
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _prometheus_addr(value: Any) -> str:
+    """An IP address or a host name to listen on, without a port."""
+    if isinstance(value, str) and (_HOST_NAME.fullmatch(value) or _is_ip_address(value)):
+        return value
+    raise ValueError(f"must be an IP address or a host name without a port (the port is prometheus_port), "
+                     f"e.g. 127.0.0.1 or 0.0.0.0 (got {value!r})")
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+PrometheusAddr = Annotated[str, PlainValidator(_prometheus_addr)]
+CacheDir = Annotated[str | None, BeforeValidator(_expand_cache_dir)]
+
+
 class PerseusConfig(BaseModel):
-    """Runtime settings; see docs/runtime.md for the reference table."""
+    """Runtime settings; docs/reference/config.md lists every field (scripts/gen_reference.py writes it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -369,20 +410,27 @@ class PerseusConfig(BaseModel):
     grid_timeout_s: float = Field(default=5.0, gt=0, description="a grid source slower than this is a failed read")
 
     # Cache and reports.
-    cache_dir: str | None = Field(
-        default="perseus-cache",
-        description="where profiles and frontiers are cached across runs",
+    cache_dir: CacheDir = Field(
+        default_factory=default_cache_dir,
+        description=("where profiles and frontiers are cached across runs (default: $PERSEUS_CACHE_DIR, else "
+                     "$XDG_CACHE_HOME/perseus, else ~/.cache/perseus; null: no cache)"),
     )
     metrics_file: str | None = Field(
         default=None,
         description="rank 0 writes per-iteration time/energy as JSON lines here",
     )
     log_every_steps: int = Field(default=1, ge=0, description="log progress every N iterations (0: never)")
-    # Prometheus exporter on 127.0.0.1, one per rank: 0 = any free port; N = port N + LOCAL_RANK.
+    # Prometheus exporter, one per rank: 0 = any free port; N = port N + LOCAL_RANK.
     prometheus_port: int | None = Field(
         default=None, ge=0, le=65535,
-        description=("serve Perseus metrics for Prometheus on 127.0.0.1, one exporter per rank (0: any free "
+        description=("serve Perseus metrics for Prometheus on prometheus_addr, one exporter per rank (0: any free "
                      "port; N: port N + LOCAL_RANK)"),
+    )
+    # Loopback by default: the exporter has no authentication, so reaching it from other hosts is a choice.
+    prometheus_addr: PrometheusAddr = Field(
+        default="127.0.0.1",
+        description=("address the Prometheus exporters listen on (127.0.0.1: this host only; 0.0.0.0 or the "
+                     "node's address: a cluster's Prometheus can scrape them)"),
     )
 
     @model_validator(mode="after")

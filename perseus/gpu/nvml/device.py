@@ -28,6 +28,7 @@ from perseus.gpu.errors import (
     GPUNotFoundError,
     GPUNotSupportedError,
     GPUPermissionError,
+    SIM_FIX,
 )
 from perseus.gpu.spec import GPUSpec
 
@@ -60,12 +61,25 @@ _ARCHITECTURES = {
 T = TypeVar("T")
 
 
+# The fix for a missing binding: the ``gpu`` extra installs nvidia-ml-py, nothing else.
+BINDING_FIX = 'pip install "perseus-energy[gpu]"'
+
+
+class NVMLBindingMissingError(GPULibraryMissingError):
+    """NVML's Python binding (the nvidia-ml-py package, imported as ``pynvml``) is not installed:
+    the base install leaves it out, the ``gpu`` extra brings it."""
+
+    def __init__(self, what: str = "nvidia-ml-py (NVML's Python binding, imported as pynvml) is not installed") -> None:
+        self.what = what
+        GPUError.__init__(self, f"{what}: {BINDING_FIX}, or use the simulated GPU: {SIM_FIX}")
+
+
 def load_pynvml() -> ModuleType:
     """Import ``pynvml`` on first use (tests inject a fake via ``sys.modules``)."""
     try:
         import pynvml
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise GPULibraryMissingError("The Python package nvidia-ml-py (pynvml) is not installed") from exc
+    except ImportError:
+        raise NVMLBindingMissingError() from None
     return pynvml
 
 

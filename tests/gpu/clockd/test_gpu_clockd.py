@@ -545,12 +545,12 @@ def test_verify_environ_compares_with_the_peers_exec_environment(clockd):
 
 
 def test_shipped_service_and_daemonset_run_valid_clockd_commands():
-    """scripts/perseus-clockd.service and the DaemonSet stay in sync with the CLI's flags."""
+    """deploy/systemd/perseus-clockd.service and the DaemonSet stay in sync with the CLI's flags."""
     import shlex
 
     from perseus.cli import build_parser
 
-    text = (ROOT / "scripts" / "perseus-clockd.service").read_text().replace("\\\n", " ")
+    text = (ROOT / "deploy" / "systemd" / "perseus-clockd.service").read_text().replace("\\\n", " ")
     (line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
     argv = shlex.split(line.removeprefix("ExecStart="))
     assert argv[:3] == ["/usr/bin/env", "perseus", "clockd"]
@@ -559,7 +559,7 @@ def test_shipped_service_and_daemonset_run_valid_clockd_commands():
     assert "RuntimeDirectory=perseus" in text and "KillSignal=SIGTERM" in text
 
     yaml = pytest.importorskip("yaml")
-    docs = [d for d in yaml.safe_load_all((ROOT / "scripts" / "k8s" / "perseus-clockd-daemonset.yaml").read_text()) if d]
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "perseus-clockd-daemonset.yaml").read_text()) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
